@@ -158,9 +158,10 @@ def load_movielens(
 
     Returns:
         Interactions (``user_id``, ``item_id`` dense ``0..n-1`` int64 in order of the raw ids,
-        ``event_timestamp`` UTC, labels ``like`` / ``love``, and the raw ``rating``) sorted by
-        time; users with ``raw_user_id``, categorical ``age_bucket``, ``gender``,
-        ``occupation``, ``zip_region`` and dense ``age_norm``; items with ``raw_item_id``,
+        ``event_timestamp`` UTC, int8 labels ``like`` / ``love`` as in the synthetic log, and
+        the raw ``rating``) sorted by time; users with ``raw_user_id``, categorical
+        ``age_bucket``, ``gender``, ``occupation``, ``zip_region`` and dense ``age_norm``;
+        items with ``raw_item_id``,
         ``title``, categorical ``release_decade`` and dense ``year_norm`` plus one multi-hot
         ``genre_*`` column per genre. ``metadata`` holds the code vocabularies and the wheel's
         hash.
@@ -387,8 +388,8 @@ def _interactions(
             EVENT_TIMESTAMP: pd.to_datetime(timestamp, unit="s", utc=True).astype(
                 "datetime64[ns, UTC]"
             ),
-            "like": (rating >= LIKE_MIN_RATING).astype(np.int64),
-            "love": (rating == LOVE_RATING).astype(np.int64),
+            "like": (rating >= LIKE_MIN_RATING).astype(np.int8),
+            "love": (rating == LOVE_RATING).astype(np.int8),
             "rating": rating,
         }
     )
