@@ -1,0 +1,481 @@
+"""Lineage review over a real Feast registry, real DAG files (read, never imported) and model cards.
+
+Each check is shown to pass on a sound setup and to fire on a setup broken in exactly that way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from solaris_feast.definitions import SolarisDefinitions, SolarisFeastConfig, solaris_definitions
+from solaris_feast.lineage import (
+    CHECK_MISSING_VERSION_TAGS,
+    CHECK_MIXED_COMPRESSOR_VERSIONS,
+    CHECK_STALE_VIEW,
+    CHECK_TTL_SHORTER_THAN_SCHEDULE,
+    CHECK_VM_EXPECTS_OTHER_COMPRESSOR,
+    CHECK_WEIGHTS_SHA256_MISMATCH,
+    LineageReport,
+    build_lineage,
+    lineage_command,
+    parse_dag_file,
+    read_dags,
+    schedule_interval_seconds,
+    to_mermaid,
+)
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+VIEWS = ("solaris_pair", "solaris_similar", "solaris_user")
+FM, COMPRESSOR, VM = "fm-7", "cmp-3", "vm-5"
+
+# Importing any of these files would fail at once: the review must only read them.
+DAG_PRELUDE = 'raise RuntimeError("DAG files must be parsed, not imported")\n'
+
+PRECOMPUTE_DAG = """
+from datetime import datetime
+from airflow.sdk import Asset, dag, task
+
+PAIR_EMBEDDINGS = Asset(name="solaris_pair", uri="file://feature_repo/data/offline/solaris_pair")
+
+
+@dag(dag_id="solaris_precompute", schedule="{schedule}", start_date=datetime(2026, 1, 1))
+def precompute():
+    @task
+    def plan() -> str:
+        return "plan"
+
+    @task
+    def infer(plan: str) -> str:
+        return plan
+
+    @task(outlets=[PAIR_EMBEDDINGS])
+    def write(batch: str) -> None:
+        from solaris_feast import write  # noqa: F401
+
+    write(infer(plan()))
+
+
+precompute()
+"""
+
+AGGREGATE_DAG = """
+from airflow.sdk import Asset, dag, task
+
+
+@dag(schedule=[Asset("solaris_pair")])
+def solaris_aggregate():
+    @task(outlets=[Asset(name="solaris_user", uri="file://feature_repo/data/offline/solaris_user")])
+    def aggregate() -> None: ...
+
+    aggregate()
+
+
+solaris_aggregate()
+"""
+
+SIMILARITY_DAG = """
+import os
+from airflow.sdk import DAG, Asset
+from airflow.providers.standard.operators.python import PythonOperator
+
+with DAG("solaris_similarity_fill", schedule=os.environ.get("SIMILARITY_CRON", "{schedule}")):
+    PythonOperator(task_id="fill", python_callable=print, outlets=[Asset("solaris_similar")])
+"""
+
+
+def write_dags(dags_dir: Path, pair_schedule: str = "@hourly", fill: str = "15 */2 * * *") -> Path:
+    dags_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "precompute.py": PRECOMPUTE_DAG.replace("{schedule}", pair_schedule),
+        "aggregate.py": AGGREGATE_DAG,
+        "similarity.py": SIMILARITY_DAG.replace("{schedule}", fill),
+    }
+    for name, text in files.items():
+        (dags_dir / name).write_text(DAG_PRELUDE + text)
+    return dags_dir
+
+
+def write_cards(models_dir: Path, vm_parents: tuple[str, ...] = (COMPRESSOR,)) -> Path:
+    models_dir.mkdir(parents=True, exist_ok=True)
+    for kind, version, parents in (
+        ("fm", FM, ()),
+        ("compressor", COMPRESSOR, (FM,)),
+        ("vm", VM, vm_parents),
+    ):
+        weights = models_dir / f"{kind}.safetensors"
+        weights.write_bytes(f"{kind} weights {version}".encode())
+        card = {
+            "version": version,
+            "kind": kind,
+            "parents": list(parents),
+            "train_window_start": "2026-02-01T00:00:00+00:00",
+            "train_window_end": "2026-02-28T00:00:00+00:00",
+            "metrics": {"ne": 0.9},
+            "weights_file": weights.name,
+            "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
+            "config": {},
+        }
+        (models_dir / f"{kind}.json").write_text(json.dumps(card))
+    return models_dir
+
+
+def make_repo(
+    root: Path,
+    config: SolarisFeastConfig | None = None,
+    mutate: Callable[[SolarisDefinitions], list[Any]] | None = None,
+    materialized_ago: timedelta | None = timedelta(minutes=20),
+) -> Path:
+    """A Feast repo with the SOLARIS definitions applied, materialized ``materialized_ago``."""
+    from feast import FeatureStore
+
+    repo = root / "feature_repo"
+    repo.mkdir(parents=True)
+    (repo / "feature_store.yaml").write_text(
+        f"project: lineage_{uuid.uuid4().hex[:10]}\n"
+        "provider: local\n"
+        "registry: data/registry.db\n"
+        "online_store:\n  type: sqlite\n  path: data/online.db\n"
+        "offline_store:\n  type: file\n"
+        "entity_key_serialization_version: 3\n"
+    )
+    cfg = config or SolarisFeastConfig(
+        fm_version=FM, compressor_version=COMPRESSOR, verifier_version=VM
+    )
+    definitions = solaris_definitions(cfg)
+    extra = mutate(definitions) if mutate else []
+    store = FeatureStore(repo_path=str(repo))
+    store.apply([*definitions.all(), *extra])
+    if materialized_ago is not None:
+        for view in definitions.stored_views():
+            store.registry.apply_materialization(
+                view, store.project, NOW - timedelta(days=1), NOW - materialized_ago
+            )
+    return repo
+
+
+def review(
+    tmp_path: Path, repo: Path, models: Path | None = None, dags: Path | None = None
+) -> LineageReport:
+    return build_lineage(
+        repo,
+        models or write_cards(tmp_path / "models"),
+        dags or write_dags(tmp_path / "dags"),
+        now=NOW,
+    )
+
+
+def findings_of(report: LineageReport, check: str) -> dict[str, str]:
+    return {f.subject: f.message for f in report.errors if f.check == check}
+
+
+def test_sound_setup_lists_every_view_with_tags_and_ttl_and_passes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    repo = make_repo(tmp_path)
+    models, dags = write_cards(tmp_path / "models"), write_dags(tmp_path / "dags")
+    report = build_lineage(repo, models, dags, now=NOW)
+
+    assert report.errors == ()
+    assert set(report.view_names()) == {*VIEWS, "solaris_resolved"}
+    ttl = {v.name: v.ttl_seconds for v in report.views}
+    assert ttl == {
+        "solaris_pair": 6 * 3600,
+        "solaris_similar": 6 * 3600,
+        "solaris_user": 24 * 3600,
+        "solaris_resolved": None,
+    }
+    for name in VIEWS:
+        view = report.view(name)
+        assert (view.fm_version, view.compressor_version, view.verifier_version) == (
+            FM,
+            COMPRESSOR,
+            VM,
+        )
+        assert view.tags["solaris.ttl_seconds"] == str(int(ttl[name] or 0))
+        assert view.tags["solaris.embedding_dim"] == "32"
+        assert view.services == ("solaris_embeddings",)
+        assert view.last_materialization == NOW - timedelta(minutes=20)
+    # Schedules come from the DAG files: the asset-triggered aggregate runs as often as the
+    # precompute that produces its asset, the fill every two hours (its env default).
+    pair, similar, user = (report.view(n) for n in VIEWS)
+    assert (pair.producing_dag, pair.schedule, pair.schedule_interval_seconds) == (
+        "solaris_precompute",
+        "@hourly",
+        3600,
+    )
+    assert (similar.schedule, similar.schedule_interval_seconds) == ("15 */2 * * *", 7200)
+    assert (user.schedule, user.schedule_interval_seconds) == ("solaris_pair", 3600)
+    assert report.services[0].compressor_versions == (COMPRESSOR,)
+    assert {c.version: c.weights_status for c in report.cards} == {
+        FM: "ok",
+        COMPRESSOR: "ok",
+        VM: "ok",
+    }
+
+    edges = {(e.source, e.target) for e in report.edges}
+    assert ("task_solaris_precompute_write", "asset_solaris_pair") in edges
+    assert ("asset_solaris_pair", "dag_solaris_aggregate") in edges
+    assert ("asset_solaris_pair", "table_solaris_pair_source") in edges
+    assert ("table_solaris_pair_source", "view_solaris_pair") in edges
+    assert ("view_solaris_pair", "service_solaris_embeddings") in edges
+    assert ("service_solaris_embeddings", f"card_{VM.replace('-', '_')}") in edges
+
+    for fmt in ("md", "html", "json"):
+        out = tmp_path / f"lineage.{fmt}"
+        assert lineage_command(repo, models, dags, fmt, out, now=NOW) == 0
+        text = out.read_text()
+        for name in (*VIEWS, "solaris_embeddings", "solaris_precompute", VM):
+            assert name in text, (fmt, name)
+    as_json = json.loads((tmp_path / "lineage.json").read_text())
+    assert as_json["ok"] is True
+    by_name = {v["name"]: v for v in as_json["views"]}
+    assert by_name["solaris_user"]["ttl_seconds"] == 86400
+    assert by_name["solaris_pair"]["tags"]["solaris.compressor_version"] == COMPRESSOR
+    assert as_json["mermaid"].startswith("flowchart LR")
+    assert "| TTL | 6h (21600 s) |" in (tmp_path / "lineage.md").read_text()
+    assert "```mermaid" in (tmp_path / "lineage.md").read_text()
+    assert "lineage check" not in capsys.readouterr().err
+
+
+def test_view_without_version_tags_fails(tmp_path: Path) -> None:
+    def drop_fm_tag(definitions: SolarisDefinitions) -> list[Any]:
+        del definitions.pair_view.tags["solaris.fm_version"]
+        return []
+
+    repo = make_repo(tmp_path, mutate=drop_fm_tag)
+    report = review(tmp_path, repo)
+    flagged = findings_of(report, CHECK_MISSING_VERSION_TAGS)
+    assert set(flagged) == {"solaris_pair"}
+    assert "solaris.fm_version" in flagged["solaris_pair"]
+
+    # The factories' default, "unversioned", traces nothing either.
+    unversioned = make_repo(tmp_path / "unversioned", config=SolarisFeastConfig())
+    report = review(tmp_path / "unversioned", unversioned)
+    assert set(findings_of(report, CHECK_MISSING_VERSION_TAGS)) == {*VIEWS, "solaris_resolved"}
+    code = lineage_command(
+        unversioned, tmp_path / "models", tmp_path / "dags", "md", tmp_path / "r.md", now=NOW
+    )
+    assert code == 1
+
+
+def test_mixed_compressor_versions_in_one_service_fail(tmp_path: Path) -> None:
+    def older_similar(definitions: SolarisDefinitions) -> list[Any]:
+        definitions.similar_view.tags["solaris.compressor_version"] = "cmp-2"
+        return []
+
+    repo = make_repo(tmp_path, mutate=older_similar)
+    report = review(tmp_path, repo)
+    message = findings_of(report, CHECK_MIXED_COMPRESSOR_VERSIONS)["solaris_embeddings"]
+    assert "cmp-2: solaris_similar" in message
+    assert f"{COMPRESSOR}: solaris_pair, solaris_user" in message
+    # The VM was trained on cmp-3 embeddings; the service now also serves cmp-2.
+    assert "cmp-2" in findings_of(report, CHECK_VM_EXPECTS_OTHER_COMPRESSOR)["solaris_embeddings"]
+    assert "view_solaris_similar" in to_mermaid(report)
+
+
+def test_ttl_shorter_than_producing_schedule_fails(tmp_path: Path) -> None:
+    config = SolarisFeastConfig(
+        fm_version=FM,
+        compressor_version=COMPRESSOR,
+        verifier_version=VM,
+        pair_ttl_seconds=1800,
+        # The aggregate DAG is asset-triggered: its gap is the precompute's (6 h below).
+        user_ttl_seconds=3 * 3600,
+    )
+    repo = make_repo(tmp_path, config=config, materialized_ago=timedelta(minutes=5))
+    dags = write_dags(tmp_path / "dags", pair_schedule="0 */6 * * *")
+    report = review(tmp_path, repo, dags=dags)
+    flagged = findings_of(report, CHECK_TTL_SHORTER_THAN_SCHEDULE)
+    assert set(flagged) == {"solaris_pair", "solaris_user"}
+    assert "TTL 30m" in flagged["solaris_pair"] and "6h" in flagged["solaris_pair"]
+    assert "misses are guaranteed" in flagged["solaris_pair"]
+    # The similarity fill (2 h) fits in its 6 h TTL.
+    assert report.view("solaris_similar").schedule_interval_seconds == 7200
+
+
+def test_ttl_check_falls_back_to_the_schedule_tag_without_a_dag_file(tmp_path: Path) -> None:
+    config = SolarisFeastConfig(
+        fm_version=FM,
+        compressor_version=COMPRESSOR,
+        verifier_version=VM,
+        pair_producing_dag="nightly_precompute",
+        pair_schedule="@daily",
+    )
+    repo = make_repo(tmp_path, config=config)
+    report = review(tmp_path, repo)
+    assert set(findings_of(report, CHECK_TTL_SHORTER_THAN_SCHEDULE)) == {"solaris_pair"}
+    assert any(
+        "nightly_precompute" in f.message for f in report.findings if f.severity == "warning"
+    )
+
+
+def test_materialization_older_than_ttl_fails_unless_a_newer_write_exists(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path, materialized_ago=timedelta(hours=7))
+    report = review(tmp_path, repo)
+    flagged = findings_of(report, CHECK_STALE_VIEW)
+    # 7 h is past the 6 h TTL of pair and similar, inside the user view's 24 h.
+    assert set(flagged) == {"solaris_pair", "solaris_similar"}
+    assert "7h ago" in flagged["solaris_pair"]
+
+    # A write to the offline log newer than the TTL (what EmbeddingWriter leaves) clears it.
+    day = repo / "data" / "offline" / "solaris_pair" / "2026-03-01"
+    day.mkdir(parents=True)
+    written_at = pd.Timestamp(NOW - timedelta(minutes=30))
+    table = pa.table(
+        {
+            "user_id": pa.array([1, 2], pa.int64()),
+            "item_id": pa.array([3, 4], pa.int64()),
+            "event_timestamp": pa.array([written_at.value] * 2, pa.timestamp("ns", tz="UTC")),
+            "written_at": pa.array([written_at.value] * 2, pa.timestamp("ns", tz="UTC")),
+        }
+    )
+    pq.write_table(table, day / "part-0.parquet")
+    report = review(tmp_path, repo)
+    assert report.view("solaris_pair").last_write == written_at.to_pydatetime()
+    assert set(findings_of(report, CHECK_STALE_VIEW)) == {"solaris_similar"}
+
+
+def test_weights_sha256_mismatch_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    repo = make_repo(tmp_path)
+    models = write_cards(tmp_path / "models")
+    dags = write_dags(tmp_path / "dags")
+    (models / "compressor.safetensors").write_bytes(b"retrained without a new card")
+    report = build_lineage(repo, models, dags, now=NOW)
+    flagged = findings_of(report, CHECK_WEIGHTS_SHA256_MISMATCH)
+    assert set(flagged) == {COMPRESSOR}
+    actual = hashlib.sha256(b"retrained without a new card").hexdigest()
+    assert actual in flagged[COMPRESSOR]
+
+    assert lineage_command(repo, models, dags, "json", tmp_path / "out.json", now=NOW) == 1
+    err = capsys.readouterr().err
+    assert f"FAIL [{CHECK_WEIGHTS_SHA256_MISMATCH}] {COMPRESSOR}" in err
+    assert json.loads((tmp_path / "out.json").read_text())["ok"] is False
+
+
+def test_push_sources_appear_in_the_graph(tmp_path: Path) -> None:
+    from feast import FeatureView, PushSource
+
+    def add_pushed_view(definitions: SolarisDefinitions) -> list[Any]:
+        pair = definitions.pair_view
+        push = PushSource(name="solaris_pair_push", batch_source=pair.batch_source)
+        pushed = FeatureView(
+            name="solaris_pair_pushed",
+            entities=[definitions.user, definitions.item],
+            ttl=pair.ttl,
+            schema=pair.schema,
+            source=push,
+            tags=dict(pair.tags),
+        )
+        return [push, pushed]
+
+    repo = make_repo(tmp_path, mutate=add_pushed_view)
+    report = review(tmp_path, repo)
+    sources = {s.name: s for s in report.sources}
+    assert sources["solaris_pair_push"].kind == "push"
+    assert sources["solaris_pair_push"].batch_source == "solaris_pair_source"
+    assert "solaris_pair_push" in report.view("solaris_pair_pushed").sources
+    edges = {(e.source, e.target, e.label) for e in report.edges}
+    assert ("push_solaris_pair_push", "view_solaris_pair_pushed", "push") in edges
+    assert ("push_solaris_pair_push", "table_solaris_pair_source", "offline") in edges
+    # The precompute task's asset feeds the push source.
+    assert ("asset_solaris_pair", "push_solaris_pair_push", "push") in edges
+    assert 'push_solaris_pair_push>"push source solaris_pair_push"]' in to_mermaid(report)
+
+
+def test_missing_repo_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = lineage_command(tmp_path / "nowhere", tmp_path, tmp_path, "md", None)
+    assert code == 2
+    assert "feature_store.yaml" in capsys.readouterr().err
+    assert lineage_command(tmp_path, tmp_path, tmp_path, "pdf", None) == 2
+
+
+def test_dag_files_are_read_without_importing_them(tmp_path: Path) -> None:
+    dags = write_dags(tmp_path / "dags")
+    (dags / "settings.py").write_text('NIGHTLY = "30 2 * * *"\n')
+    (dags / "more.py").write_text(
+        DAG_PRELUDE
+        + """
+from datetime import timedelta
+from airflow.sdk import DAG, Asset, dag, task
+from settings import NIGHTLY
+from airflow.timetables.trigger import CronTriggerTimetable
+
+@dag(schedule=NIGHTLY)
+def nightly():
+    pass
+
+@dag(dag_id="every_90_minutes", schedule=timedelta(hours=1, minutes=30))
+def every():
+    pass
+
+@dag(schedule=Asset("a") | Asset("b"))
+def either():
+    pass
+
+@dag(schedule=CronTriggerTimetable("0 9-17 * * 1-5", timezone="UTC"))
+def office_hours():
+    pass
+
+@dag(schedule=compute_schedule())
+def dynamic():
+    pass
+
+@dag(schedule=None)
+def manual():
+    pass
+
+@task(task_id="shared_step", outlets=[Asset("c")])
+def step():
+    pass
+"""
+    )
+    found = {d.dag_id: d for d in parse_dag_file(dags / "more.py", dags)}
+    assert (found["nightly"].schedule, found["nightly"].interval_seconds) == ("30 2 * * *", 86400)
+    assert found["every_90_minutes"].interval_seconds == 5400
+    assert found["either"].triggering_assets == ("a", "b")
+    assert found["either"].schedule == "a | b"
+    # Friday 17:00 to Monday 09:00 is the longest gap.
+    assert found["office_hours"].interval_seconds == 64 * 3600
+    assert found["dynamic"].schedule_kind == "unresolved"
+    assert found["dynamic"].schedule == "compute_schedule()"
+    assert found["manual"].schedule_kind == "manual"
+    assert found["manual"].interval_seconds is None
+
+    dags_by_id = {d.dag_id: d for d in read_dags(dags)[0]}
+    assert [t.task_id for t in dags_by_id["solaris_precompute"].tasks] == ["plan", "infer", "write"]
+    assert dags_by_id["solaris_precompute"].outlets == ("solaris_pair",)
+    assert dags_by_id["solaris_similarity_fill"].tasks[0].outlets == ("solaris_similar",)
+    assert dags_by_id["solaris_aggregate"].interval_seconds == 3600
+
+
+@pytest.mark.parametrize(
+    ("schedule", "seconds"),
+    [
+        ("@hourly", 3600),
+        ("@daily", 86400),
+        ("@weekly", 7 * 86400),
+        ("@monthly", 31 * 86400),
+        ("*/15 * * * *", 900),
+        ("0 0,6 * * *", 18 * 3600),
+        ("@once", None),
+        (None, None),
+    ],
+)
+def test_schedule_interval_is_the_longest_gap(schedule: str | None, seconds: float | None) -> None:
+    assert schedule_interval_seconds(schedule) == seconds
+
+
+def test_unparseable_schedule_is_refused() -> None:
+    with pytest.raises(ValueError, match="cron"):
+        schedule_interval_seconds("every other tuesday")
