@@ -1,0 +1,333 @@
+"""Benchmarks of the serving read and the write path, side by side with Feast's own calls.
+
+``solaris bench serve`` times, in one run against the same Redis and the same stored rows:
+
+- ``resolved``: :meth:`SolarisRetriever.fetch` for 1 user x N candidates, all three tiers
+  resolved, TTL and version enforced, misses queued (the default configuration);
+- ``feast_single_view``: ``store.get_online_features`` of the pair view alone for the same rows;
+- ``raw_redis``: a bare redis-py pipeline of the same HMGETs on the same hashes, no decoding.
+
+``solaris bench write`` times :class:`EmbeddingWriter` (online only, and online + parquet) against
+``store.write_to_online_store`` for 32-d embeddings on fresh keys, and reports Redis memory per
+stored pair embedding (``MEMORY USAGE``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import numpy as np
+import pandas as pd
+import typer
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+bench_app = typer.Typer(help="Benchmarks of SOLARIS serving reads and writes against Redis.")
+
+DEFAULT_CANDIDATES = (10, 100, 1000)
+BENCH_USER = 7
+
+
+@contextmanager
+def bench_store(redis_url: str | None, dim: int) -> Iterator[FeatureStore]:
+    """A throwaway Feast project on Redis with the SOLARIS views applied; removed afterwards."""
+    import redis
+
+    from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
+    from solaris_feast.store_config import DEFAULT_REDIS_URL, open_store
+
+    url = redis_url or os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+    project = f"solaris_bench_{uuid.uuid4().hex[:8]}"
+    folder = Path(tempfile.mkdtemp(prefix="solaris-bench-"))
+    store = open_store(project, folder, online="redis", redis_url=url)
+    store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=dim)).all())
+    try:
+        yield store
+    finally:
+        client = redis.Redis.from_url(url)
+        for pattern in (f"*{project}", f"*{{{project}}}*"):
+            keys = list(client.scan_iter(match=pattern, count=1000))
+            for start in range(0, len(keys), 1000):
+                client.delete(*keys[start : start + 1000])
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _timed_ms(call: Callable[[], object], iterations: int, warmup: int) -> list[float]:
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(iterations):
+        started = time.perf_counter()
+        call()
+        samples.append((time.perf_counter() - started) * 1000.0)
+    return samples
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    array = np.asarray(samples)
+    return {
+        "p50_ms": round(float(np.percentile(array, 50)), 4),
+        "p99_ms": round(float(np.percentile(array, 99)), 4),
+        "mean_ms": round(float(array.mean()), 4),
+    }
+
+
+def _populate(store: FeatureStore, items: int, dim: int, version: str) -> None:
+    """Exact embeddings for 8 items in 10, similarity fill for 1 in 10, a user mean for all."""
+    from solaris_feast.write import EmbeddingWriter
+
+    rng = np.random.default_rng(0)
+    now = pd.Timestamp.now(tz="UTC")
+    ids = np.arange(items, dtype=np.int64)
+    # Tiers interleaved, so every N sees the mix (and the miss queue works for the rest).
+    exact = ids[ids % 10 < 8]
+    similar = ids[ids % 10 == 8]
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(
+        pd.DataFrame(
+            {
+                "user_id": np.full(len(exact), BENCH_USER, dtype=np.int64),
+                "item_id": exact,
+                "embedding": list(rng.standard_normal((len(exact), dim)).astype(np.float32)),
+                "model_version": version,
+                "computed_at": now,
+            }
+        )
+    )
+    EmbeddingWriter(store, "solaris_similar", offline=False).write(
+        pd.DataFrame(
+            {
+                "user_id": np.full(len(similar), BENCH_USER, dtype=np.int64),
+                "item_id": similar,
+                "embedding": list(rng.standard_normal((len(similar), dim)).astype(np.float32)),
+                "neighbour_count": np.full(len(similar), 5, dtype=np.int64),
+                "mean_distance": np.full(len(similar), 0.3),
+                "model_version": version,
+                "computed_at": now,
+            }
+        )
+    )
+    EmbeddingWriter(store, "solaris_user", offline=False).write(
+        pd.DataFrame(
+            {
+                "user_id": [BENCH_USER],
+                "embedding": [rng.standard_normal(dim).astype(np.float32)],
+                "pair_count": [len(exact)],
+                "model_version": version,
+                "computed_at": now,
+            }
+        )
+    )
+
+
+def run_serve_benchmark(
+    redis_url: str | None = None,
+    candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
+    iterations: int = 300,
+    dim: int = 32,
+) -> dict[str, Any]:
+    """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N."""
+    from solaris_feast.serve import SolarisRetriever
+    from solaris_feast.store_config import EntityKeyLayout, online_field, redis_client
+
+    version = "bench-v1"
+    results: dict[str, Any] = {"candidates": {}}
+    with bench_store(redis_url, dim) as store:
+        _populate(store, max(candidates), dim, version)
+        retriever = SolarisRetriever(store, version, deadline_ms=1000.0)
+        client = redis_client(store, timeout_seconds=5.0)
+        project = store.config.project.encode()
+        pair_key = EntityKeyLayout(["user_id", "item_id"], 3).key
+        user_key = EntityKeyLayout(["user_id"], 3).key(BENCH_USER) + project
+        pair_fields = [
+            online_field(view, feature)
+            for view in ("solaris_pair", "solaris_similar")
+            for feature in ("embedding", "model_version", "computed_at")
+        ]
+        user_fields = [
+            online_field("solaris_user", f) for f in ("embedding", "model_version", "computed_at")
+        ]
+        pair_features = [f"solaris_pair:{f}" for f in ("embedding", "model_version", "computed_at")]
+        for n in candidates:
+            items = np.arange(n, dtype=np.int64)
+            keys = [pair_key(BENCH_USER, int(i)) + project for i in items]
+            rows = [{"user_id": BENCH_USER, "item_id": int(i)} for i in items]
+
+            def raw(keys: list[bytes] = keys) -> object:
+                pipe = client.pipeline(transaction=False)
+                for key in keys:
+                    pipe.hmget(key, pair_fields)
+                pipe.hmget(user_key, user_fields)
+                return pipe.execute()
+
+            def feast_single(rows: list[dict[str, int]] = rows) -> object:
+                return store.get_online_features(features=pair_features, entity_rows=rows)
+
+            def resolved(items: np.ndarray = items) -> object:
+                return retriever.fetch(BENCH_USER, items)
+
+            reps = iterations if n <= 100 else max(iterations // 3, 30)
+            # Interleaved rounds, so a noisy neighbour slows every contender alike.
+            samples: dict[str, list[float]] = {
+                "resolved": [],
+                "feast_single_view": [],
+                "raw_redis": [],
+            }
+            rounds = 5
+            for _ in range(rounds):
+                samples["resolved"] += _timed_ms(resolved, reps // rounds, 3)
+                samples["feast_single_view"] += _timed_ms(feast_single, reps // rounds, 3)
+                samples["raw_redis"] += _timed_ms(raw, reps // rounds, 3)
+            check = retriever.fetch(BENCH_USER, items)
+            results["candidates"][str(n)] = {
+                name: _summary(values) for name, values in samples.items()
+            } | {
+                "tier_counts": {
+                    str(t): int(c)
+                    for t, c in zip(*np.unique(check.tiers, return_counts=True), strict=True)
+                }
+            }
+        retriever.close()
+    at_100 = results["candidates"].get("100")
+    if at_100 is not None:
+        for name in ("resolved", "feast_single_view", "raw_redis"):
+            results[f"{name}_p50_ms"] = at_100[name]["p50_ms"]
+            results[f"{name}_p99_ms"] = at_100[name]["p99_ms"]
+        results["resolved_vs_feast_single_view_p50"] = round(
+            results["resolved_p50_ms"] / results["feast_single_view_p50_ms"], 3
+        )
+        results["resolved_vs_raw_redis_p50"] = round(
+            results["resolved_p50_ms"] / results["raw_redis_p50_ms"], 3
+        )
+    results["meta"] = _meta(iterations=iterations, dim=dim)
+    return results
+
+
+def run_write_benchmark(
+    redis_url: str | None = None, rows: int = 20_000, dim: int = 32, repeats: int = 3
+) -> dict[str, Any]:
+    """Rows per second of the solaris write path vs ``write_to_online_store``, fresh keys."""
+    from solaris_feast.store_config import EntityKeyLayout, redis_client
+    from solaris_feast.write import EmbeddingWriter
+
+    rng = np.random.default_rng(1)
+    now = pd.Timestamp.now(tz="UTC")
+
+    def batch(offset: int) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "user_id": np.arange(offset, offset + rows, dtype=np.int64) // 50,
+                "item_id": np.arange(offset, offset + rows, dtype=np.int64),
+                "embedding": list(rng.standard_normal((rows, dim)).astype(np.float32)),
+                "model_version": "bench-v1",
+                "computed_at": now,
+            }
+        )
+
+    results: dict[str, Any] = {}
+    with bench_store(redis_url, dim) as store:
+        online_writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+        full_writer = EmbeddingWriter(store, "solaris_pair", offline=True)
+        timings: dict[str, list[float]] = {"solaris": [], "solaris_with_offline": [], "feast": []}
+        offset = 0
+        for _ in range(repeats):
+            for name in timings:
+                frame = batch(offset)
+                offset += rows
+                started = time.perf_counter()
+                if name == "solaris":
+                    online_writer.write(frame)
+                elif name == "solaris_with_offline":
+                    full_writer.write(frame)
+                else:
+                    feast_frame = frame.assign(
+                        event_timestamp=frame["computed_at"],
+                        written_at=frame["computed_at"],
+                        embedding=[v.tolist() for v in frame["embedding"]],
+                    )
+                    store.write_to_online_store("solaris_pair", feast_frame)
+                timings[name].append(time.perf_counter() - started)
+        for name, seconds in timings.items():
+            results[f"{name}_rows_per_s"] = round(rows / statistics.median(seconds), 1)
+        results["solaris_vs_feast"] = round(
+            results["solaris_rows_per_s"] / results["feast_rows_per_s"], 3
+        )
+
+        client = redis_client(store, timeout_seconds=5.0)
+        project = store.config.project.encode()
+        key = EntityKeyLayout(["user_id", "item_id"], 3).key
+        sample = [
+            key(int(u), int(i)) + project for u, i in ((k // 50, k) for k in range(0, 2000, 7))
+        ]
+        usage = [client.memory_usage(k, samples=0) for k in sample]
+        usage = [u for u in usage if u]
+        results["redis_memory_bytes_per_pair_embedding"] = round(float(np.mean(usage)), 1)
+        results["redis_memory_note"] = (
+            "MEMORY USAGE of (user, item) hashes holding only the pair view: key, embedding "
+            f"({dim} float32 as a Feast ValueProto), model_version, computed_at, _ts"
+        )
+    results["meta"] = _meta(rows=rows, dim=dim, repeats=repeats)
+    return results
+
+
+def _meta(**extra: Any) -> dict[str, Any]:
+    import feast
+    import redis
+
+    return {
+        "measured_at": pd.Timestamp.now(tz="UTC").isoformat(),
+        "python": platform.python_version(),
+        "feast": feast.__version__,
+        "redis_py": redis.__version__,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        **extra,
+    }
+
+
+def _emit(results: dict[str, Any], json_path: Path | None) -> None:
+    text = json.dumps(results, indent=2, sort_keys=True)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(text + "\n")
+    typer.echo(text)
+
+
+@bench_app.command("serve")
+def serve_command(
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the results here.")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis to use (default: $REDIS_URL).")
+    ] = None,
+    iterations: Annotated[
+        int, typer.Option(min=10, help="Timed reads per contender at N <= 100.")
+    ] = 300,
+) -> None:
+    """Resolved three-tier fetch vs Feast single-view read vs raw pipeline, p50/p99."""
+    _emit(run_serve_benchmark(redis_url=redis_url, iterations=iterations), json_path)
+
+
+@bench_app.command("write")
+def write_command(
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Write the results here.")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis to use (default: $REDIS_URL).")
+    ] = None,
+    rows: Annotated[int, typer.Option(min=100, help="Rows per timed batch.")] = 20_000,
+) -> None:
+    """Write path rows/s vs Feast write_to_online_store, and Redis bytes per pair embedding."""
+    _emit(run_write_benchmark(redis_url=redis_url, rows=rows), json_path)
