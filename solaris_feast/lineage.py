@@ -953,17 +953,20 @@ def _source_lineage(source: Any) -> SourceLineage:
     return SourceLineage(source.name, type(source).__name__)
 
 
-def _open_store(repo: Path) -> FeatureStore:
+def _open_store(repo: Path, feature_store_yaml: Path | None = None) -> FeatureStore:
     from solaris_feast.errors import ConfigError
 
-    if not (repo / "feature_store.yaml").is_file():
+    yaml_file = feature_store_yaml or repo / "feature_store.yaml"
+    if not yaml_file.is_absolute() and feature_store_yaml is not None and not yaml_file.is_file():
+        yaml_file = repo / yaml_file
+    if not yaml_file.is_file():
         raise ConfigError(
-            f"{repo} is not a Feast repo (no feature_store.yaml); pass --repo pointing at the "
-            "folder you run `feast apply` in"
+            f"{repo} is not a Feast repo ({yaml_file.name} not found at {yaml_file}); pass "
+            "--repo pointing at the folder you run `feast apply` in"
         )
     from feast import FeatureStore
 
-    return FeatureStore(repo_path=str(repo))
+    return FeatureStore(repo_path=str(repo), fs_yaml_file=yaml_file)
 
 
 def build_lineage(
@@ -973,6 +976,7 @@ def build_lineage(
     *,
     now: datetime | None = None,
     coverage: Mapping[str, float] | None = None,
+    feature_store_yaml: Path | None = None,
 ) -> LineageReport:
     """Read the registry, model cards and DAG files, and run every check.
 
@@ -983,10 +987,12 @@ def build_lineage(
         now: The time freshness is judged at (UTC); defaults to the current time.
         coverage: Share of served pairs that got each view's embedding, keyed by view name or
             by tier (``EXACT``, ``SIMILAR``, ``USER_AGG``), e.g. from ``solaris status``.
+        feature_store_yaml: Another config than ``<repo>/feature_store.yaml`` (the Redis one);
+            a relative path is tried as given, then under ``repo``.
     """
     repo = Path(repo)
     now = now or datetime.now(UTC)
-    store = _open_store(repo)
+    store = _open_store(repo, feature_store_yaml)
     dags, findings = read_dags(Path(dags_dir))
     cards, card_findings = read_model_cards(Path(models_dir))
     findings += card_findings
@@ -1719,6 +1725,7 @@ def lineage_command(
     output: Path | None = None,
     *,
     coverage_json: Path | None = None,
+    feature_store_yaml: Path | None = None,
     now: datetime | None = None,
 ) -> int:
     """Build, render and check the lineage; the return value is the process exit code.
@@ -1735,7 +1742,14 @@ def lineage_command(
     try:
         if coverage_json is not None:
             coverage = _read_coverage(coverage_json)
-        report = build_lineage(repo, models_dir, dags_dir, now=now, coverage=coverage)
+        report = build_lineage(
+            repo,
+            models_dir,
+            dags_dir,
+            now=now,
+            coverage=coverage,
+            feature_store_yaml=feature_store_yaml,
+        )
     except (SolarisError, OSError, ValueError) as exc:
         print(f"solaris lineage: {exc}", file=sys.stderr)
         return 2
@@ -1783,8 +1797,20 @@ def lineage_cli(
         Path | None,
         typer.Option("--coverage", help="JSON of coverage per view or tier (solaris status)."),
     ] = None,
+    feature_store_yaml: Annotated[
+        Path | None,
+        typer.Option("--config", help="Feast config other than <repo>/feature_store.yaml."),
+    ] = None,
 ) -> None:
     """Review where each SOLARIS feature view comes from; exits 1 when a check fails."""
-    code = lineage_command(repo, models_dir, dags_dir, fmt, output, coverage_json=coverage_json)
+    code = lineage_command(
+        repo,
+        models_dir,
+        dags_dir,
+        fmt,
+        output,
+        coverage_json=coverage_json,
+        feature_store_yaml=feature_store_yaml,
+    )
     if code:
         raise typer.Exit(code)

@@ -479,3 +479,34 @@ def test_schedule_interval_is_the_longest_gap(schedule: str | None, seconds: flo
 def test_unparseable_schedule_is_refused() -> None:
     with pytest.raises(ValueError, match="cron"):
         schedule_interval_seconds("every other tuesday")
+
+
+def test_cli_command_reports_coverage_and_exit_code(tmp_path: Path) -> None:
+    import typer
+    from typer.testing import CliRunner
+
+    from solaris_feast.lineage import lineage_cli
+
+    app = typer.Typer()
+    app.command("lineage")(lineage_cli)
+    app.command("noop")(lambda: None)  # a second command, so "lineage" stays a sub-command
+    repo = make_repo(tmp_path, materialized_ago=None)
+    models, dags = write_cards(tmp_path / "models"), write_dags(tmp_path / "dags")
+    coverage = tmp_path / "status.json"
+    coverage.write_text(json.dumps({"coverage": {"EXACT": 0.625, "solaris_user": 0.9}}))
+    out = tmp_path / "lineage.json"
+    args = ["lineage", "--repo", str(repo), "--models", str(models), "--dags", str(dags)]
+    result = CliRunner().invoke(
+        app, [*args, "--format", "json", "--output", str(out), "--coverage", str(coverage)]
+    )
+    # Never materialized and nothing written is a warning, not a failure.
+    assert result.exit_code == 0, result.output
+    views = {v["name"]: v for v in json.loads(out.read_text())["views"]}
+    assert views["solaris_pair"]["coverage"] == 0.625
+    assert views["solaris_user"]["coverage"] == 0.9
+    assert views["solaris_similar"]["coverage"] is None
+
+    (models / "vm.safetensors").write_bytes(b"tampered")
+    result = CliRunner().invoke(app, [*args, "--format", "md"])
+    assert result.exit_code == 1
+    assert "| Coverage | n/a |" in result.output
