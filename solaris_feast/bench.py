@@ -314,9 +314,18 @@ def serve_command(
     iterations: Annotated[
         int, typer.Option(min=10, help="Timed reads per contender at N <= 100.")
     ] = 300,
+    candidates: Annotated[
+        str, typer.Option(help="Comma-separated candidate counts per request.")
+    ] = ",".join(str(n) for n in DEFAULT_CANDIDATES),
 ) -> None:
     """Resolved three-tier fetch vs Feast single-view read vs raw pipeline, p50/p99."""
-    _emit(run_serve_benchmark(redis_url=redis_url, iterations=iterations), json_path)
+    counts = tuple(int(part) for part in candidates.split(",") if part.strip())
+    if not counts or min(counts) <= 0:
+        raise typer.BadParameter("candidates must be positive integers, e.g. 10,100,1000")
+    _emit(
+        run_serve_benchmark(redis_url=redis_url, candidates=counts, iterations=iterations),
+        json_path,
+    )
 
 
 @bench_app.command("write")
@@ -328,6 +337,7 @@ def write_command(
         str | None, typer.Option(help="Redis to use (default: $REDIS_URL).")
     ] = None,
     rows: Annotated[int, typer.Option(min=100, help="Rows per timed batch.")] = 20_000,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed batches per contender.")] = 3,
 ) -> None:
     """Write path rows/s vs Feast write_to_online_store, and Redis bytes per pair embedding."""
-    _emit(run_write_benchmark(redis_url=redis_url, rows=rows), json_path)
+    _emit(run_write_benchmark(redis_url=redis_url, rows=rows, repeats=repeats), json_path)

@@ -1,0 +1,249 @@
+"""The write path: refusal of bad batches, newest-wins online writes, idempotent parquet log."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from solaris_feast.definitions import solaris_definitions
+from solaris_feast.errors import WriteBatchError
+from solaris_feast.serve import SolarisRetriever
+from solaris_feast.store_config import EntityKeyLayout, FloatListCodec, open_store
+from solaris_feast.tiers import Tier
+from solaris_feast.write import EmbeddingWriter
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+DIM = 32
+VERSION = "cmp-test-v1"
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def store(
+    request: pytest.FixtureRequest, feast_project: str, tmp_path: Path, redis_url: str
+) -> FeatureStore:
+    feast_store = open_store(feast_project, tmp_path, online=request.param, redis_url=redis_url)
+    feast_store.apply(solaris_definitions().all())
+    return feast_store
+
+
+def pair_batch(n: int = 4, user: int = 1, seed: int = 0, hours_ago: float = 0.0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame(
+        {
+            "user_id": np.full(n, user, dtype=np.int64),
+            "item_id": np.arange(100, 100 + n, dtype=np.int64),
+            "embedding": list(rng.standard_normal((n, DIM)).astype(np.float32)),
+            "model_version": VERSION,
+            "computed_at": pd.Timestamp.now(tz="UTC").floor("s") - pd.Timedelta(hours=hours_ago),
+        }
+    )
+
+
+def offline_files(store: FeatureStore) -> list[Path]:
+    return sorted(Path(str(store.config.repo_path), "data", "offline").rglob("*.parquet"))
+
+
+def poisoned(kind: str) -> tuple[pd.DataFrame, list[int]]:
+    frame = pair_batch(5)
+    if kind == "nan":
+        frame.at[1, "embedding"] = np.full(DIM, np.nan, dtype=np.float32)
+        return frame, [1]
+    if kind == "inf":
+        vec = np.zeros(DIM, dtype=np.float32)
+        vec[3] = np.inf
+        frame.at[3, "embedding"] = vec
+        return frame, [3]
+    if kind == "wrong_dim":
+        frame.at[2, "embedding"] = np.zeros(DIM + 1, dtype=np.float32)
+        frame.at[4, "embedding"] = np.zeros(8, dtype=np.float32)
+        return frame, [2, 4]
+    if kind == "duplicate_keys":
+        frame.loc[3, "item_id"] = frame.loc[0, "item_id"]
+        return frame, [0, 3]
+    if kind == "negative_id":
+        frame.loc[2, "user_id"] = -5
+        return frame, [2]
+    if kind == "empty_version":
+        frame.loc[4, "model_version"] = ""
+        return frame, [4]
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize(
+    "kind", ["nan", "inf", "wrong_dim", "duplicate_keys", "negative_id", "empty_version"]
+)
+def test_bad_batch_is_refused_naming_rows_and_nothing_is_written(
+    store: FeatureStore, kind: str
+) -> None:
+    frame, bad_rows = poisoned(kind)
+    writer = EmbeddingWriter(store, "solaris_pair")
+
+    with pytest.raises(WriteBatchError) as caught:
+        writer.write(frame)
+
+    assert caught.value.rows == bad_rows
+    assert "nothing written" in str(caught.value)
+    assert offline_files(store) == []
+    read = SolarisRetriever(store, VERSION, record_misses=False).fetch(1, frame["item_id"].unique())
+    assert set(read.tiers.tolist()) == {Tier.ZERO}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda f: f.drop(columns=["computed_at"]), "missing columns"),
+        (lambda f: f.assign(item_id=f["item_id"].astype(float)), "must be int64"),
+        (lambda f: f.assign(computed_at=f["computed_at"].dt.tz_localize(None)), "timezone-aware"),
+        (lambda f: f.assign(embedding=["x"] * len(f)), "not numeric"),
+    ],
+)
+def test_malformed_columns_are_refused(
+    store: FeatureStore, change: Callable[[pd.DataFrame], pd.DataFrame], message: str
+) -> None:
+    with pytest.raises(WriteBatchError, match=message):
+        EmbeddingWriter(store, "solaris_pair").write(change(pair_batch(3)))
+    assert offline_files(store) == []
+
+
+def test_newer_write_is_never_lost_and_older_one_never_wins(store: FeatureStore) -> None:
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+    retriever = SolarisRetriever(store, VERSION, record_misses=False)
+    first = pair_batch(2, seed=1, hours_ago=1)
+    writer.write(first)
+
+    # Same computed_at, new vectors (a retried shard, a fixed model): Feast would drop this.
+    redo = first.assign(embedding=list(pair_batch(2, seed=2)["embedding"]))
+    assert writer.write(redo).online_applied == 2
+    np.testing.assert_array_equal(
+        retriever.fetch(1, [100, 101]).embeddings, np.stack(redo["embedding"])
+    )
+
+    newer = pair_batch(2, seed=3, hours_ago=0)
+    writer.write(newer)
+    late_older = pair_batch(2, seed=4, hours_ago=2)
+    assert writer.write(late_older).online_applied == 0
+    np.testing.assert_array_equal(
+        retriever.fetch(1, [100, 101]).embeddings, np.stack(newer["embedding"])
+    )
+
+
+def test_feast_itself_drops_a_same_timestamp_rewrite_on_redis(
+    feast_project: str, tmp_path: Path, redis_url: str
+) -> None:
+    """The trap the write path exists for; if Feast fixes it this test tells us."""
+    store = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
+    store.apply(solaris_definitions().all())
+    first = pair_batch(1, seed=1)
+    as_feast = first.assign(
+        event_timestamp=first["computed_at"],
+        written_at=first["computed_at"],
+        embedding=[v.tolist() for v in first["embedding"]],
+    )
+    store.write_to_online_store("solaris_pair", as_feast)
+    redo = pair_batch(1, seed=2)
+    store.write_to_online_store(
+        "solaris_pair", as_feast.assign(embedding=[v.tolist() for v in redo["embedding"]])
+    )
+    stored = store.get_online_features(
+        features=["solaris_pair:embedding"], entity_rows=[{"user_id": 1, "item_id": 100}]
+    ).to_dict()["embedding"][0]
+    np.testing.assert_array_equal(np.asarray(stored, np.float32), first["embedding"][0])
+
+
+def test_offline_log_is_partitioned_by_day_and_idempotent(store: FeatureStore) -> None:
+    writer = EmbeddingWriter(store, "solaris_pair")
+    frame = pair_batch(6)
+    frame.loc[:2, "computed_at"] = pd.Timestamp("2026-01-02 23:30", tz="UTC")
+    frame.loc[3:, "computed_at"] = pd.Timestamp("2026-01-03 00:30", tz="UTC")
+
+    report = writer.write(frame)
+    again = writer.write(frame.iloc[::-1].reset_index(drop=True))  # same rows, other order
+
+    assert report.offline_files_written == 2 and again.offline_files_written == 0
+    assert again.offline_files == report.offline_files
+    assert [p.parent.name for p in offline_files(store)] == ["2026-01-02", "2026-01-03"]
+    table = pd.concat([pq.read_table(p).to_pandas() for p in offline_files(store)])
+    assert sorted(table["item_id"]) == sorted(frame["item_id"])
+    assert len(table) == 6
+    row = table.set_index("item_id").loc[103]
+    np.testing.assert_array_equal(
+        np.asarray(row["embedding"], np.float32), frame.at[3, "embedding"]
+    )
+    assert row["event_timestamp"] == pd.Timestamp("2026-01-03 00:30", tz="UTC")
+
+
+def test_user_and_similar_writers_share_the_path(store: FeatureStore) -> None:
+    rng = np.random.default_rng(5)
+    user_vec, similar_vec = rng.standard_normal((2, DIM)).astype(np.float32)
+    now = pd.Timestamp.now(tz="UTC")
+    EmbeddingWriter(store, "solaris_user").write(
+        pd.DataFrame(
+            {
+                "user_id": [3],
+                "embedding": [user_vec],
+                "pair_count": [7],
+                "model_version": VERSION,
+                "computed_at": now,
+            }
+        )
+    )
+    EmbeddingWriter(store, "solaris_similar").write(
+        pd.DataFrame(
+            {
+                "user_id": [3],
+                "item_id": [30],
+                "embedding": [similar_vec],
+                "neighbour_count": [5],
+                "mean_distance": [0.125],
+                "model_version": VERSION,
+                "computed_at": now,
+            }
+        )
+    )
+    with pytest.raises(WriteBatchError, match="missing columns"):
+        EmbeddingWriter(store, "solaris_similar").write(
+            pd.DataFrame({"user_id": [3], "item_id": [31], "embedding": [similar_vec]})
+        )
+
+    feast_read = store.get_online_features(
+        features=["solaris_similar:neighbour_count", "solaris_similar:mean_distance"],
+        entity_rows=[{"user_id": 3, "item_id": 30}],
+    ).to_dict()
+    assert feast_read["neighbour_count"] == [5]
+    assert feast_read["mean_distance"] == [0.125]
+    result = SolarisRetriever(store, VERSION, record_misses=False).fetch(3, [30, 31])
+    assert result.tiers.tolist() == [Tier.SIMILAR, Tier.USER_AGG]
+    np.testing.assert_array_equal(result.embeddings, np.stack([similar_vec, user_vec]))
+
+
+def test_byte_layouts_match_feasts_own_encoders() -> None:
+    from feast.infra.key_encoding_utils import serialize_entity_key
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey
+    from feast.protos.feast.types.Value_pb2 import FloatList
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+    rng = np.random.default_rng(9)
+    layout = EntityKeyLayout(["user_id", "item_id"], 3)
+    for user, item in rng.integers(0, 2**62, size=(50, 2)).tolist():
+        proto = EntityKey(
+            join_keys=["user_id", "item_id"],
+            entity_values=[ValueProto(int64_val=user), ValueProto(int64_val=item)],
+        )
+        assert layout.key(user, item) == serialize_entity_key(proto, 3)
+    codec = FloatListCodec(DIM)
+    for vec in rng.standard_normal((20, DIM)).astype(np.float32):
+        encoded = ValueProto(float_list_val=FloatList(val=vec.tolist())).SerializeToString()
+        assert codec.encode(vec) == encoded
+        np.testing.assert_array_equal(codec.decode(encoded), vec)
+    assert (
+        codec.decode(ValueProto(float_list_val=FloatList(val=[1.0] * 8)).SerializeToString())
+        is None
+    )
