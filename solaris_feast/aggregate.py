@@ -1,0 +1,217 @@
+"""The user-only tier: each user's mean exact pair embedding over the last window (default 24 h).
+
+When the cache holds no exact ``z(u, i)`` for a requested pair, the user's recent pair embeddings
+still say a lot about the user; their mean is the second fallback after the similarity fill. Only
+one ``model_version`` is averaged at a time: vectors of two compressors live in different spaces,
+so mixing them would produce a meaningless point.
+
+A pair computed several times in the window counts once, with its newest vector: refreshes and
+re-runs of the same interval must not weigh a pair more (the precompute DAG is retried).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from solaris_feast.data.schema import ITEM_ID, USER_ID
+from solaris_feast.errors import SchemaError
+from solaris_feast.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
+
+logger = logging.getLogger(__name__)
+
+EMBEDDING = "embedding"
+PAIR_COUNT = "pair_count"
+
+
+@dataclass(frozen=True)
+class PairEmbeddings:
+    """Exact pair embeddings as parallel arrays (the fast form of the ``solaris_pair`` rows).
+
+    Attributes:
+        user_ids: ``(N,)`` int64.
+        item_ids: ``(N,)`` int64.
+        vectors: ``(N, d)`` float32.
+        computed_at_s: ``(N,)`` float64 unix seconds.
+        model_versions: ``(N,)`` object array of version strings.
+    """
+
+    user_ids: np.ndarray
+    item_ids: np.ndarray
+    vectors: np.ndarray
+    computed_at_s: np.ndarray
+    model_versions: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.user_ids)
+        if self.vectors.ndim != 2:
+            raise ValueError(f"vectors must be (N, d), got shape {self.vectors.shape}")
+        for name in ("item_ids", "vectors", "computed_at_s", "model_versions"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name} has {len(getattr(self, name))} rows, user_ids has {n}")
+
+    def __len__(self) -> int:
+        return len(self.user_ids)
+
+    @property
+    def dim(self) -> int:
+        return int(self.vectors.shape[1])
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame, dim: int | None = None) -> PairEmbeddings:
+        """From ``user_id``, ``item_id``, ``embedding`` (one array per row), ``model_version``,
+        ``computed_at`` (UTC datetime or unix seconds), as read from the offline or online store.
+        """
+        table = "pair_embeddings"
+        for column in (USER_ID, ITEM_ID, EMBEDDING, MODEL_VERSION, COMPUTED_AT):
+            if column not in frame.columns:
+                raise SchemaError(table, column, f"is missing (columns: {list(frame.columns)})")
+        if len(frame):
+            vectors = np.stack([np.asarray(v, dtype=np.float32) for v in frame[EMBEDDING]])
+        else:
+            vectors = np.zeros((0, dim or 0), dtype=np.float32)
+        if dim is not None and vectors.shape[1] != dim:
+            raise SchemaError(table, EMBEDDING, f"has dimension {vectors.shape[1]}, expected {dim}")
+        return cls(
+            user_ids=frame[USER_ID].to_numpy(dtype=np.int64),
+            item_ids=frame[ITEM_ID].to_numpy(dtype=np.int64),
+            vectors=vectors,
+            computed_at_s=unix_seconds(frame[COMPUTED_AT]),
+            model_versions=frame[MODEL_VERSION].astype(object).to_numpy(),
+        )
+
+    def select(self, rows: np.ndarray) -> PairEmbeddings:
+        """The rows picked by a boolean mask or an index array."""
+        return PairEmbeddings(
+            user_ids=self.user_ids[rows],
+            item_ids=self.item_ids[rows],
+            vectors=self.vectors[rows],
+            computed_at_s=self.computed_at_s[rows],
+            model_versions=self.model_versions[rows],
+        )
+
+    def usable(self, model_version: str, start_s: float, end_s: float) -> PairEmbeddings:
+        """Rows of ``model_version`` computed in ``(start_s, end_s]``, newest per pair only,
+        sorted by ``(user_id, item_id)``."""
+        return self.select(self.usable_rows(model_version, start_s, end_s))
+
+    def usable_rows(self, model_version: str, start_s: float, end_s: float) -> np.ndarray:
+        """Indices of the rows :meth:`usable` keeps, in its order (no vectors are copied)."""
+        keep = (
+            (self.model_versions == model_version)
+            & (self.computed_at_s > start_s)
+            & (self.computed_at_s <= end_s)
+        )
+        rows = np.flatnonzero(keep)
+        if len(rows) == 0:
+            return rows
+        span = int(self.item_ids[rows].max()) + 1
+        pair_key = self.user_ids[rows] * span + self.item_ids[rows]
+        if not (np.diff(pair_key) > 0).all():
+            # One stable sort by pair, then the newest row of each run of equal pairs (the first
+            # newest on ties): a single int64 sort is several times faster than a lexsort.
+            by_pair = np.argsort(pair_key, kind="stable")
+            rows, pair_key = rows[by_pair], pair_key[by_pair]
+            starts = np.flatnonzero(np.r_[True, pair_key[1:] != pair_key[:-1]])
+            run = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(rows)]))
+            at = self.computed_at_s[rows]
+            newest = at == np.maximum.reduceat(at, starts)[run]
+            first_newest = np.flatnonzero(newest)
+            keep_first = np.r_[True, run[first_newest][1:] != run[first_newest][:-1]]
+            rows = rows[first_newest[keep_first]]
+        return rows
+
+
+class AggregateConfig(BaseModel):
+    """How the user-only tier is computed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window_seconds: int = Field(default=86400, gt=0)
+    """Pairs computed in ``(now - window_seconds, now]`` are averaged."""
+    weighting: Literal["uniform", "recency"] = "uniform"
+    """``uniform``: plain mean; ``recency``: weight ``0.5 ** (age / half_life_seconds)``."""
+    half_life_seconds: float = Field(default=6 * 3600.0, gt=0)
+    """Half-life of the recency weighting (ignored by ``uniform``)."""
+    min_pairs: int = Field(default=1, gt=0)
+    """Users with fewer distinct pairs in the window get no aggregate row."""
+
+
+def aggregate_user_embeddings(
+    pairs: PairEmbeddings | pd.DataFrame,
+    now: pd.Timestamp,
+    model_version: str,
+    config: AggregateConfig | None = None,
+) -> pd.DataFrame:
+    """Rows for the ``solaris_user`` view: each user's weighted mean pair embedding.
+
+    Args:
+        pairs: Exact pair embeddings (:class:`PairEmbeddings` or its frame form); rows of another
+            ``model_version``, outside the window or after ``now`` are ignored.
+        now: End of the window (UTC); also the ``computed_at`` of the rows, so a re-run for the
+            same interval writes the same rows.
+        model_version: The embedding version to average (the compressor card's version).
+        config: Window and weighting.
+
+    Returns:
+        ``user_id`` int64, ``embedding`` (one float32 ``(d,)`` array per row), ``pair_count``
+        int64, ``model_version`` str, ``computed_at`` UTC timestamp; sorted by ``user_id``.
+    """
+    cfg = config or AggregateConfig()
+    table = pairs if isinstance(pairs, PairEmbeddings) else PairEmbeddings.from_frame(pairs)
+    now_s = _utc(now).value / 1e9
+    window = table.usable(model_version, now_s - cfg.window_seconds, now_s)
+    if len(window) == 0:
+        return _empty_user_rows()
+    # usable() sorted by user, so each user's rows are one contiguous run.
+    user = window.user_ids
+    starts = np.flatnonzero(np.r_[True, user[1:] != user[:-1]])
+    counts = np.diff(np.r_[starts, len(user)])
+    if cfg.weighting == "recency":
+        weight = np.power(0.5, (now_s - window.computed_at_s) / cfg.half_life_seconds)
+    else:
+        weight = np.ones(len(window), dtype=np.float64)
+    weighted = window.vectors.astype(np.float64) * weight[:, None]
+    sums = np.add.reduceat(weighted, starts, axis=0)
+    weight_sums = np.add.reduceat(weight, starts)
+    means = (sums / weight_sums[:, None]).astype(np.float32)
+    keep = counts >= cfg.min_pairs
+    logger.info(
+        "user aggregate: %d users from %d pairs (version %s)",
+        int(keep.sum()),
+        len(window),
+        model_version,
+    )
+    return pd.DataFrame(
+        {
+            USER_ID: user[starts][keep],
+            EMBEDDING: list(means[keep]),
+            PAIR_COUNT: counts[keep].astype(np.int64),
+            MODEL_VERSION: model_version,
+            COMPUTED_AT: pd.Timestamp(now).tz_convert("UTC"),
+        }
+    )
+
+
+def _empty_user_rows() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            USER_ID: np.zeros(0, dtype=np.int64),
+            EMBEDDING: pd.Series([], dtype=object),
+            PAIR_COUNT: np.zeros(0, dtype=np.int64),
+            MODEL_VERSION: pd.Series([], dtype=object),
+            COMPUTED_AT: pd.Series([], dtype="datetime64[ns, UTC]"),
+        }
+    )
+
+
+def _utc(ts: pd.Timestamp) -> pd.Timestamp:
+    ts = pd.Timestamp(ts)
+    if ts.tzinfo is None:
+        raise ValueError(f"now must be timezone-aware (UTC), got naive {ts}")
+    return ts.tz_convert("UTC")

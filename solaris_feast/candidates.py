@@ -1,0 +1,435 @@
+"""Candidate items per active user: the pairs the verifier scores before the FM budget is spent.
+
+Three sources, all computed from the log strictly before ``now`` (a replay never sees the future):
+
+* **co-occurrence**: items that followed the user's recent items in other users' sequences
+  (item transitions within ``cooccurrence_span`` steps, counted over the look-back);
+* **category popularity**: the most popular items of the categories the user's recent items fall in;
+* **recent popularity**: the items most consumed over the last ``recent_popularity_seconds``,
+  which fills users with a thin history.
+
+Each source gives a score in ``[0, 1]`` per ``(user, item)``; the final score is their weighted sum
+and every user keeps the ``candidates_per_user`` best items, ties broken by ``item_id`` so that the
+same log always yields the same table. Everything is vectorized with numpy/pandas: there is no
+Python loop over users or items.
+
+Complexity, with ``E`` events in the look-back, ``U`` active users, ``S`` the co-occurrence span,
+``R`` recent items per user, ``K`` neighbours kept per item, ``C`` categories per user and ``N``
+candidates per user: time ``O(E·S·log(E·S) + U·(R·K + C·N + N)·log(...))`` (dominated by the sorts
+of the co-occurrence pairs and of the merged candidate rows), memory ``O(E·S + U·(R·K + C·N + N))``.
+
+A user-supplied candidate table can replace the generated one; :func:`validate_candidate_table`
+checks it against the same contract.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID
+from solaris_feast.errors import SchemaError
+
+logger = logging.getLogger(__name__)
+
+CANDIDATE_SCORE = "candidate_score"
+SOURCE = "source"
+SOURCES: tuple[str, ...] = ("cooccurrence", "category", "popular")
+"""Values of the ``source`` column: which source contributed most to a candidate's score."""
+
+
+class CandidateConfig(BaseModel):
+    """How candidates are generated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    candidates_per_user: int = Field(default=200, gt=0)
+    """N: candidate items kept per active user."""
+    lookback_seconds: int = Field(default=30 * 86400, gt=0)
+    """Events older than ``now - lookback_seconds`` are ignored by every source."""
+    active_window_seconds: int = Field(default=7 * 86400, gt=0)
+    """A user is active when they have an event in ``[now - active_window_seconds, now)``."""
+    recent_items_per_user: int = Field(default=10, gt=0)
+    """R: the user's most recent distinct items that seed co-occurrence and categories."""
+    cooccurrence_span: int = Field(default=3, gt=0)
+    """S: an item co-occurs with the next S items of the same user's sequence (both directions)."""
+    neighbours_per_item: int = Field(default=40, gt=0)
+    """K: co-occurring items kept per item (the most frequent)."""
+    category_column: str | None = None
+    """Item categorical column used for category popularity; ``None`` turns that source off."""
+    categories_per_user: int = Field(default=3, gt=0)
+    """C: the user's most frequent categories among their recent items."""
+    recent_popularity_seconds: int = Field(default=86400, gt=0)
+    """Window of the "recently popular" source; falls back to the look-back when it is empty."""
+    cooccurrence_weight: float = Field(default=1.0, ge=0.0)
+    """Weight of the co-occurrence score in the final score."""
+    category_weight: float = Field(default=0.5, ge=0.0)
+    """Weight of the category popularity score in the final score."""
+    popular_weight: float = Field(default=0.25, ge=0.0)
+    """Weight of the recent popularity score in the final score."""
+    exclude_recent_items: bool = False
+    """Drop the user's own recent items from their candidates (off: re-consumption is common)."""
+
+
+def generate_candidates(
+    interactions: pd.DataFrame,
+    now: pd.Timestamp,
+    config: CandidateConfig | None = None,
+    *,
+    items: pd.DataFrame | None = None,
+    users: Sequence[int] | np.ndarray | None = None,
+) -> pd.DataFrame:
+    """Candidate items for each active user, from the log strictly before ``now``.
+
+    Args:
+        interactions: The log (``user_id``, ``item_id``, ``event_timestamp`` UTC); rows at or after
+            ``now`` are ignored.
+        now: The time the candidates are for (UTC).
+        config: Generation settings; defaults to :class:`CandidateConfig`.
+        items: Item attribute table holding ``config.category_column`` (needed by that source).
+        users: The users to generate for; default: users active in the active window. Users with no
+            history get the recently popular items only.
+
+    Returns:
+        ``user_id`` int64, ``item_id`` int64, ``candidate_score`` float32, ``source`` str; at most
+        ``candidates_per_user`` rows per user, sorted by user, then score descending, then item.
+    """
+    cfg = config or CandidateConfig()
+    now = _utc(now)
+    for column in (USER_ID, ITEM_ID, EVENT_TIMESTAMP):
+        if column not in interactions.columns:
+            raise SchemaError("interactions", column, "is missing")
+    ts = interactions[EVENT_TIMESTAMP]
+    start = now - pd.Timedelta(seconds=cfg.lookback_seconds)
+    log = interactions.loc[(ts >= start) & (ts < now), [USER_ID, ITEM_ID, EVENT_TIMESTAMP]]
+    # Stable sort by time within user: the sequence order that co-occurrence and recency rely on.
+    log = log.sort_values([USER_ID, EVENT_TIMESTAMP, ITEM_ID], kind="stable").reset_index(drop=True)
+
+    if users is None:
+        active_start = now - pd.Timedelta(seconds=cfg.active_window_seconds)
+        active = np.unique(log.loc[log[EVENT_TIMESTAMP] >= active_start, USER_ID].to_numpy())
+    else:
+        active = np.unique(np.asarray(users, dtype=np.int64))
+    if len(active) == 0 or log.empty:
+        return _empty_candidates()
+
+    num_keys = int(max(log[ITEM_ID].max(), 0)) + 1
+    if items is not None and len(items):
+        num_keys = max(num_keys, int(items[ITEM_ID].max()) + 1)
+    recent = _recent_items(log, active, cfg.recent_items_per_user)
+    parts: list[tuple[int, _Scores]] = []
+    if cfg.cooccurrence_weight > 0:
+        parts.append((0, _cooccurrence_scores(log, recent, cfg, num_keys)))
+    if cfg.category_weight > 0 and cfg.category_column is not None:
+        if items is None or cfg.category_column not in items.columns:
+            raise SchemaError(
+                "items", cfg.category_column, "is missing (needed by category_column)"
+            )
+        parts.append((1, _category_scores(log, recent, items, cfg)))
+    if cfg.popular_weight > 0:
+        parts.append((2, _popular_scores(log, active, now, cfg)))
+    parts = [(src, s) for src, s in parts if len(s.user)]
+    if not parts:
+        return _empty_candidates()
+
+    weights = (cfg.cooccurrence_weight, cfg.category_weight, cfg.popular_weight)
+    # One int64 key per pair turns the merge of the sources into a sort plus bincounts.
+    keys = np.concatenate([s.user * num_keys + s.item for _, s in parts])
+    unique_keys, inverse = np.unique(keys, return_inverse=True)
+    per_source = np.zeros((len(unique_keys), len(SOURCES)), dtype=np.float64)
+    offset = 0
+    for src, s in parts:
+        part_inverse = inverse[offset : offset + len(s.user)]
+        per_source[:, src] = np.bincount(
+            part_inverse, weights=s.score * weights[src], minlength=len(unique_keys)
+        )
+        offset += len(s.user)
+    total = per_source.sum(axis=1)
+    # The source label is the biggest contributor (argmax keeps the first on ties).
+    source = per_source.argmax(axis=1)
+    user = unique_keys // num_keys
+    item = unique_keys % num_keys
+    if cfg.exclude_recent_items:
+        seen = np.isin(unique_keys, recent.user * num_keys + recent.item)
+        user, item, total, source = user[~seen], item[~seen], total[~seen], source[~seen]
+    # Rows are sorted by (user, item), so position breaks score ties by item_id.
+    order = _order_group_then_score_desc(user, total)
+    user, item, total, source = user[order], item[order], total[order], source[order]
+    keep = _rank_within_sorted(user) < cfg.candidates_per_user
+    out = pd.DataFrame(
+        {
+            USER_ID: user[keep].astype(np.int64),
+            ITEM_ID: item[keep].astype(np.int64),
+            CANDIDATE_SCORE: total[keep].astype(np.float32),
+            SOURCE: np.asarray(SOURCES, dtype=object)[source[keep]],
+        }
+    )
+    logger.info("candidates: %d pairs for %d users from %d events", len(out), len(active), len(log))
+    return out
+
+
+def validate_candidate_table(
+    frame: pd.DataFrame,
+    *,
+    candidates_per_user: int | None = None,
+    num_items: int | None = None,
+) -> pd.DataFrame:
+    """Check a user-supplied candidate table and return it in the generated table's form.
+
+    Required columns: ``user_id`` and ``item_id`` (integers, non-negative, no duplicate pairs).
+    ``candidate_score`` (float) is optional; without it the row order within a user is the rank.
+    A user with more than ``candidates_per_user`` rows keeps the best ones (by score, then item).
+
+    Raises:
+        SchemaError: naming the first column that breaks the contract.
+    """
+    table = "candidates"
+    for column in (USER_ID, ITEM_ID):
+        if column not in frame.columns:
+            raise SchemaError(table, column, f"is missing (columns present: {list(frame.columns)})")
+        if not pd.api.types.is_integer_dtype(frame[column]):
+            raise SchemaError(table, column, f"must be an integer type, got {frame[column].dtype}")
+        values = frame[column].to_numpy()
+        if len(values) and values.min() < 0:
+            raise SchemaError(table, column, "has negative ids")
+    if num_items is not None and len(frame) and frame[ITEM_ID].max() >= num_items:
+        raise SchemaError(table, ITEM_ID, f"has ids outside 0..{num_items - 1}")
+    duplicated = frame.duplicated([USER_ID, ITEM_ID])
+    if duplicated.any():
+        first = frame.loc[duplicated].iloc[0]
+        raise SchemaError(
+            table,
+            ITEM_ID,
+            f"has {int(duplicated.sum())} duplicate (user_id, item_id) pairs, "
+            f"for instance ({int(first[USER_ID])}, {int(first[ITEM_ID])})",
+        )
+    if CANDIDATE_SCORE in frame.columns:
+        scores = frame[CANDIDATE_SCORE].to_numpy(dtype=np.float64)
+        if not np.isfinite(scores).all():
+            raise SchemaError(table, CANDIDATE_SCORE, "has NaN or infinite scores")
+    else:
+        # Row order is the user's ranking: turn it into a decreasing score so sorting keeps it.
+        rank = frame.groupby(USER_ID, sort=False).cumcount().to_numpy()
+        scores = 1.0 / (1.0 + rank)
+    out = pd.DataFrame(
+        {
+            USER_ID: frame[USER_ID].to_numpy(dtype=np.int64),
+            ITEM_ID: frame[ITEM_ID].to_numpy(dtype=np.int64),
+            CANDIDATE_SCORE: scores.astype(np.float32),
+            SOURCE: frame[SOURCE].astype(str).to_numpy() if SOURCE in frame.columns else "supplied",
+        }
+    )
+    out = out.sort_values(
+        [USER_ID, CANDIDATE_SCORE, ITEM_ID], ascending=[True, False, True], kind="stable"
+    )
+    if candidates_per_user is not None:
+        keep = out.groupby(USER_ID, sort=False).cumcount() < candidates_per_user
+        if not keep.all():
+            logger.info(
+                "candidate table: dropped %d rows over the per-user cap", int((~keep).sum())
+            )
+        out = out.loc[keep]
+    return out.reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class _Scores:
+    """Per-source scores as parallel arrays (``user``, ``item`` int64; ``score`` in [0, 1])."""
+
+    user: np.ndarray
+    item: np.ndarray
+    score: np.ndarray
+
+
+def _rank_within_sorted(groups: np.ndarray) -> np.ndarray:
+    """Position of each row within its run of equal values of ``groups`` (which must be sorted)."""
+    n = len(groups)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    run_start = np.repeat(starts, np.diff(np.r_[starts, n]))
+    return np.arange(n, dtype=np.int64) - run_start
+
+
+def _order_group_then_score_desc(group: np.ndarray, score: np.ndarray) -> np.ndarray:
+    """Indices ordering rows by ``group`` ascending, then ``score`` descending, then position.
+
+    Equivalent to ``np.lexsort((position, -score, group))`` but two plain sorts, about twice as
+    fast as lexsort on millions of rows.
+    """
+    n = len(group)
+    by_score = np.argsort(-score, kind="stable")
+    score_rank = np.empty(n, dtype=np.int64)
+    score_rank[by_score] = np.arange(n, dtype=np.int64)
+    shift = max(int(group.min(initial=0)), 0) if n else 0
+    return np.argsort((group - shift).astype(np.int64) * max(n, 1) + score_rank, kind="stable")
+
+
+def _expand_ranges(starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For row j, the indices ``starts[j] .. starts[j] + lengths[j] - 1``, with their row j."""
+    owner = np.repeat(np.arange(len(starts)), lengths)
+    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    return owner, np.repeat(starts, lengths) + offsets
+
+
+def _recent_items(log: pd.DataFrame, active: np.ndarray, per_user: int) -> _Scores:
+    """The user's ``per_user`` most recent distinct items; ``score`` is ``1 / (1 + rank)``."""
+    user = log[USER_ID].to_numpy(dtype=np.int64)
+    item = log[ITEM_ID].to_numpy(dtype=np.int64)
+    mine = np.isin(user, active)
+    user, item = user[mine], item[mine]
+    # log is sorted by (user, time); reversed, each user's events run newest first.
+    user, item = user[::-1], item[::-1]
+    order = np.argsort(user, kind="stable")
+    user, item = user[order], item[order]
+    frame = pd.DataFrame({"u": user, "i": item})
+    first_seen = ~frame.duplicated(["u", "i"], keep="first").to_numpy()
+    user, item = user[first_seen], item[first_seen]
+    rank = _rank_within_sorted(user)
+    keep = rank < per_user
+    return _Scores(user[keep], item[keep], 1.0 / (1.0 + rank[keep]))
+
+
+def _cooccurrence_scores(
+    log: pd.DataFrame, recent: _Scores, cfg: CandidateConfig, num_keys: int
+) -> _Scores:
+    user = log[USER_ID].to_numpy(dtype=np.int64)
+    item = log[ITEM_ID].to_numpy(dtype=np.int64)
+    sources: list[np.ndarray] = []
+    targets: list[np.ndarray] = []
+    for step in range(1, cfg.cooccurrence_span + 1):  # S iterations, each vectorized over E events
+        same_user = user[:-step] == user[step:]
+        a, b = item[:-step][same_user], item[step:][same_user]
+        sources += [a, b]
+        targets += [b, a]
+    a = np.concatenate(sources) if sources else np.zeros(0, dtype=np.int64)
+    b = np.concatenate(targets) if targets else np.zeros(0, dtype=np.int64)
+    distinct = a != b
+    pair_keys, counts = np.unique(a[distinct] * num_keys + b[distinct], return_counts=True)
+    if len(pair_keys) == 0:
+        return _empty_scores()
+    a, b = pair_keys // num_keys, pair_keys % num_keys
+    order = _order_group_then_score_desc(a, counts.astype(np.float64))
+    a, b, counts = a[order], b[order], counts[order]
+    keep = _rank_within_sorted(a) < cfg.neighbours_per_item
+    a, b, counts = a[keep], b[keep], counts[keep].astype(np.float64)
+    # Each seed item contributes at most 1 (its best neighbour), scaled by the seed's recency.
+    seeds, seed_start, seed_len = np.unique(a, return_index=True, return_counts=True)
+    norm = counts / np.repeat(counts[seed_start], seed_len)
+    pos = np.searchsorted(seeds, recent.item)
+    pos = np.minimum(pos, len(seeds) - 1)
+    has = seeds[pos] == recent.item
+    owner, idx = _expand_ranges(seed_start[pos[has]], seed_len[pos[has]])
+    return _sum_per_pair(
+        recent.user[has][owner], b[idx], recent.score[has][owner] * norm[idx], num_keys
+    )
+
+
+def _category_scores(
+    log: pd.DataFrame, recent: _Scores, items: pd.DataFrame, cfg: CandidateConfig
+) -> _Scores:
+    column = cfg.category_column
+    if column is None:  # pragma: no cover - the caller checks
+        return _empty_scores()
+    item_ids = items[ITEM_ID].to_numpy(dtype=np.int64)
+    category_of = np.full(int(item_ids.max(initial=0)) + 1, -1, dtype=np.int64)
+    category_of[item_ids] = items[column].to_numpy(dtype=np.int64)
+
+    def category(ids: np.ndarray) -> np.ndarray:
+        inside = ids < len(category_of)
+        return np.where(inside, category_of[np.minimum(ids, len(category_of) - 1)], -1)
+
+    popular_items, popularity = np.unique(log[ITEM_ID].to_numpy(dtype=np.int64), return_counts=True)
+    cats = category(popular_items)
+    known = cats >= 0
+    popular_items, popularity, cats = popular_items[known], popularity[known], cats[known]
+    order = np.lexsort((popular_items, -popularity, cats))
+    popular_items, popularity, cats = popular_items[order], popularity[order], cats[order]
+    keep = _rank_within_sorted(cats) < cfg.candidates_per_user
+    popular_items, popularity, cats = popular_items[keep], popularity[keep], cats[keep]
+    cat_ids, cat_start, cat_len = np.unique(cats, return_index=True, return_counts=True)
+    if len(cat_ids) == 0:
+        return _empty_scores()
+    norm = popularity / np.repeat(popularity[cat_start], cat_len).astype(np.float64)
+
+    # The user's category shares among their recent items, recency-weighted; keep the top C.
+    recent_cats = category(recent.item)
+    known = recent_cats >= 0
+    num_cats = int(max(cat_ids.max(), recent_cats.max(initial=0))) + 1
+    affinity = _sum_per_pair(recent.user[known], recent_cats[known], recent.score[known], num_cats)
+    if len(affinity.user) == 0:
+        return _empty_scores()
+    user_total = pd.Series(affinity.score).groupby(affinity.user).transform("sum").to_numpy()
+    share = affinity.score / user_total
+    order = np.lexsort((affinity.item, -share, affinity.user))
+    a_user, a_cat, share = affinity.user[order], affinity.item[order], share[order]
+    keep = _rank_within_sorted(a_user) < cfg.categories_per_user
+    a_user, a_cat, share = a_user[keep], a_cat[keep], share[keep]
+    pos = np.minimum(np.searchsorted(cat_ids, a_cat), len(cat_ids) - 1)
+    has = cat_ids[pos] == a_cat
+    owner, idx = _expand_ranges(cat_start[pos[has]], cat_len[pos[has]])
+    return _normalize_per_user(
+        _Scores(a_user[has][owner], popular_items[idx], share[has][owner] * norm[idx])
+    )
+
+
+def _popular_scores(
+    log: pd.DataFrame, active: np.ndarray, now: pd.Timestamp, cfg: CandidateConfig
+) -> _Scores:
+    window = log.loc[
+        log[EVENT_TIMESTAMP] >= now - pd.Timedelta(seconds=cfg.recent_popularity_seconds)
+    ]
+    if window.empty:
+        window = log
+    top_items, counts = np.unique(window[ITEM_ID].to_numpy(dtype=np.int64), return_counts=True)
+    order = np.lexsort((top_items, -counts))[: cfg.candidates_per_user]
+    top_items, top_scores = top_items[order], counts[order] / counts[order].max()
+    # Cross join of active users and the top-N items: O(U·N) rows, the fill for thin histories.
+    return _Scores(
+        np.repeat(active, len(top_items)),
+        np.tile(top_items, len(active)),
+        np.tile(top_scores.astype(np.float64), len(active)),
+    )
+
+
+def _sum_per_pair(user: np.ndarray, item: np.ndarray, score: np.ndarray, num_keys: int) -> _Scores:
+    keys, inverse = np.unique(user * num_keys + item, return_inverse=True)
+    summed = np.bincount(inverse, weights=score, minlength=len(keys))
+    return _normalize_per_user(_Scores(keys // num_keys, keys % num_keys, summed))
+
+
+def _normalize_per_user(scores: _Scores) -> _Scores:
+    """Scale ``score`` to ``[0, 1]`` per user so the sources' weights mean the same for everyone."""
+    if len(scores.user) == 0:
+        return _empty_scores()
+    best = pd.Series(scores.score).groupby(scores.user).transform("max").to_numpy()
+    return _Scores(scores.user, scores.item, scores.score / best)
+
+
+def _empty_scores() -> _Scores:
+    return _Scores(
+        np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    )
+
+
+def _empty_candidates() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            USER_ID: np.array([], dtype=np.int64),
+            ITEM_ID: np.array([], dtype=np.int64),
+            CANDIDATE_SCORE: np.array([], dtype=np.float32),
+            SOURCE: np.array([], dtype=object),
+        }
+    )
+
+
+def _utc(ts: pd.Timestamp) -> pd.Timestamp:
+    ts = pd.Timestamp(ts)
+    if ts.tzinfo is None:
+        raise ValueError(f"now must be timezone-aware (UTC), got naive {ts}")
+    return ts.tz_convert("UTC")

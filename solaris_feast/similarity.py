@@ -1,0 +1,347 @@
+"""The similarity tier: fill ``z(u, i)`` from the nearest users that hold an exact ``z(v, i)``.
+
+For a target pair the budget did not cover, users close to ``u`` (in the FM's user-side
+representation, or in the user aggregate space) that were themselves served item ``i`` recently
+have an exact embedding for it; their distance-weighted mean (or the nearest one) stands in for
+``u``'s own.
+
+Speed comes from searching once per *distinct target user*, not per pair: each user's
+``search_neighbours`` nearest users are fetched in one faiss call, and the per-pair step is a
+vectorized lookup of ``(neighbour, item)`` keys in the sorted exact table. The ``k`` nearest
+holders of ``i`` are therefore looked for among the user's ``search_neighbours`` nearest users; a
+larger ``search_neighbours`` finds more holders of rare items at a linear cost.
+
+The index is exact (``IndexFlatL2``) up to ``exact_index_max_users`` users and approximate above
+(HNSW by default, or IVF), or forced by ``index_kind``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+from pydantic import BaseModel, ConfigDict, Field
+
+from solaris_feast.aggregate import EMBEDDING, PairEmbeddings
+from solaris_feast.data.schema import ITEM_ID, USER_ID
+from solaris_feast.errors import SchemaError
+from solaris_feast.plan import COMPUTED_AT, MODEL_VERSION
+
+logger = logging.getLogger(__name__)
+
+NEIGHBOUR_COUNT = "neighbour_count"
+MEAN_DISTANCE = "mean_distance"
+
+# Lookups per chunk of the (pair, neighbour) join: bounds memory at about 100 MB.
+_LOOKUPS_PER_CHUNK = 4_000_000
+
+
+class SimilarityConfig(BaseModel):
+    """How the similarity fill finds and combines neighbours."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    neighbours: int = Field(default=10, gt=0)
+    """k: at most this many nearest holders of the item are combined."""
+    search_neighbours: int = Field(default=200, gt=0)
+    """Users retrieved per distinct target user; the k holders are looked for among them."""
+    mode: Literal["weighted", "nearest"] = "weighted"
+    """``weighted``: mean weighted by ``1 / (distance + distance_epsilon)``; ``nearest``: the
+    nearest holder's vector."""
+    distance_epsilon: float = Field(default=1e-3, gt=0)
+    """Keeps the weight of a zero-distance neighbour finite."""
+    index_kind: Literal["auto", "flat", "hnsw", "ivf"] = "auto"
+    """``auto``: ``flat`` up to ``exact_index_max_users`` users, else ``approximate_kind``."""
+    approximate_kind: Literal["hnsw", "ivf"] = "ivf"
+    """The approximate index ``auto`` picks above the threshold."""
+    exact_index_max_users: int = Field(default=20_000, gt=0)
+    """Largest user table indexed exactly under ``auto``."""
+    hnsw_m: int = Field(default=32, gt=1)
+    """HNSW graph degree."""
+    hnsw_ef_construction: int = Field(default=64, gt=0)
+    """HNSW build-time beam width."""
+    hnsw_ef_search: int = Field(default=256, gt=0)
+    """HNSW search beam width (raised to ``search_neighbours + 1`` when smaller)."""
+    ivf_lists: int | None = Field(default=None, gt=0)
+    """IVF cells; default ``sqrt(users)``."""
+    ivf_train_points_per_list: int = Field(default=64, gt=0)
+    """k-means of the IVF cells trains on at most this many users per cell (a seeded sample):
+    the build then costs a fraction of a full k-means and the cells are as good for search."""
+    ivf_probe: int = Field(default=16, gt=0)
+    """IVF cells visited per query."""
+    threads: int | None = Field(default=None, gt=0)
+    """faiss OpenMP threads; ``None`` keeps faiss's default."""
+
+
+@dataclass
+class UserIndex:
+    """A faiss index over user vectors, with the id map from rows to ``user_id``.
+
+    Attributes:
+        user_ids: ``(U,)`` int64, sorted; row ``r`` of the index is ``user_ids[r]``.
+        vectors: ``(U, D)`` float32 user vectors in the same order.
+        kind: ``flat``, ``hnsw`` or ``ivf``.
+        index: The faiss index.
+        build_seconds: Wall time of the build.
+    """
+
+    user_ids: np.ndarray
+    vectors: np.ndarray
+    kind: str
+    index: Any
+    build_seconds: float
+
+    def rows_of(self, user_ids: np.ndarray) -> np.ndarray:
+        """Row of each user in the index, ``-1`` for users it does not hold."""
+        pos = np.minimum(np.searchsorted(self.user_ids, user_ids), max(len(self.user_ids) - 1, 0))
+        found = len(self.user_ids) > 0
+        hit = (self.user_ids[pos] == user_ids) if found else np.zeros(len(user_ids), bool)
+        return np.where(hit, pos, -1)
+
+    def search(self, user_ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest other users of each (indexed) user.
+
+        Returns:
+            ``(Q, k)`` neighbour ``user_id`` (``-1`` where fewer were found) and ``(Q, k)`` L2
+            distances (not squared), nearest first; the query user itself is left out.
+        """
+        rows = self.rows_of(np.asarray(user_ids, dtype=np.int64))
+        if (rows < 0).any():
+            raise ValueError(f"{int((rows < 0).sum())} query users are not in the index")
+        k_total = min(k + 1, len(self.user_ids))
+        if self.kind == "hnsw":
+            self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, k_total)
+        squared, found = self.index.search(self.vectors[rows], k_total)
+        neighbour = np.where(found >= 0, self.user_ids[np.maximum(found, 0)], -1)
+        neighbour = np.where(neighbour == np.asarray(user_ids)[:, None], -1, neighbour)
+        # Drop the query user (mostly in column 0) by shifting each row's kept entries left.
+        keep = neighbour >= 0
+        order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
+        neighbour = np.take_along_axis(neighbour, order, axis=1)
+        distance = np.sqrt(np.maximum(np.take_along_axis(squared, order, axis=1), 0.0))
+        distance = np.where(neighbour >= 0, distance, np.inf).astype(np.float32)
+        if neighbour.shape[1] < k:
+            pad = k - neighbour.shape[1]
+            neighbour = np.pad(neighbour, ((0, 0), (0, pad)), constant_values=-1)
+            distance = np.pad(distance, ((0, 0), (0, pad)), constant_values=np.inf)
+        return neighbour, distance
+
+
+def build_user_index(
+    user_ids: np.ndarray, vectors: np.ndarray, config: SimilarityConfig | None = None
+) -> UserIndex:
+    """Index ``(U, D)`` user vectors; the index type follows ``config.index_kind``.
+
+    Duplicate user ids are refused. Vectors are copied to contiguous float32.
+    """
+    import faiss  # heavy import kept off the DAG parse path
+
+    cfg = config or SimilarityConfig()
+    ids = np.asarray(user_ids, dtype=np.int64)
+    vecs = np.asarray(vectors, dtype=np.float32)
+    if vecs.ndim != 2 or len(vecs) != len(ids):
+        raise ValueError(f"vectors must be (U, D) with U={len(ids)}, got {vecs.shape}")
+    if not np.isfinite(vecs).all():
+        raise ValueError("user vectors hold NaN or infinite values")
+    order = np.argsort(ids, kind="stable")
+    ids, vecs = ids[order], np.ascontiguousarray(vecs[order])
+    if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
+        raise ValueError("user_ids has duplicates: one vector per user")
+    if cfg.threads is not None:
+        faiss.omp_set_num_threads(cfg.threads)
+    kind = cfg.index_kind
+    if kind == "auto":
+        kind = "flat" if len(ids) <= cfg.exact_index_max_users else cfg.approximate_kind
+    dim = vecs.shape[1]
+    started = time.perf_counter()
+    index: Any
+    if kind == "flat":
+        index = faiss.IndexFlatL2(dim)
+    elif kind == "hnsw":
+        index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m)
+        index.hnsw.efConstruction = cfg.hnsw_ef_construction
+        index.hnsw.efSearch = cfg.hnsw_ef_search
+    else:
+        lists = cfg.ivf_lists or max(1, int(np.sqrt(len(ids))))
+        lists = min(lists, max(1, len(ids)))
+        quantizer = faiss.IndexFlatL2(dim)
+        index = faiss.IndexIVFFlat(quantizer, dim, lists)
+        sample_size = min(len(ids), lists * cfg.ivf_train_points_per_list)
+        sample = np.random.default_rng(0).choice(len(ids), size=sample_size, replace=False)
+        index.cp.max_points_per_centroid = cfg.ivf_train_points_per_list
+        index.train(vecs[np.sort(sample)])
+        index.nprobe = min(cfg.ivf_probe, lists)
+    if len(ids):
+        index.add(vecs)
+    built = time.perf_counter() - started
+    logger.info("user index: %s over %d users (D=%d) in %.2f s", kind, len(ids), dim, built)
+    return UserIndex(user_ids=ids, vectors=vecs, kind=kind, index=index, build_seconds=built)
+
+
+def similarity_fill(
+    index: UserIndex,
+    targets: pd.DataFrame,
+    exact: PairEmbeddings,
+    now: pd.Timestamp,
+    model_version: str,
+    exact_ttl_seconds: int,
+    config: SimilarityConfig | None = None,
+) -> pd.DataFrame:
+    """Rows for the ``solaris_similar`` view, one per target pair that found a neighbour.
+
+    Args:
+        index: User vectors (see :func:`build_user_index`); targets of unindexed users get no row.
+        targets: ``user_id``, ``item_id`` pairs to fill (duplicates are merged).
+        exact: Exact pair embeddings; only rows of ``model_version`` computed in
+            ``(now - exact_ttl_seconds, now]`` are used, newest per pair. A target that holds a
+            fresh exact embedding itself is skipped: the exact tier already serves it.
+        now: Fill time (UTC); also the rows' ``computed_at``.
+        model_version: The embedding version (the compressor card's version).
+        exact_ttl_seconds: Freshness of a usable exact embedding.
+        config: ``neighbours`` (k), ``search_neighbours``, ``mode``.
+
+    Returns:
+        ``user_id``, ``item_id`` int64, ``embedding`` (float32 ``(d,)`` per row),
+        ``neighbour_count`` int64 (holders combined, <= k), ``mean_distance`` float32 (mean L2
+        distance to them), ``model_version``, ``computed_at``; sorted by user then item.
+    """
+    cfg = config or SimilarityConfig()
+    now_ts = pd.Timestamp(now)
+    if now_ts.tzinfo is None:
+        raise ValueError(f"now must be timezone-aware (UTC), got naive {now_ts}")
+    now_s = now_ts.value / 1e9
+    for column in (USER_ID, ITEM_ID):
+        if column not in targets.columns:
+            raise SchemaError("targets", column, "is missing")
+    # Row indices rather than a copy: the exact table can hold millions of vectors.
+    fresh_rows = exact.usable_rows(model_version, now_s - exact_ttl_seconds, now_s)
+    fresh_user, fresh_item = exact.user_ids[fresh_rows], exact.item_ids[fresh_rows]
+    target_user = targets[USER_ID].to_numpy(dtype=np.int64)
+    target_item = targets[ITEM_ID].to_numpy(dtype=np.int64)
+    span = int(max(target_item.max(initial=-1), fresh_item.max(initial=-1))) + 1
+    span = max(span, 1)
+    target_key = np.unique(target_user * span + target_item)
+    exact_key = fresh_user * span + fresh_item  # sorted: usable_rows() orders by pair
+    # A target served exactly needs no fill; an unindexed user has no neighbours.
+    target_key = target_key[~_contains(exact_key, target_key)]
+    target_user, target_item = target_key // span, target_key % span
+    indexed = index.rows_of(target_user) >= 0
+    target_user, target_item = target_user[indexed], target_item[indexed]
+    if len(target_user) == 0 or len(fresh_rows) == 0:
+        return _empty_similar_rows()
+
+    query_users, query_row = np.unique(target_user, return_inverse=True)
+    k_search = min(cfg.search_neighbours, max(len(index.user_ids) - 1, 1))
+    started = time.perf_counter()
+    neighbour, distance = index.search(query_users, k_search)
+    searched = time.perf_counter() - started
+    started = time.perf_counter()
+
+    k = 1 if cfg.mode == "nearest" else cfg.neighbours
+    # Only holders of a target item can match: a smaller hash table stays in cache. A hash
+    # lookup (pandas Index) is several times faster than searchsorted for millions of keys.
+    exact_rows = np.flatnonzero(np.isin(fresh_item, np.unique(target_item)))
+    exact_lookup = pd.Index(exact_key[exact_rows])
+    # Per target, the (neighbour column, exact row) of its holders, nearest first. Neighbours
+    # are scanned in doubling column blocks and a target leaves the scan once it has k holders:
+    # popular items find them among the first few dozen users, so most lookups are skipped.
+    found_target: list[np.ndarray] = []
+    found_col: list[np.ndarray] = []
+    found_row: list[np.ndarray] = []
+    holders = np.zeros(len(target_user), dtype=np.int64)
+    open_targets = np.arange(len(target_user))
+    lo_col, width = 0, min(k_search, max(4 * k, 16))
+    while lo_col < k_search and len(open_targets):
+        hi_col = min(lo_col + width, k_search)
+        for lo in range(0, len(open_targets), max(1, _LOOKUPS_PER_CHUNK // (hi_col - lo_col))):
+            rows_t = open_targets[lo : lo + _LOOKUPS_PER_CHUNK // (hi_col - lo_col)]
+            nb = neighbour[query_row[rows_t], lo_col:hi_col]  # (T, W) neighbour ids
+            lookup = np.where(nb >= 0, nb * span + target_item[rows_t, None], -1)
+            found = exact_lookup.get_indexer(lookup.ravel()).reshape(lookup.shape)
+            r, c = np.nonzero(found >= 0)  # row-major: by target, then nearest first
+            found_target.append(rows_t[r])
+            found_col.append(c + lo_col)
+            found_row.append(fresh_rows[exact_rows[found[r, c]]])
+            holders += np.bincount(rows_t[r], minlength=len(target_user))
+        open_targets = open_targets[holders[open_targets] < k]
+        lo_col, width = hi_col, 2 * width
+
+    dim = exact.dim
+    out_vectors = np.zeros((len(target_user), dim), dtype=np.float32)
+    out_count = np.zeros(len(target_user), dtype=np.int64)
+    out_distance = np.zeros(len(target_user), dtype=np.float32)
+    if found_target:
+        t = np.concatenate(found_target)
+        c = np.concatenate(found_col)
+        e = np.concatenate(found_row)
+        order = np.lexsort((c, t))
+        t, c, e = t[order], c[order], e[order]
+        keep = _rank_in_runs(t) < k  # the k nearest holders of each target
+        t, c, e = t[keep], c[keep], e[keep]
+        if len(t):
+            dist = distance[query_row[t], c].astype(np.float64)
+            weight = 1.0 / (dist + cfg.distance_epsilon) if k > 1 else np.ones_like(dist)
+            starts = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+            filled = t[starts]
+            # float32 sums of at most k terms lose nothing that matters; float64 would double
+            # the memory traffic of the biggest array here.
+            weighted = np.add.reduceat(
+                exact.vectors[e] * weight[:, None].astype(np.float32), starts, axis=0
+            ).astype(np.float64)
+            out_vectors[filled] = (weighted / np.add.reduceat(weight, starts)[:, None]).astype(
+                np.float32
+            )
+            out_count[filled] = np.diff(np.r_[starts, len(t)])
+            out_distance[filled] = np.add.reduceat(dist, starts) / out_count[filled]
+    done = out_count > 0
+    logger.info(
+        "similarity fill: %d of %d pairs filled; %d users searched in %.2f s, joined in %.2f s",
+        int(done.sum()),
+        len(done),
+        len(query_users),
+        searched,
+        time.perf_counter() - started,
+    )
+    return pd.DataFrame(
+        {
+            USER_ID: target_user[done],
+            ITEM_ID: target_item[done],
+            EMBEDDING: list(out_vectors[done]),
+            NEIGHBOUR_COUNT: out_count[done],
+            MEAN_DISTANCE: out_distance[done],
+            MODEL_VERSION: model_version,
+            COMPUTED_AT: now_ts.tz_convert("UTC"),
+        }
+    )
+
+
+def _rank_in_runs(sorted_values: np.ndarray) -> np.ndarray:
+    """Position of each element within its run of equal values (input sorted)."""
+    n = len(sorted_values)
+    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
+    return np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+
+
+def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    if len(sorted_keys) == 0:
+        return np.zeros(len(keys), dtype=bool)
+    pos = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return np.asarray(sorted_keys[pos] == keys)
+
+
+def _empty_similar_rows() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            USER_ID: np.zeros(0, dtype=np.int64),
+            ITEM_ID: np.zeros(0, dtype=np.int64),
+            EMBEDDING: pd.Series([], dtype=object),
+            NEIGHBOUR_COUNT: np.zeros(0, dtype=np.int64),
+            MEAN_DISTANCE: np.zeros(0, dtype=np.float32),
+            MODEL_VERSION: pd.Series([], dtype=object),
+            COMPUTED_AT: pd.Series([], dtype="datetime64[ns, UTC]"),
+        }
+    )

@@ -1,0 +1,234 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from solaris_feast.errors import SchemaError
+from solaris_feast.plan import (
+    REASON_MISS,
+    REASON_NEW,
+    REASON_REFRESH,
+    Plan,
+    plan_precompute,
+    read_plan,
+    shard,
+    shard_of_users,
+    write_plan,
+)
+
+NOW = pd.Timestamp("2026-06-01T12:00:00Z")
+TTL = 6 * 3600
+MARGIN = 3600
+
+
+def _scored(users: list[int], items: list[int], scores: list[float]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "user_id": np.array(users, dtype=np.int64),
+            "item_id": np.array(items, dtype=np.int64),
+            "verifier_score": scores,
+        }
+    )
+
+
+def _random_candidates(
+    seed: int, users: int = 50, items: int = 40, rows: int = 800
+) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    frame = pd.DataFrame(
+        {
+            "user_id": rng.integers(0, users, rows).astype(np.int64),
+            "item_id": rng.integers(0, items, rows).astype(np.int64),
+            # Rounded so that ties occur and the tie-break is exercised.
+            "verifier_score": np.round(rng.random(rows), 2),
+        }
+    )
+    return frame.drop_duplicates(["user_id", "item_id"]).reset_index(drop=True)
+
+
+def _plan(
+    candidates: pd.DataFrame,
+    misses: pd.DataFrame | None = None,
+    state: pd.DataFrame | None = None,
+    budget: int = 100,
+    threshold: float = 0.5,
+    **kwargs: object,
+) -> Plan:
+    return plan_precompute(candidates, misses, state, budget, NOW, TTL, MARGIN, threshold, **kwargs)  # type: ignore[arg-type]
+
+
+def test_plan_keeps_budget_and_orders_misses_then_score_with_id_tie_break() -> None:
+    cand = _random_candidates(0)
+    misses = _random_candidates(1, rows=60)
+    plan = _plan(cand, misses, budget=150, threshold=0.5)
+    assert len(plan) == 150 == plan.stats.planned
+
+    # Brute-force reference: rank every distinct pair by (tier, -score, user, item).
+    rows: dict[tuple[int, int], list[float]] = {}
+    for frame, is_miss in ((cand, False), (misses, True)):
+        for u, i, s in frame[["user_id", "item_id", "verifier_score"]].itertuples(index=False):
+            entry = rows.setdefault((int(u), int(i)), [-1.0, -np.inf])
+            entry[0] = max(entry[0], s)
+            if is_miss:
+                entry[1] = max(entry[1], s)
+    ranked = sorted(
+        rows.items(), key=lambda kv: (0 if kv[1][1] >= 0.5 else 1, -kv[1][0], kv[0][0], kv[0][1])
+    )
+    expected = [pair for pair, _ in ranked[:150]]
+    got = list(zip(plan.pairs["user_id"], plan.pairs["item_id"], strict=True))
+    assert got == expected
+    assert plan.pairs["priority"].tolist() == list(range(150))
+    assert plan.stats.from_misses == sum(1 for _, v in ranked[:150] if v[1] >= 0.5)
+    assert plan.stats.over_budget == len(ranked) - 150 == len(plan.uncovered)
+    assert plan.uncovered["priority"].iloc[0] == 150
+
+
+def test_queued_miss_below_threshold_competes_by_score() -> None:
+    cand = _scored([1, 2], [1, 1], [0.9, 0.8])
+    misses = _scored([3, 4], [1, 1], [0.95, 0.2])
+    plan = _plan(cand, misses, budget=3, threshold=0.9)
+    assert plan.pairs["user_id"].tolist() == [3, 1, 2]
+    assert plan.pairs["reason"].tolist() == [REASON_MISS, REASON_NEW, REASON_NEW]
+    assert plan.stats.misses_below_threshold == 1
+
+
+def test_fresh_pairs_are_skipped_and_expiring_or_expired_ones_planned_again() -> None:
+    cand = _scored([1, 2, 3, 4, 5], [7, 7, 7, 7, 7], [0.9, 0.8, 0.7, 0.6, 0.5])
+    age_s = {
+        1: 60,  # fresh for ~6 h: skipped
+        2: TTL - MARGIN - 60,  # 61 min left, beyond the 60 min margin: skipped
+        3: TTL - MARGIN + 60,  # 59 min left: refresh
+        4: TTL + 3600,  # expired an hour ago: refresh
+    }
+    state = pd.DataFrame(
+        {
+            "user_id": np.array(list(age_s), dtype=np.int64),
+            "item_id": np.full(len(age_s), 7, dtype=np.int64),
+            "computed_at": [NOW - pd.Timedelta(seconds=a) for a in age_s.values()],
+        }
+    )
+    plan = _plan(cand, None, state, budget=10)
+    assert plan.pairs["user_id"].tolist() == [3, 4, 5]
+    assert plan.pairs["reason"].tolist() == [REASON_REFRESH, REASON_REFRESH, REASON_NEW]
+    assert (plan.stats.skipped_fresh, plan.stats.refreshes, plan.stats.new) == (2, 2, 1)
+
+
+def test_fresh_queued_miss_is_not_recomputed() -> None:
+    cand = _scored([1], [1], [0.1])
+    misses = _scored([2], [2], [0.99])
+    state = pd.DataFrame(
+        {"user_id": [2], "item_id": [2], "computed_at": [NOW.value / 1e9 - 10.0]}
+    )  # unix seconds are accepted too
+    plan = _plan(cand, misses, state, budget=5)
+    assert plan.pairs["user_id"].tolist() == [1]
+    assert plan.stats.skipped_fresh == 1
+    assert plan.stats.from_misses == 0
+
+
+def test_embeddings_of_another_model_version_count_as_absent() -> None:
+    cand = _scored([1, 2], [1, 1], [0.9, 0.8])
+    state = pd.DataFrame(
+        {
+            "user_id": [1, 2],
+            "item_id": [1, 1],
+            "computed_at": [NOW, NOW],
+            "model_version": ["old", "new"],
+        }
+    )
+    plan = _plan(cand, None, state, budget=5, model_version="new")
+    assert plan.pairs["user_id"].tolist() == [1]
+    assert plan.pairs["reason"].tolist() == [REASON_NEW]
+
+
+def test_plan_is_identical_for_shuffled_inputs() -> None:
+    cand = _random_candidates(2)
+    misses = _random_candidates(3, rows=40)
+    first = _plan(cand, misses, budget=200)
+    second = _plan(
+        cand.sample(frac=1, random_state=1), misses.sample(frac=1, random_state=2), budget=200
+    )
+    pd.testing.assert_frame_equal(first.pairs, second.pairs)
+    pd.testing.assert_frame_equal(first.uncovered, second.uncovered)
+    assert first.stats == second.stats
+
+
+def test_zero_budget_plans_nothing_and_leaves_everything_uncovered() -> None:
+    cand = _random_candidates(4)
+    plan = _plan(cand, budget=0)
+    assert len(plan) == 0
+    assert len(plan.uncovered) == len(cand)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    count=st.integers(1, 9),
+    budget=st.integers(0, 400),
+)
+def test_shards_partition_the_plan_with_no_overlap_and_no_gap(
+    seed: int, count: int, budget: int
+) -> None:
+    plan = _plan(_random_candidates(seed, rows=300), budget=budget)
+    parts = [shard(plan, i, count) for i in range(count)]
+    combined = pd.concat([p.pairs for p in parts]).sort_values("priority").reset_index(drop=True)
+    pd.testing.assert_frame_equal(combined, plan.pairs.reset_index(drop=True))
+    # No user is split over two shards, and shard stats add up to the plan's.
+    owners = [set(p.pairs["user_id"]) for p in parts]
+    assert sum(len(o) for o in owners) == len(set().union(*owners))
+    assert sum(p.stats.planned for p in parts) == plan.stats.planned
+    for p in parts:  # priority order is kept within a shard
+        assert (np.diff(p.pairs["priority"].to_numpy()) > 0).all()
+
+
+def test_shard_of_user_is_stable_and_spreads_consecutive_ids() -> None:
+    ids = np.arange(10_000, dtype=np.int64)
+    shards = shard_of_users(ids, 4)
+    np.testing.assert_array_equal(shards, shard_of_users(ids.copy(), 4))
+    counts = np.bincount(shards, minlength=4)
+    assert counts.min() > 2300  # about 2500 each
+    assert (
+        shard_of_users(np.array([123456789], dtype=np.int64), 7)[0]
+        == shard_of_users(np.array([123456789], dtype=np.int64), 7)[0]
+    )
+
+
+def test_plan_survives_a_round_trip_through_files(tmp_path: Path) -> None:
+    plan = _plan(_random_candidates(5), _random_candidates(6, rows=30), budget=50)
+    back = read_plan(write_plan(plan, tmp_path / "plan"))
+    pd.testing.assert_frame_equal(back.pairs, plan.pairs)
+    pd.testing.assert_frame_equal(back.uncovered, plan.uncovered)
+    assert back.stats == plan.stats
+    assert back.planned_at == plan.planned_at
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"budget": -1}, "budget_pairs"),
+    ],
+)
+def test_bad_arguments_are_refused(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _plan(_random_candidates(0), **kwargs)  # type: ignore[arg-type]
+
+
+def test_margin_not_below_ttl_is_refused() -> None:
+    with pytest.raises(ValueError, match="refresh_margin_seconds"):
+        plan_precompute(_random_candidates(0), None, None, 5, NOW, 100, 100, 0.5)
+
+
+def test_candidates_without_scores_are_refused() -> None:
+    with pytest.raises(SchemaError) as err:
+        _plan(pd.DataFrame({"user_id": [1], "item_id": [1]}))
+    assert err.value.column == "verifier_score"
+
+
+def test_shard_index_out_of_range_is_refused() -> None:
+    plan = _plan(_random_candidates(0), budget=5)
+    with pytest.raises(ValueError, match="shard index"):
+        shard(plan, 3, 3)
