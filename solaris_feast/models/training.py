@@ -1,0 +1,221 @@
+"""Seeded, deterministic training loops and the metrics the evaluation reports.
+
+Each loop takes whole-period tensors and walks them in shuffled mini-batches; the models stay
+unaware of how they are trained. Inference runs under ``torch.inference_mode()`` after ``.eval()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from solaris_feast.features import PairBatch
+from solaris_feast.models.compressor import EmbeddingCompressor
+from solaris_feast.models.foundation import FoundationModel
+from solaris_feast.models.vertical import VerticalModel
+
+logger = logging.getLogger(__name__)
+
+ProgressCallback = Callable[[int, int], None]
+"""Called with ``(steps done, steps total)`` after every optimizer step."""
+
+INFERENCE_CHUNK = 8192
+
+
+class TrainConfig(BaseModel):
+    """How one model is fitted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    epochs: int = Field(2, gt=0)
+    """Passes over the training rows."""
+    batch_size: int = Field(512, gt=0)
+    """Rows per optimizer step."""
+    learning_rate: float = Field(2e-3, gt=0)
+    """Adam step size."""
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay (AdamW)."""
+    seed: int = 0
+    """Seeds shuffling, initialisation and dropout."""
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch so a training run repeats bit for bit on the same machine."""
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def _fit(
+    model: nn.Module,
+    num_rows: int,
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    cfg: TrainConfig,
+    progress: ProgressCallback | None,
+) -> list[float]:
+    """Mini-batch AdamW over ``num_rows``; ``loss_of(index)`` returns the batch loss."""
+    if num_rows == 0:
+        raise ValueError("cannot train on zero rows")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    steps_per_epoch = (num_rows + cfg.batch_size - 1) // cfg.batch_size
+    total = steps_per_epoch * cfg.epochs
+    losses: list[float] = []
+    model.train()
+    step = 0
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(num_rows, generator=generator)
+        running = 0.0
+        for start in range(0, num_rows, cfg.batch_size):
+            index = order[start : start + cfg.batch_size]
+            loss = loss_of(index)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            running += float(loss.detach())
+            step += 1
+            if progress is not None:
+                progress(step, total)
+        losses.append(running / steps_per_epoch)
+        logger.debug("epoch %s loss %.5f", epoch, losses[-1])
+    model.eval()
+    return losses
+
+
+def train_foundation(
+    fm: FoundationModel,
+    batch: PairBatch,
+    labels: torch.Tensor,
+    cfg: TrainConfig,
+    progress: ProgressCallback | None = None,
+) -> list[float]:
+    """Fit every task head at once (sum of per-task BCE). Returns the mean loss per epoch."""
+    seed_everything(cfg.seed)
+    _check_labels(batch, labels, fm.num_tasks)
+    return _fit(
+        fm,
+        len(batch),
+        lambda idx: F.binary_cross_entropy_with_logits(fm(batch.select(idx)), labels[idx], reduction="none")
+        .sum(-1)
+        .mean(),
+        cfg,
+        progress,
+    )
+
+
+def train_compressor(
+    compressor: EmbeddingCompressor,
+    representations: torch.Tensor,
+    cfg: TrainConfig,
+    progress: ProgressCallback | None = None,
+) -> list[float]:
+    """Fit the autoencoder on FM representations ``(N, D)`` by reconstruction MSE."""
+    seed_everything(cfg.seed)
+    h = representations.detach()
+    return _fit(compressor, len(h), lambda idx: F.mse_loss(compressor(h[idx]), h[idx]), cfg, progress)
+
+
+def train_vertical(
+    vm: VerticalModel,
+    batch: PairBatch,
+    labels: torch.Tensor,
+    cfg: TrainConfig,
+    z: torch.Tensor | None = None,
+    tier: torch.Tensor | None = None,
+    soft_labels: torch.Tensor | None = None,
+    distillation_weight: float = 0.5,
+    progress: ProgressCallback | None = None,
+) -> list[float]:
+    """Fit the VM on hard labels, optionally with a SOLARIS embedding ``z`` ``(N, d)`` and its tier
+    ``(N,)``, or with soft labels ``(N, T)`` from the FM (knowledge distillation): the target is
+    then ``(1 - w) * hard + w * soft``."""
+    seed_everything(cfg.seed)
+    _check_labels(batch, labels, vm.num_tasks)
+    if not 0.0 <= distillation_weight <= 1.0:
+        raise ValueError(f"distillation_weight must lie in [0, 1], got {distillation_weight}")
+    target = labels
+    if soft_labels is not None:
+        if soft_labels.shape != labels.shape:
+            raise ValueError(f"soft labels {tuple(soft_labels.shape)} != labels {tuple(labels.shape)}")
+        target = (1.0 - distillation_weight) * labels + distillation_weight * soft_labels
+
+    def loss_of(idx: torch.Tensor) -> torch.Tensor:
+        logits = vm(batch.select(idx), None if z is None else z[idx], None if tier is None else tier[idx])
+        return F.binary_cross_entropy_with_logits(logits, target[idx], reduction="none").sum(-1).mean()
+
+    return _fit(vm, len(batch), loss_of, cfg, progress)
+
+
+@torch.inference_mode()
+def foundation_outputs(fm: FoundationModel, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h(u, i)`` ``(N, D)`` and task probabilities ``(N, T)``, in chunks."""
+    fm.eval()
+    reps, probs = [], []
+    for start in range(0, len(batch), INFERENCE_CHUNK):
+        part = batch.select(slice(start, start + INFERENCE_CHUNK))
+        h = fm.representation(part)
+        reps.append(h)
+        probs.append(torch.sigmoid(fm.logits_from_representation(h)))
+    return torch.cat(reps), torch.cat(probs)
+
+
+@torch.inference_mode()
+def vertical_probabilities(
+    vm: VerticalModel, batch: PairBatch, z: torch.Tensor | None = None, tier: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Task probabilities ``(N, T)``, in chunks."""
+    vm.eval()
+    out = []
+    for start in range(0, len(batch), INFERENCE_CHUNK):
+        sl = slice(start, start + INFERENCE_CHUNK)
+        out.append(vm.predict_proba(batch.select(sl), None if z is None else z[sl], None if tier is None else tier[sl]))
+    return torch.cat(out)
+
+
+@torch.inference_mode()
+def encode(compressor: EmbeddingCompressor, h: torch.Tensor) -> torch.Tensor:
+    compressor.eval()
+    return torch.cat([compressor.encode(h[s : s + INFERENCE_CHUNK]) for s in range(0, len(h), INFERENCE_CHUNK)])
+
+
+def normalized_entropy(probabilities: torch.Tensor, labels: torch.Tensor) -> list[float]:
+    """NE per task: mean log loss over the entropy of the labels' base rate (lower is better;
+    1.0 is no better than predicting the base rate)."""
+    p = probabilities.double().clamp(1e-7, 1 - 1e-7)
+    y = labels.double()
+    logloss = -(y * p.log() + (1 - y) * (1 - p).log()).mean(0)
+    rate = y.mean(0).clamp(1e-7, 1 - 1e-7)
+    entropy = -(rate * rate.log() + (1 - rate) * (1 - rate).log())
+    return [float(v) for v in logloss / entropy]
+
+
+def transfer_ratio(ne_vm: float, ne_with_transfer: float, ne_fm: float) -> float:
+    """Share of the FM's NE gain over the VM that reaches the VM: ``(NE_vm - NE_x) / (NE_vm - NE_fm)``."""
+    gap = ne_vm - ne_fm
+    if gap <= 0:
+        raise ValueError(f"the FM (NE {ne_fm:.4f}) is not better than the VM (NE {ne_vm:.4f}): no gain to transfer")
+    return (ne_vm - ne_with_transfer) / gap
+
+
+def flops_per_pair(model: nn.Module, forward: Callable[[], torch.Tensor], batch_size: int) -> float:
+    """Floating point operations of one forward pass per pair, counted by torch's FLOP counter."""
+    model.eval()
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode(), counter:
+        forward()
+    return counter.get_total_flops() / batch_size
+
+
+def _check_labels(batch: PairBatch, labels: torch.Tensor, num_tasks: int) -> None:
+    if labels.shape != (len(batch), num_tasks):
+        raise ValueError(f"labels must be ({len(batch)}, {num_tasks}), got {tuple(labels.shape)}")
+    if not torch.isfinite(labels).all():
+        raise ValueError("labels contain NaN or infinite values")

@@ -1,0 +1,98 @@
+"""The vertical model (VM): the small, fast ranker on the request path.
+
+Ids, attributes and an MLP; no access to the user's sequence. It has one input slot for the
+SOLARIS embedding ``z(u, i)`` and one for the tier that embedding came from, so a VM trained on a
+mix of tiers learns how far to trust each (and that a zero vector means "nothing known").
+Its main-task probability with ``z = 0`` and tier ZERO is the *verifier* score that decides
+which pairs get the FM.
+"""
+
+from __future__ import annotations
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
+
+from solaris_feast.features import FeatureSchema, PairBatch
+from solaris_feast.tiers import NUM_TIERS, Tier
+
+
+class VerticalConfig(BaseModel):
+    """Sizes of the VM."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id_dim: int = Field(16, gt=0)
+    """Width of the user and item id embeddings."""
+    attribute_dim: int = Field(4, gt=0)
+    """Width of each categorical attribute embedding."""
+    hidden_dims: tuple[int, ...] = (64, 32)
+    """MLP widths."""
+    embedding_dim: int = Field(32, ge=0)
+    """Dimension d of the SOLARIS embedding input; 0 builds a VM without the slot."""
+    tier_dim: int = Field(4, gt=0)
+    """Width of the tier indicator embedding."""
+
+
+class VerticalModel(nn.Module):
+    """Logits ``(B, T)`` from ids, attributes, ``z`` ``(B, d)`` and ``tier`` ``(B,)``."""
+
+    def __init__(self, schema: FeatureSchema, num_tasks: int, config: VerticalConfig | None = None) -> None:
+        super().__init__()
+        cfg = config or VerticalConfig()
+        self.config = cfg
+        self.schema = schema
+        self.num_tasks = num_tasks
+        self.user = nn.Embedding(schema.num_users, cfg.id_dim)
+        self.item = nn.Embedding(schema.num_items, cfg.id_dim)
+        self.user_cats = nn.ModuleList(nn.Embedding(c, cfg.attribute_dim) for c in schema.user_cardinalities)
+        self.item_cats = nn.ModuleList(nn.Embedding(c, cfg.attribute_dim) for c in schema.item_cardinalities)
+        self.tier = nn.Embedding(NUM_TIERS, cfg.tier_dim) if cfg.embedding_dim else None
+        width = (
+            2 * cfg.id_dim
+            + cfg.attribute_dim * (len(schema.user_cardinalities) + len(schema.item_cardinalities))
+            + schema.user_dense_dim
+            + schema.item_dense_dim
+            + (cfg.embedding_dim + cfg.tier_dim if cfg.embedding_dim else 0)
+        )
+        layers: list[nn.Module] = []
+        for hidden in cfg.hidden_dims:
+            layers += [nn.Linear(width, hidden), nn.ReLU()]
+            width = hidden
+        layers.append(nn.Linear(width, num_tasks))
+        self.mlp = nn.Sequential(*layers)
+        nn.init.normal_(self.user.weight, std=0.05)
+        nn.init.normal_(self.item.weight, std=0.05)
+
+    def forward(
+        self, batch: PairBatch, z: torch.Tensor | None = None, tier: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        parts = [self.user(batch.user_id), self.item(batch.item_id)]
+        parts += [table(batch.user_cat[:, k]) for k, table in enumerate(self.user_cats)]
+        parts += [table(batch.item_cat[:, k]) for k, table in enumerate(self.item_cats)]
+        parts += [batch.user_dense, batch.item_dense]
+        if self.tier is not None:
+            b = len(batch)
+            d = self.config.embedding_dim
+            if z is None:
+                z = torch.zeros(b, d, device=batch.user_id.device)
+                tier = torch.full((b,), int(Tier.ZERO), device=batch.user_id.device)
+            if tier is None:
+                raise ValueError("a z vector needs its tier (B,) beside it")
+            if z.shape != (b, d):
+                raise ValueError(f"z must be ({b}, {d}), got {tuple(z.shape)}")
+            # Zero tier means the store had nothing: force the vector to zero so garbage in a
+            # missing slot can never leak into the score.
+            present = (tier != int(Tier.ZERO)).unsqueeze(-1).to(z.dtype)
+            parts += [z * present, self.tier(tier.long())]
+        return self.mlp(torch.cat(parts, dim=-1))
+
+    def predict_proba(
+        self, batch: PairBatch, z: torch.Tensor | None = None, tier: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Task probabilities ``(B, T)``."""
+        return torch.sigmoid(self.forward(batch, z, tier))
+
+    def verifier_score(self, batch: PairBatch) -> torch.Tensor:
+        """Main-task probability ``(B,)`` with no embedding: what the VM knows before the FM."""
+        return self.predict_proba(batch)[:, 0]
