@@ -13,6 +13,8 @@ slot):
   simple single-consumer path.
 - ``solaris:{project}:missed:<user>:<item>``: a marker with a TTL (``round_ttl_seconds``); while it
   exists the pair is not queued again. Draining deletes the markers, which opens the next round.
+- ``solaris:{project}:miss_round``: a counter that every drain bumps. The retriever reads it in
+  the same round trip as the embeddings and skips re-sending pairs it already queued this round.
 
 SQLite layout: one table ``solaris_miss_queue`` in the online store's database file, primary key
 ``(project, user_id, item_id)``; ``INSERT OR IGNORE`` is the dedupe and draining deletes the rows.
@@ -73,6 +75,7 @@ for _, entry in ipairs(entries) do
   redis.call('XDEL', stream, entry[1])
   redis.call('DEL', marker_prefix .. user .. ':' .. item)
 end
+if #entries > 0 then redis.call('INCR', KEYS[2]) end
 return entries
 """
 
@@ -101,6 +104,7 @@ class MissQueue:
         self.round_ttl_seconds = round_ttl_seconds
         self.max_stream_length = max_stream_length
         self.stream_key = f"solaris:{{{project}}}:misses"
+        self.round_key = self.round_key_for(project)
         self.marker_prefix = f"solaris:{{{project}}}:missed:"
         self._redis = redis
         self._sqlite_file = sqlite_file
@@ -108,6 +112,11 @@ class MissQueue:
         if redis is not None:
             self._record = redis.register_script(_RECORD_SCRIPT)
             self._drain = redis.register_script(_DRAIN_SCRIPT)
+
+    @staticmethod
+    def round_key_for(project: str) -> str:
+        """Counter bumped by every drain that took pairs: a new round has begun."""
+        return f"solaris:{{{project}}}:miss_round"
 
     @classmethod
     def for_store(
@@ -166,7 +175,9 @@ class MissQueue:
         """
         rows: list[tuple[int, int, str, int]] = []
         if self._redis is not None:
-            entries = self._drain(keys=[self.stream_key], args=[self.marker_prefix, max_pairs])
+            entries = self._drain(
+                keys=[self.stream_key, self.round_key], args=[self.marker_prefix, max_pairs]
+            )
             for _entry_id, flat in entries:
                 fields = {flat[j].decode(): flat[j + 1].decode() for j in range(0, len(flat), 2)}
                 rows.append(

@@ -47,8 +47,17 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DEADLINE_MS = 50.0
 TIER_DTYPE = np.int8
+MAX_REMEMBERED_MISSES = 200_000
+"""Pairs a retriever remembers having queued this round before it forgets them all."""
 _FEATURES = ("embedding", "model_version", "computed_at")
 _SEARCH_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
+
+
+def _hmget_template(fields: list[bytes]) -> tuple[bytes, bytes]:
+    """RESP bytes of ``HMGET <key> <fields...>`` before and after the key."""
+    head = b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
+    tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in fields)
+    return head, tail
 
 
 @dataclass(frozen=True)
@@ -186,10 +195,12 @@ class SolarisRetriever:
 
             self._redis = redis_client(store, timeout_seconds=self.deadline_ms / 1000.0)
             pair, similar, user = (self.view_names[t] for t in _SEARCH_ORDER)
-            self._pair_fields = [online_field(pair, f) for f in _FEATURES] + [
+            pair_fields = [online_field(pair, f) for f in _FEATURES] + [
                 online_field(similar, f) for f in _FEATURES
             ]
-            self._user_fields = [online_field(user, f) for f in _FEATURES]
+            user_fields = [online_field(user, f) for f in _FEATURES]
+            self._pair_command = _hmget_template(pair_fields)
+            self._user_command = _hmget_template(user_fields)
         self.miss_queue: MissQueue | None = None
         if record_misses:
             # On Redis the queue shares the read client, so it inherits the deadline timeout.
@@ -198,6 +209,17 @@ class SolarisRetriever:
                 if self._redis is not None
                 else MissQueue.for_store(store)
             )
+        round_key = MissQueue.round_key_for(self.project).encode()
+        self._round_command = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (
+            len(round_key),
+            round_key,
+        )
+        # Pairs this process queued in the current round: while the round lasts, a repeated
+        # miss needs no second round trip. The round number rides along with every read.
+        self._miss_round: bytes | None = None
+        self._queued_round: bytes | None = None
+        self._queued_since = 0.0
+        self._queued: set[tuple[int, int]] = set()
 
     # -- public -------------------------------------------------------------------------------
 
@@ -231,16 +253,37 @@ class SolarisRetriever:
         for tier in Tier:
             self.stats.tier_counts[tier] += int(np.count_nonzero(result.tiers == tier))
         if self.miss_queue is not None:
-            missed = items[result.tiers != Tier.EXACT]
-            if missed.size:
-                try:
-                    self.stats.misses_recorded += self.miss_queue.record(
-                        user, missed, self.expected_model_version
-                    )
-                except Exception as exc:  # a full or down queue must not fail the request
-                    self.stats.miss_queue_errors += 1
-                    logger.warning("miss queue write failed: %r", exc)
+            self._queue_misses(user, items[result.tiers != Tier.EXACT])
         return result
+
+    def _queue_misses(self, user: int, missed: np.ndarray) -> None:
+        if self.miss_queue is None or not missed.size:
+            return
+        if self.kind == "redis":
+            now = time.monotonic()
+            if (
+                self._miss_round != self._queued_round
+                or now - self._queued_since > self.miss_queue.round_ttl_seconds
+                or len(self._queued) > MAX_REMEMBERED_MISSES
+            ):
+                self._queued.clear()
+                self._queued_round = self._miss_round
+                self._queued_since = now
+            fresh = [item for item in missed.tolist() if (user, item) not in self._queued]
+        else:
+            fresh = missed.tolist()
+        if not fresh:
+            return
+        try:
+            self.stats.misses_recorded += self.miss_queue.record(
+                user, fresh, self.expected_model_version
+            )
+        except Exception as exc:  # a full or down queue must not fail the request
+            self.stats.miss_queue_errors += 1
+            logger.warning("miss queue write failed: %r", exc)
+            return
+        if self.kind == "redis":
+            self._queued.update((user, item) for item in fresh)
 
     def close(self) -> None:
         if self._redis is not None:
@@ -257,16 +300,25 @@ class SolarisRetriever:
         return self._read_sqlite(user, items)
 
     def _read_redis(self, user: int, items: np.ndarray) -> dict[Tier, _TierRead]:
+        # One pipeline: N HMGETs on the (user, item) hashes (pair and similar fields together,
+        # Feast keeps both views in one hash), one HMGET on the user hash, and the miss queue's
+        # round number. The commands are packed by hand: their shape never changes, and
+        # redis-py's generic packer costs as much as the network round trip at N = 100.
         project = self._project_bytes
         pair_key = self._pair_key.key
-        fields = self._pair_fields
-        pipe = self._redis.pipeline(transaction=False)
+        head, tail = self._pair_command
+        parts = []
         for item in items.tolist():
-            pipe.hmget(pair_key(user, item) + project, fields)
-        pipe.hmget(self._user_key.key(user) + project, self._user_fields)
-        replies = pipe.execute()
-        pair_rows = replies[:-1]
-        user_row = replies[-1]
+            key = pair_key(user, item) + project
+            parts.append(b"%s$%d\r\n%s\r\n%s" % (head, len(key), key, tail))
+        user_key = self._user_key.key(user) + project
+        head, tail = self._user_command
+        parts.append(b"%s$%d\r\n%s\r\n%s" % (head, len(user_key), user_key, tail))
+        parts.append(self._round_command)
+        replies = self._round_trip(b"".join(parts), len(parts))
+        pair_rows = replies[:-2]
+        user_row = replies[-2]
+        self._miss_round = replies[-1]
         n = len(items)
         return {
             Tier.EXACT: _TierRead(
@@ -277,6 +329,24 @@ class SolarisRetriever:
             ),
             Tier.USER_AGG: _TierRead([user_row[0]] * n, [user_row[1]] * n, [user_row[2]] * n),
         }
+
+    def _round_trip(self, payload: bytes, replies: int) -> list[Any]:
+        """Send packed commands on one pooled connection and read ``replies`` answers."""
+        pool = self._redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([payload])
+            answers = [conn.read_response() for _ in range(replies)]
+        except BaseException:
+            # Unread replies would be handed to the next caller: drop the connection.
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+        for answer in answers:
+            if isinstance(answer, Exception):
+                raise answer
+        return answers
 
     def _sqlite_connection(self) -> sqlite3.Connection:
         if self._sqlite is None:

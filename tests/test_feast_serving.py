@@ -15,6 +15,7 @@ from conftest import start_throwaway_redis
 
 from solaris_feast.definitions import MODEL_VERSION_REQUEST_FIELD, solaris_definitions
 from solaris_feast.errors import RetryableStoreError
+from solaris_feast.miss_queue import MissQueue
 from solaris_feast.serve import SolarisRetriever
 from solaris_feast.store_config import open_store
 from solaris_feast.tiers import Tier
@@ -181,14 +182,17 @@ def test_exact_misses_are_queued_once_per_round(store: FeatureStore) -> None:
     assert queue.pending() == 2
     assert retriever.stats.misses_recorded == 2
 
-    drained = queue.drain()
+    planner_queue = MissQueue.for_store(store)  # the precompute side, another process
+    drained = planner_queue.drain()
     assert sorted(zip(drained.user_id, drained.item_id, strict=True)) == [(5, 51), (5, 52)]
     assert set(drained.model_version) == {VERSION}
     assert drained["missed_at"].dt.tz is not None
     assert queue.pending() == 0
 
     retriever.fetch(5, [51, 53])  # a new round: 51 is queued again, with the new miss 53
-    assert sorted(queue.drain()["item_id"].tolist()) == [51, 53]
+    retriever.fetch(5, [51, 53])
+    assert sorted(planner_queue.drain()["item_id"].tolist()) == [51, 53]
+    assert planner_queue.drain().empty
 
 
 def test_fetch_matches_the_feast_native_resolved_view(store: FeatureStore) -> None:
