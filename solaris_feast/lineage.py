@@ -62,6 +62,7 @@ TAG_TTL_SECONDS = f"{TAG_PREFIX}ttl_seconds"
 
 VERSION_TAGS = (TAG_FM_VERSION, TAG_COMPRESSOR_VERSION, TAG_VERIFIER_VERSION)
 ON_DEMAND_VERSION_TAGS = (TAG_COMPRESSOR_VERSION,)
+MODEL_KINDS = ("fm", "compressor", "vm")
 # The definitions' default when no model was named: as good as no tag for tracing a vector.
 UNVERSIONED = frozenset({"", "unversioned", "unknown", "none"})
 
@@ -164,7 +165,11 @@ class ModelCardLineage:
         path: The card's JSON file.
         weights_file: The weights file, resolved against the card's folder.
         weights_sha256: The hash recorded in the card.
-        weights_status: ``ok``, ``mismatch`` or ``missing``.
+        weights_status: ``ok``, ``mismatch``, ``missing``, or ``unchecked`` for a card not in use.
+        created_at: When the artifact was written, as in the card.
+        role: ``serving`` for the newest VM and the compressor and FM it was trained on (what
+            ``load_bundle`` loads), ``tagged`` for other versions named by view tags, ``""`` for
+            cards nothing uses (older runs).
         train_window: The training data window as written in the card.
     """
 
@@ -174,8 +179,14 @@ class ModelCardLineage:
     path: str
     weights_file: str
     weights_sha256: str
-    weights_status: Literal["ok", "mismatch", "missing"]
+    weights_status: Literal["ok", "mismatch", "missing", "unchecked"] = "unchecked"
+    created_at: str | None = None
+    role: Literal["serving", "tagged", ""] = ""
     train_window: tuple[str | None, str | None] = (None, None)
+
+    @property
+    def in_use(self) -> bool:
+        return bool(self.role)
 
 
 @dataclass(frozen=True)
@@ -797,71 +808,103 @@ def _file_sha256(path: Path) -> str:
 
 
 def read_model_cards(models_dir: Path) -> tuple[list[ModelCardLineage], list[Finding]]:
-    """Model cards (JSON with ``version``, ``kind`` and ``weights_file``) in ``models_dir``.
+    """Model cards in ``models_dir`` (``<version>.card.json``, as ``save_model`` writes them).
 
-    Top-level ``*.json`` files are the cards in use; sub-folders (old runs) are read only when the
-    top level holds none. Each card's weights file is hashed and compared with the card.
+    Any top-level JSON with ``version``, ``kind`` and ``weights_file`` counts as a card; other
+    JSON files (metrics) are skipped. Weights are not hashed here: :func:`verify_cards` hashes
+    only the cards in use, so old runs with large weights cost nothing. The cards are read as
+    JSON against the ``ModelCard`` fields rather than through the registry module, which imports
+    torch: a review should not load a deep learning framework.
     """
     cards: list[ModelCardLineage] = []
     findings: list[Finding] = []
     if not models_dir.is_dir():
         findings.append(Finding("lineage", str(models_dir), "model folder not found", "warning"))
         return cards, findings
-    paths = sorted(models_dir.glob("*.json")) or sorted(models_dir.rglob("*.json"))
-    for path in paths:
+    for path in sorted(models_dir.glob("*.json")):
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             findings.append(Finding("lineage", str(path), f"unreadable JSON: {exc}", "warning"))
             continue
         if not isinstance(raw, dict) or not {"version", "kind", "weights_file"} <= raw.keys():
-            continue  # another JSON file (metrics, configs), not a card
-        card = _validated_card(raw, path, findings)
-        if card is not None:
-            cards.append(card)
+            continue
+        problem = _card_problem(raw)
+        if problem:
+            findings.append(
+                Finding("lineage", str(path), f"not a valid model card: {problem}")
+            )  # fmt: skip
+            continue
+        weights = Path(str(raw["weights_file"]))
+        parents = raw.get("parents") or []
+        cards.append(
+            ModelCardLineage(
+                version=str(raw["version"]),
+                kind=str(raw["kind"]),
+                parents=tuple(str(p) for p in ([parents] if isinstance(parents, str) else parents)),
+                path=str(path),
+                weights_file=str(weights if weights.is_absolute() else path.parent / weights),
+                weights_sha256=str(raw["weights_sha256"]).lower(),
+                created_at=_optional_text(raw.get("created_at")),
+                train_window=(
+                    _optional_text(raw.get("train_window_start")),
+                    _optional_text(raw.get("train_window_end")),
+                ),
+            )
+        )
     return cards, findings
 
 
-def _validated_card(
-    raw: dict[str, Any], path: Path, findings: list[Finding]
-) -> ModelCardLineage | None:
-    try:
-        from solaris_feast.models.registry import ModelCard
-    except ImportError:
-        model_card: Any = None
-    else:
-        model_card = ModelCard
-    if model_card is not None:
-        try:
-            raw = model_card.model_validate(raw).model_dump(mode="json")
-        except ValueError as exc:
-            findings.append(Finding("lineage", str(path), f"not a valid model card: {exc}"))
-            return None
-    weights = Path(str(raw["weights_file"]))
-    if not weights.is_absolute():
-        weights = path.parent / weights
-    recorded = str(raw.get("weights_sha256") or "").lower()
-    status: Literal["ok", "mismatch", "missing"]
-    if not weights.is_file():
-        status = "missing"
-    else:
-        status = "ok" if _file_sha256(weights) == recorded else "mismatch"
-    parents = raw.get("parents") or []
-    if isinstance(parents, str):
-        parents = [parents]
-    return ModelCardLineage(
-        version=str(raw["version"]),
-        kind=str(raw["kind"]),
-        parents=tuple(str(p) for p in parents),
-        path=str(path),
-        weights_file=str(weights),
-        weights_sha256=recorded,
-        weights_status=status,
-        train_window=(
-            _optional_text(raw.get("train_window_start")),
-            _optional_text(raw.get("train_window_end")),
-        ),
-    )
+def _card_problem(raw: dict[str, Any]) -> str | None:
+    if raw.get("kind") not in MODEL_KINDS:
+        return f"kind {raw.get('kind')!r} is not one of {MODEL_KINDS}"
+    sha = raw.get("weights_sha256")
+    if not isinstance(sha, str) or not re.fullmatch(r"[0-9a-fA-F]{64}", sha):
+        return f"weights_sha256 {sha!r} is not a sha256 hex digest"
+    parents = raw.get("parents", [])
+    if not isinstance(parents, list | tuple | str):
+        return f"parents must be a list of versions, got {parents!r}"
+    return None
+
+
+def verify_cards(
+    cards: Sequence[ModelCardLineage], tagged_versions: Iterable[str]
+) -> list[ModelCardLineage]:
+    """Mark the cards in use and hash their weights.
+
+    In use: the newest VM with its compressor and FM (what ``load_bundle`` loads) and every
+    version a view's tags name, with their parents.
+    """
+    by_version = {c.version: c for c in cards}
+
+    def lineage_of(versions: Iterable[str]) -> set[str]:
+        seen: set[str] = set()
+        pending = [v for v in versions if v in by_version]
+        while pending:
+            version = pending.pop()
+            if version not in seen:
+                seen.add(version)
+                pending += [p for p in by_version[version].parents if p in by_version]
+        return seen
+
+    vms = [c for c in cards if c.kind == "vm"]
+    newest_vm = max(vms, key=lambda c: (c.created_at or "", c.version), default=None)
+    serving = lineage_of([newest_vm.version] if newest_vm else [])
+    tagged = lineage_of(tagged_versions) - serving
+    checked = []
+    for card in cards:
+        role: Literal["serving", "tagged", ""] = (
+            "serving" if card.version in serving else "tagged" if card.version in tagged else ""
+        )
+        status: Literal["ok", "mismatch", "missing", "unchecked"] = "unchecked"
+        if role:
+            weights = Path(card.weights_file)
+            if not weights.is_file():
+                status = "missing"
+            else:
+                status = "ok" if _file_sha256(weights) == card.weights_sha256 else "mismatch"
+        checked.append(dataclasses.replace(card, role=role, weights_status=status))
+    return checked
 
 
 def _optional_text(value: object) -> str | None:
@@ -1051,7 +1094,21 @@ def build_lineage(
         services=tuple(service_lineage),
         sources=tuple(sorted(sources.values(), key=lambda s: s.name)),
         dags=tuple(dags),
-        cards=tuple(cards),
+        cards=tuple(
+            verify_cards(
+                cards,
+                {
+                    version
+                    for view in views
+                    for version in (
+                        view.fm_version,
+                        view.compressor_version,
+                        view.verifier_version,
+                    )
+                    if version
+                },
+            )
+        ),
         findings=(),
     )
     nodes, edges = lineage_graph(report)
@@ -1256,7 +1313,8 @@ def _check_freshness(view: ViewLineage, now: datetime) -> list[Finding]:
 def _check_services(report: LineageReport) -> list[Finding]:
     findings = []
     views = {v.name: v for v in report.views}
-    vm_cards = [c for c in report.cards if c.kind == "vm"]
+    # The VM that reads the service is the one load_bundle serves: the newest.
+    vm_cards = [c for c in report.cards if c.kind == "vm" and c.role == "serving"]
     compressor_versions = {c.version for c in report.cards if c.kind == "compressor"}
     for service in report.services:
         if len(service.compressor_versions) > 1:
@@ -1413,13 +1471,13 @@ def lineage_graph(report: LineageReport) -> tuple[list[GraphNode], list[GraphEdg
             kind = next((v.kind for v in report.views if v.name == name), "feature_view")
             edge(_node_id("odfv" if kind == "on_demand" else "view", name), service_node)
 
-    cards_by_version = {c.version: c for c in report.cards}
-    for card in report.cards:
+    cards_by_version = {c.version: c for c in report.cards if c.in_use}
+    for card in cards_by_version.values():
         card_node = node("card", card.version, f"{card.kind.upper()} {card.version}")
         for parent in card.parents:
             if parent in cards_by_version:
                 edge(_node_id("card", parent), card_node, "parent", dashed=True)
-        if card.kind == "vm":
+        if card.kind == "vm" and card.role == "serving":
             for service in report.services:
                 edge(_node_id("service", service.name), card_node, "consumes")
     for view in report.views:
@@ -1620,12 +1678,12 @@ def to_markdown(report: LineageReport) -> str:
             f"{format_seconds(d.interval_seconds)} | {', '.join(t.task_id for t in d.tasks)} | "
             f"{', '.join(d.outlets) or '-'} | {d.path} |"
         )
-    out += ["", "## Model cards", "", "| Version | Kind | Parents | Weights | sha256 |",
-            "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    out += ["", "## Model cards", "", "| Version | Kind | Role | Parents | Created | Weights |",
+            "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for c in report.cards:
         out.append(
-            f"| {c.version} | {c.kind} | {', '.join(c.parents) or '-'} | {c.weights_status} | "
-            f"`{c.weights_sha256[:16]}` |"
+            f"| {c.version} | {c.kind} | {c.role or 'not in use'} | {', '.join(c.parents) or '-'} "
+            f"| {c.created_at or '-'} | {c.weights_status} (`{c.weights_sha256[:12]}`) |"
         )
     return "\n".join(out) + "\n"
 
@@ -1673,11 +1731,12 @@ def to_html(report: LineageReport) -> str:
             f"<td>{esc(', '.join(s.compressor_versions) or '-')}</td></tr>"
         )
     parts.append("</table><h2>Model cards</h2><table><tr><th>Version</th><th>Kind</th>"
-                 "<th>Parents</th><th>Weights</th></tr>")  # fmt: skip
+                 "<th>Role</th><th>Parents</th><th>Weights</th></tr>")  # fmt: skip
     for c in report.cards:
         parts.append(
             f"<tr><td>{esc(c.version)}</td><td>{esc(c.kind)}</td>"
-            f"<td>{esc(', '.join(c.parents) or '-')}</td><td>{esc(c.weights_status)}</td></tr>"
+            f"<td>{esc(c.role or 'not in use')}</td><td>{esc(', '.join(c.parents) or '-')}</td>"
+            f"<td>{esc(c.weights_status)}</td></tr>"
         )
     parts += [
         "</table>",

@@ -9,6 +9,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,6 @@ from solaris_feast.lineage import (
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 VIEWS = ("solaris_pair", "solaris_similar", "solaris_user")
-FM, COMPRESSOR, VM = "fm-7", "cmp-3", "vm-5"
 
 # Importing any of these files would fail at once: the review must only read them.
 DAG_PRELUDE = 'raise RuntimeError("DAG files must be parsed, not imported")\n'
@@ -106,33 +106,46 @@ def write_dags(dags_dir: Path, pair_schedule: str = "@hourly", fill: str = "15 *
     return dags_dir
 
 
-def write_cards(models_dir: Path, vm_parents: tuple[str, ...] = (COMPRESSOR,)) -> Path:
-    models_dir.mkdir(parents=True, exist_ok=True)
-    for kind, version, parents in (
-        ("fm", FM, ()),
-        ("compressor", COMPRESSOR, (FM,)),
-        ("vm", VM, vm_parents),
-    ):
-        weights = models_dir / f"{kind}.safetensors"
-        weights.write_bytes(f"{kind} weights {version}".encode())
-        card = {
-            "version": version,
-            "kind": kind,
-            "parents": list(parents),
-            "train_window_start": "2026-02-01T00:00:00+00:00",
-            "train_window_end": "2026-02-28T00:00:00+00:00",
-            "metrics": {"ne": 0.9},
-            "weights_file": weights.name,
-            "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),
-            "config": {},
+@dataclass(frozen=True)
+class Cards:
+    """Versions of the model cards written by the project's own ``save_model``."""
+
+    models: Path
+    fm: str
+    compressor: str
+    vm: str
+
+    def config(self, **overrides: Any) -> SolarisFeastConfig:
+        versions = {
+            "fm_version": self.fm,
+            "compressor_version": self.compressor,
+            "verifier_version": self.vm,
         }
-        (models_dir / f"{kind}.json").write_text(json.dumps(card))
-    return models_dir
+        return SolarisFeastConfig(**{**versions, **overrides})
+
+    def weights(self, version: str) -> Path:
+        return self.models / f"{version}.safetensors"
+
+
+def write_cards(models_dir: Path, seed: int = 0) -> Cards:
+    """FM -> compressor -> VM cards with real (tiny) safetensors weights."""
+    import torch
+    from torch import nn
+
+    from solaris_feast.models.registry import save_model
+
+    torch.manual_seed(seed)
+    fm = save_model(nn.Linear(4, 3), "fm", models_dir, config={})
+    compressor = save_model(
+        nn.Linear(3, 2), "compressor", models_dir, parents=(fm.version,), config={}
+    )
+    vm = save_model(nn.Linear(2, 1), "vm", models_dir, parents=(compressor.version,), config={})
+    return Cards(models_dir, fm.version, compressor.version, vm.version)
 
 
 def make_repo(
     root: Path,
-    config: SolarisFeastConfig | None = None,
+    config: SolarisFeastConfig,
     mutate: Callable[[SolarisDefinitions], list[Any]] | None = None,
     materialized_ago: timedelta | None = timedelta(minutes=20),
 ) -> Path:
@@ -149,10 +162,7 @@ def make_repo(
         "offline_store:\n  type: file\n"
         "entity_key_serialization_version: 3\n"
     )
-    cfg = config or SolarisFeastConfig(
-        fm_version=FM, compressor_version=COMPRESSOR, verifier_version=VM
-    )
-    definitions = solaris_definitions(cfg)
+    definitions = solaris_definitions(config)
     extra = mutate(definitions) if mutate else []
     store = FeatureStore(repo_path=str(repo))
     store.apply([*definitions.all(), *extra])
@@ -164,15 +174,26 @@ def make_repo(
     return repo
 
 
-def review(
-    tmp_path: Path, repo: Path, models: Path | None = None, dags: Path | None = None
-) -> LineageReport:
-    return build_lineage(
-        repo,
-        models or write_cards(tmp_path / "models"),
-        dags or write_dags(tmp_path / "dags"),
-        now=NOW,
-    )
+@dataclass(frozen=True)
+class Setup:
+    repo: Path
+    cards: Cards
+    dags: Path
+
+    def review(self) -> LineageReport:
+        return build_lineage(self.repo, self.cards.models, self.dags, now=NOW)
+
+
+def setup(
+    tmp_path: Path,
+    mutate: Callable[[SolarisDefinitions], list[Any]] | None = None,
+    materialized_ago: timedelta | None = timedelta(minutes=20),
+    precompute_schedule: str = "@hourly",
+    **config: Any,
+) -> Setup:
+    cards = write_cards(tmp_path / "models")
+    repo = make_repo(tmp_path, cards.config(**config), mutate, materialized_ago)
+    return Setup(repo, cards, write_dags(tmp_path / "dags", pair_schedule=precompute_schedule))
 
 
 def findings_of(report: LineageReport, check: str) -> dict[str, str]:
@@ -182,9 +203,9 @@ def findings_of(report: LineageReport, check: str) -> dict[str, str]:
 def test_sound_setup_lists_every_view_with_tags_and_ttl_and_passes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    repo = make_repo(tmp_path)
-    models, dags = write_cards(tmp_path / "models"), write_dags(tmp_path / "dags")
-    report = build_lineage(repo, models, dags, now=NOW)
+    s = setup(tmp_path)
+    report = s.review()
+    cards = s.cards
 
     assert report.errors == ()
     assert set(report.view_names()) == {*VIEWS, "solaris_resolved"}
@@ -197,11 +218,8 @@ def test_sound_setup_lists_every_view_with_tags_and_ttl_and_passes(
     }
     for name in VIEWS:
         view = report.view(name)
-        assert (view.fm_version, view.compressor_version, view.verifier_version) == (
-            FM,
-            COMPRESSOR,
-            VM,
-        )
+        versions = (view.fm_version, view.compressor_version, view.verifier_version)
+        assert versions == (cards.fm, cards.compressor, cards.vm)
         assert view.tags["solaris.ttl_seconds"] == str(int(ttl[name] or 0))
         assert view.tags["solaris.embedding_dim"] == "32"
         assert view.services == ("solaris_embeddings",)
@@ -216,12 +234,9 @@ def test_sound_setup_lists_every_view_with_tags_and_ttl_and_passes(
     )
     assert (similar.schedule, similar.schedule_interval_seconds) == ("15 */2 * * *", 7200)
     assert (user.schedule, user.schedule_interval_seconds) == ("solaris_pair", 3600)
-    assert report.services[0].compressor_versions == (COMPRESSOR,)
-    assert {c.version: c.weights_status for c in report.cards} == {
-        FM: "ok",
-        COMPRESSOR: "ok",
-        VM: "ok",
-    }
+    assert report.services[0].compressor_versions == (cards.compressor,)
+    statuses = {c.version: (c.role, c.weights_status) for c in report.cards}
+    assert statuses == {v: ("serving", "ok") for v in (cards.fm, cards.compressor, cards.vm)}
 
     edges = {(e.source, e.target) for e in report.edges}
     assert ("task_solaris_precompute_write", "asset_solaris_pair") in edges
@@ -229,22 +244,23 @@ def test_sound_setup_lists_every_view_with_tags_and_ttl_and_passes(
     assert ("asset_solaris_pair", "table_solaris_pair_source") in edges
     assert ("table_solaris_pair_source", "view_solaris_pair") in edges
     assert ("view_solaris_pair", "service_solaris_embeddings") in edges
-    assert ("service_solaris_embeddings", f"card_{VM.replace('-', '_')}") in edges
+    assert ("service_solaris_embeddings", f"card_{cards.vm.replace('-', '_')}") in edges
 
     for fmt in ("md", "html", "json"):
         out = tmp_path / f"lineage.{fmt}"
-        assert lineage_command(repo, models, dags, fmt, out, now=NOW) == 0
+        assert lineage_command(s.repo, cards.models, s.dags, fmt, out, now=NOW) == 0
         text = out.read_text()
-        for name in (*VIEWS, "solaris_embeddings", "solaris_precompute", VM):
+        for name in (*VIEWS, "solaris_embeddings", "solaris_precompute", cards.vm):
             assert name in text, (fmt, name)
     as_json = json.loads((tmp_path / "lineage.json").read_text())
     assert as_json["ok"] is True
     by_name = {v["name"]: v for v in as_json["views"]}
     assert by_name["solaris_user"]["ttl_seconds"] == 86400
-    assert by_name["solaris_pair"]["tags"]["solaris.compressor_version"] == COMPRESSOR
+    assert by_name["solaris_pair"]["tags"]["solaris.compressor_version"] == cards.compressor
     assert as_json["mermaid"].startswith("flowchart LR")
-    assert "| TTL | 6h (21600 s) |" in (tmp_path / "lineage.md").read_text()
-    assert "```mermaid" in (tmp_path / "lineage.md").read_text()
+    markdown = (tmp_path / "lineage.md").read_text()
+    assert "| TTL | 6h (21600 s) |" in markdown
+    assert "```mermaid" in markdown
     assert "lineage check" not in capsys.readouterr().err
 
 
@@ -253,83 +269,71 @@ def test_view_without_version_tags_fails(tmp_path: Path) -> None:
         del definitions.pair_view.tags["solaris.fm_version"]
         return []
 
-    repo = make_repo(tmp_path, mutate=drop_fm_tag)
-    report = review(tmp_path, repo)
+    report = setup(tmp_path, mutate=drop_fm_tag).review()
     flagged = findings_of(report, CHECK_MISSING_VERSION_TAGS)
     assert set(flagged) == {"solaris_pair"}
     assert "solaris.fm_version" in flagged["solaris_pair"]
 
     # The factories' default, "unversioned", traces nothing either.
-    unversioned = make_repo(tmp_path / "unversioned", config=SolarisFeastConfig())
-    report = review(tmp_path / "unversioned", unversioned)
+    root = tmp_path / "unversioned"
+    unversioned = make_repo(root, SolarisFeastConfig())
+    report = build_lineage(unversioned, tmp_path / "models", tmp_path / "dags", now=NOW)
     assert set(findings_of(report, CHECK_MISSING_VERSION_TAGS)) == {*VIEWS, "solaris_resolved"}
     code = lineage_command(
-        unversioned, tmp_path / "models", tmp_path / "dags", "md", tmp_path / "r.md", now=NOW
+        unversioned, tmp_path / "models", tmp_path / "dags", "md", root / "r.md", now=NOW
     )
     assert code == 1
 
 
 def test_mixed_compressor_versions_in_one_service_fail(tmp_path: Path) -> None:
     def older_similar(definitions: SolarisDefinitions) -> list[Any]:
-        definitions.similar_view.tags["solaris.compressor_version"] = "cmp-2"
+        definitions.similar_view.tags["solaris.compressor_version"] = "compressor-old"
         return []
 
-    repo = make_repo(tmp_path, mutate=older_similar)
-    report = review(tmp_path, repo)
+    s = setup(tmp_path, mutate=older_similar)
+    report = s.review()
     message = findings_of(report, CHECK_MIXED_COMPRESSOR_VERSIONS)["solaris_embeddings"]
-    assert "cmp-2: solaris_similar" in message
-    assert f"{COMPRESSOR}: solaris_pair, solaris_user" in message
-    # The VM was trained on cmp-3 embeddings; the service now also serves cmp-2.
-    assert "cmp-2" in findings_of(report, CHECK_VM_EXPECTS_OTHER_COMPRESSOR)["solaris_embeddings"]
-    assert "view_solaris_similar" in to_mermaid(report)
+    assert "compressor-old: solaris_similar" in message
+    assert f"{s.cards.compressor}: solaris_pair, solaris_user" in message
+    # The serving VM was trained on the current compressor; the service also serves the old one.
+    vm_message = findings_of(report, CHECK_VM_EXPECTS_OTHER_COMPRESSOR)["solaris_embeddings"]
+    assert s.cards.vm in vm_message and "compressor-old" in vm_message
+    assert "class service_solaris_embeddings problem" in to_mermaid(report)
 
 
 def test_ttl_shorter_than_producing_schedule_fails(tmp_path: Path) -> None:
-    config = SolarisFeastConfig(
-        fm_version=FM,
-        compressor_version=COMPRESSOR,
-        verifier_version=VM,
+    s = setup(
+        tmp_path,
+        materialized_ago=timedelta(minutes=5),
+        precompute_schedule="0 */6 * * *",
         pair_ttl_seconds=1800,
-        # The aggregate DAG is asset-triggered: its gap is the precompute's (6 h below).
+        # The aggregate DAG is asset-triggered: its gap is the precompute's 6 h.
         user_ttl_seconds=3 * 3600,
     )
-    repo = make_repo(tmp_path, config=config, materialized_ago=timedelta(minutes=5))
-    dags = write_dags(tmp_path / "dags", pair_schedule="0 */6 * * *")
-    report = review(tmp_path, repo, dags=dags)
-    flagged = findings_of(report, CHECK_TTL_SHORTER_THAN_SCHEDULE)
+    flagged = findings_of(s.review(), CHECK_TTL_SHORTER_THAN_SCHEDULE)
     assert set(flagged) == {"solaris_pair", "solaris_user"}
     assert "TTL 30m" in flagged["solaris_pair"] and "6h" in flagged["solaris_pair"]
     assert "misses are guaranteed" in flagged["solaris_pair"]
-    # The similarity fill (2 h) fits in its 6 h TTL.
-    assert report.view("solaris_similar").schedule_interval_seconds == 7200
+    assert "TTL 3h" in flagged["solaris_user"]
 
 
 def test_ttl_check_falls_back_to_the_schedule_tag_without_a_dag_file(tmp_path: Path) -> None:
-    config = SolarisFeastConfig(
-        fm_version=FM,
-        compressor_version=COMPRESSOR,
-        verifier_version=VM,
-        pair_producing_dag="nightly_precompute",
-        pair_schedule="@daily",
-    )
-    repo = make_repo(tmp_path, config=config)
-    report = review(tmp_path, repo)
+    s = setup(tmp_path, pair_producing_dag="nightly_precompute", pair_schedule="@daily")
+    report = s.review()
     assert set(findings_of(report, CHECK_TTL_SHORTER_THAN_SCHEDULE)) == {"solaris_pair"}
-    assert any(
-        "nightly_precompute" in f.message for f in report.findings if f.severity == "warning"
-    )
+    notes = [f.message for f in report.findings if f.severity == "warning"]
+    assert any("nightly_precompute" in n and "not found" in n for n in notes)
 
 
 def test_materialization_older_than_ttl_fails_unless_a_newer_write_exists(tmp_path: Path) -> None:
-    repo = make_repo(tmp_path, materialized_ago=timedelta(hours=7))
-    report = review(tmp_path, repo)
-    flagged = findings_of(report, CHECK_STALE_VIEW)
+    s = setup(tmp_path, materialized_ago=timedelta(hours=7))
+    flagged = findings_of(s.review(), CHECK_STALE_VIEW)
     # 7 h is past the 6 h TTL of pair and similar, inside the user view's 24 h.
     assert set(flagged) == {"solaris_pair", "solaris_similar"}
     assert "7h ago" in flagged["solaris_pair"]
 
     # A write to the offline log newer than the TTL (what EmbeddingWriter leaves) clears it.
-    day = repo / "data" / "offline" / "solaris_pair" / "2026-03-01"
+    day = s.repo / "data" / "offline" / "solaris_pair" / "2026-03-01"
     day.mkdir(parents=True)
     written_at = pd.Timestamp(NOW - timedelta(minutes=30))
     table = pa.table(
@@ -341,26 +345,50 @@ def test_materialization_older_than_ttl_fails_unless_a_newer_write_exists(tmp_pa
         }
     )
     pq.write_table(table, day / "part-0.parquet")
-    report = review(tmp_path, repo)
+    report = s.review()
     assert report.view("solaris_pair").last_write == written_at.to_pydatetime()
     assert set(findings_of(report, CHECK_STALE_VIEW)) == {"solaris_similar"}
 
 
 def test_weights_sha256_mismatch_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    repo = make_repo(tmp_path)
-    models = write_cards(tmp_path / "models")
-    dags = write_dags(tmp_path / "dags")
-    (models / "compressor.safetensors").write_bytes(b"retrained without a new card")
-    report = build_lineage(repo, models, dags, now=NOW)
-    flagged = findings_of(report, CHECK_WEIGHTS_SHA256_MISMATCH)
-    assert set(flagged) == {COMPRESSOR}
-    actual = hashlib.sha256(b"retrained without a new card").hexdigest()
-    assert actual in flagged[COMPRESSOR]
+    s = setup(tmp_path)
+    compressor = s.cards.compressor
+    s.cards.weights(compressor).write_bytes(b"retrained without a new card")
+    flagged = findings_of(s.review(), CHECK_WEIGHTS_SHA256_MISMATCH)
+    assert set(flagged) == {compressor}
+    assert hashlib.sha256(b"retrained without a new card").hexdigest() in flagged[compressor]
 
-    assert lineage_command(repo, models, dags, "json", tmp_path / "out.json", now=NOW) == 1
-    err = capsys.readouterr().err
-    assert f"FAIL [{CHECK_WEIGHTS_SHA256_MISMATCH}] {COMPRESSOR}" in err
-    assert json.loads((tmp_path / "out.json").read_text())["ok"] is False
+    out = tmp_path / "out.json"
+    assert lineage_command(s.repo, s.cards.models, s.dags, "json", out, now=NOW) == 1
+    assert f"FAIL [{CHECK_WEIGHTS_SHA256_MISMATCH}] {compressor}" in capsys.readouterr().err
+    assert json.loads(out.read_text())["ok"] is False
+
+
+def test_only_cards_in_use_are_verified(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    older = write_cards(models, seed=0)
+    # A newer training run: its VM is what load_bundle serves; the first run is history.
+    newer = write_cards(models, seed=1)
+    dags = write_dags(tmp_path / "dags")
+    older.weights(older.vm).write_bytes(b"an old VM nobody loads")
+
+    report = build_lineage(make_repo(tmp_path / "current", newer.config()), models, dags, now=NOW)
+    roles = {c.version: (c.role, c.weights_status) for c in report.cards}
+    assert roles[newer.vm] == ("serving", "ok")
+    assert roles[older.vm] == ("", "unchecked")
+    assert report.errors == ()
+
+    # Once a view names the tampered VM as its verifier, its weights matter again.
+    repo = make_repo(tmp_path / "verifier", newer.config(verifier_version=older.vm))
+    report = build_lineage(repo, models, dags, now=NOW)
+    assert {c.version: c.role for c in report.cards}[older.vm] == "tagged"
+    assert set(findings_of(report, CHECK_WEIGHTS_SHA256_MISMATCH)) == {older.vm}
+
+    # Views still holding the older run's embeddings are not what the serving VM was trained on.
+    repo = make_repo(tmp_path / "stale-space", older.config(verifier_version=newer.vm))
+    report = build_lineage(repo, models, dags, now=NOW)
+    message = findings_of(report, CHECK_VM_EXPECTS_OTHER_COMPRESSOR)["solaris_embeddings"]
+    assert newer.compressor in message and older.compressor in message
 
 
 def test_push_sources_appear_in_the_graph(tmp_path: Path) -> None:
@@ -379,8 +407,7 @@ def test_push_sources_appear_in_the_graph(tmp_path: Path) -> None:
         )
         return [push, pushed]
 
-    repo = make_repo(tmp_path, mutate=add_pushed_view)
-    report = review(tmp_path, repo)
+    report = setup(tmp_path, mutate=add_pushed_view).review()
     sources = {s.name: s for s in report.sources}
     assert sources["solaris_pair_push"].kind == "push"
     assert sources["solaris_pair_push"].batch_source == "solaris_pair_source"
@@ -490,8 +517,8 @@ def test_cli_command_reports_coverage_and_exit_code(tmp_path: Path) -> None:
     app = typer.Typer()
     app.command("lineage")(lineage_cli)
     app.command("noop")(lambda: None)  # a second command, so "lineage" stays a sub-command
-    repo = make_repo(tmp_path, materialized_ago=None)
-    models, dags = write_cards(tmp_path / "models"), write_dags(tmp_path / "dags")
+    s = setup(tmp_path, materialized_ago=None)
+    repo, models, dags = s.repo, s.cards.models, s.dags
     coverage = tmp_path / "status.json"
     coverage.write_text(json.dumps({"coverage": {"EXACT": 0.625, "solaris_user": 0.9}}))
     out = tmp_path / "lineage.json"
@@ -506,7 +533,7 @@ def test_cli_command_reports_coverage_and_exit_code(tmp_path: Path) -> None:
     assert views["solaris_user"]["coverage"] == 0.9
     assert views["solaris_similar"]["coverage"] is None
 
-    (models / "vm.safetensors").write_bytes(b"tampered")
+    s.cards.weights(s.cards.vm).write_bytes(b"tampered")
     result = CliRunner().invoke(app, [*args, "--format", "md"])
     assert result.exit_code == 1
     assert "| Coverage | n/a |" in result.output
