@@ -5,7 +5,10 @@
 - ``resolved``: :meth:`SolarisRetriever.fetch` for 1 user x N candidates, all three tiers
   resolved, TTL and version enforced, misses queued (the default configuration);
 - ``feast_single_view``: ``store.get_online_features`` of the pair view alone for the same rows;
-- ``raw_redis``: a bare redis-py pipeline of the same HMGETs on the same hashes, no decoding.
+- ``raw_redis``: a bare redis-py pipeline of the same HMGETs on the same hashes, no decoding;
+- ``raw_redis_hand_packed``: the retriever's own hand-packed read, no decoding (its floor);
+- ``feast_resolved_view``: the Feast-native on-demand resolved view (context: no solaris code in
+  the client, but Feast's per-row Python transformation).
 
 ``solaris bench write`` times :class:`EmbeddingWriter` (online only, and online + parquet) against
 ``store.write_to_online_store`` for 32-d embeddings on fresh keys, and reports Redis memory per
@@ -138,6 +141,7 @@ def run_serve_benchmark(
     dim: int = 32,
 ) -> dict[str, Any]:
     """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N."""
+    from solaris_feast.definitions import MODEL_VERSION_REQUEST_FIELD
     from solaris_feast.serve import SolarisRetriever
     from solaris_feast.store_config import EntityKeyLayout, online_field, redis_client
 
@@ -159,6 +163,10 @@ def run_serve_benchmark(
             online_field("solaris_user", f) for f in ("embedding", "model_version", "computed_at")
         ]
         pair_features = [f"solaris_pair:{f}" for f in ("embedding", "model_version", "computed_at")]
+        resolved_features = [
+            "solaris_resolved:resolved_embedding",
+            "solaris_resolved:resolved_tier",
+        ]
         for n in candidates:
             items = np.arange(n, dtype=np.int64)
             keys = [pair_key(BENCH_USER, int(i)) + project for i in items]
@@ -174,21 +182,36 @@ def run_serve_benchmark(
             def feast_single(rows: list[dict[str, int]] = rows) -> object:
                 return store.get_online_features(features=pair_features, entity_rows=rows)
 
+            def feast_resolved(rows: list[dict[str, int]] = rows) -> object:
+                return store.get_online_features(
+                    features=resolved_features,
+                    entity_rows=[row | {MODEL_VERSION_REQUEST_FIELD: version} for row in rows],
+                    full_feature_names=True,
+                )
+
+            def raw_packed(items: np.ndarray = items) -> object:
+                # The retriever's own hand-packed read without decoding: its floor.
+                return retriever._read_redis(BENCH_USER, items)
+
             def resolved(items: np.ndarray = items) -> object:
                 return retriever.fetch(BENCH_USER, items)
 
             reps = iterations if n <= 100 else max(iterations // 3, 30)
             # Interleaved rounds, so a noisy neighbour slows every contender alike.
-            samples: dict[str, list[float]] = {
-                "resolved": [],
-                "feast_single_view": [],
-                "raw_redis": [],
+            contenders: dict[str, Callable[[], object]] = {
+                "resolved": resolved,
+                "feast_single_view": feast_single,
+                "raw_redis": raw,
+                "raw_redis_hand_packed": raw_packed,
+                "feast_resolved_view": feast_resolved,
             }
+            samples: dict[str, list[float]] = {name: [] for name in contenders}
             rounds = 5
             for _ in range(rounds):
-                samples["resolved"] += _timed_ms(resolved, reps // rounds, 3)
-                samples["feast_single_view"] += _timed_ms(feast_single, reps // rounds, 3)
-                samples["raw_redis"] += _timed_ms(raw, reps // rounds, 3)
+                for name, call in contenders.items():
+                    # The on-demand view is slow and only context: fewer samples at N=1000.
+                    count = reps // rounds if name != "feast_resolved_view" or n <= 100 else 2
+                    samples[name] += _timed_ms(call, count, 2)
             check = retriever.fetch(BENCH_USER, items)
             results["candidates"][str(n)] = {
                 name: _summary(values) for name, values in samples.items()
@@ -201,7 +224,13 @@ def run_serve_benchmark(
         retriever.close()
     at_100 = results["candidates"].get("100")
     if at_100 is not None:
-        for name in ("resolved", "feast_single_view", "raw_redis"):
+        for name in (
+            "resolved",
+            "feast_single_view",
+            "raw_redis",
+            "raw_redis_hand_packed",
+            "feast_resolved_view",
+        ):
             results[f"{name}_p50_ms"] = at_100[name]["p50_ms"]
             results[f"{name}_p99_ms"] = at_100[name]["p99_ms"]
         results["resolved_vs_feast_single_view_p50"] = round(
@@ -291,6 +320,8 @@ def _meta(**extra: Any) -> dict[str, Any]:
         "feast": feast.__version__,
         "redis_py": redis.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        # Shared machine: the load says how much of the spread is neighbours, not code.
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
         **extra,
     }
 

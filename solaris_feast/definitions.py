@@ -11,7 +11,10 @@ The three tiers of the layered fallback are three feature views:
 
 A fourth, on-demand view (``solaris_resolved``) resolves them exact > similar > user > zero
 inside Feast, so a client with no solaris code gets the resolved vector and its tier from a plain
-``store.get_online_features``. Everything is built by :func:`solaris_definitions` from a
+``store.get_online_features(..., full_feature_names=True)`` (full names are required: the three
+views share feature names, and without them Feast hands the transformation one view's values
+under every name, so the view refuses). Its ``resolved_age_seconds`` is -1 for ZERO where the
+retriever says NaN. Everything is built by :func:`solaris_definitions` from a
 :class:`SolarisFeastConfig`, so a user can register the views in their own repo under their own
 names, dimensions and TTLs.
 """

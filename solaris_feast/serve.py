@@ -138,6 +138,10 @@ class SolarisRetriever:
             ZERO when the store fails or is slow.
         record_misses: queue every exact miss for the next precompute round.
         views: names of the views; TTLs and the dimension are read from the registry.
+
+    The Redis connection pool is shared safely between threads; the counters in ``stats`` and
+    the memory of queued misses are not locked, so give each serving thread its own retriever.
+    Redis Cluster is not supported (the read assumes one server).
     """
 
     def __init__(
