@@ -1,9 +1,9 @@
-"""solaris-feast: foundation-model embeddings served through Feast without the FM on the request path.
+"""solaris-feast: foundation-model embeddings served through Feast, the FM off the request path.
 
 The path of one embedding, module by module:
 
-``data`` (interaction logs) -> ``models`` (FM, compressor, VM) -> ``evaluate`` (how much of the FM's
-gain reaches the VM). Later stages (feature views, planning, precompute, enrichment, serving, review)
+``data`` (interaction logs) -> ``models`` (FM, compressor, VM) -> ``evaluate`` (how much of the
+FM's gain reaches the VM). Later stages (feature views, planning, precompute, enrichment, serving, review)
 each live in a module named for what they do.
 """
 

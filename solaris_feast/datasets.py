@@ -12,7 +12,9 @@ SyntheticSize = Literal["tiny", "demo", "default", "large"]
 
 SYNTHETIC_PRESETS: dict[str, SyntheticConfig] = {
     # Enough for tests to see every code path in seconds.
-    "tiny": SyntheticConfig(num_users=150, num_items=120, num_categories=8, days=2.0, impressions_per_session=8),
+    "tiny": SyntheticConfig(
+        num_users=300, num_items=150, num_categories=8, days=3.0, impressions_per_session=10
+    ),
     # What `make demo` runs: a few minutes on 2 cores.
     "demo": SyntheticConfig(num_users=800, num_items=400, num_categories=12, days=4.0),
     "default": SyntheticConfig(),
@@ -24,7 +26,9 @@ def load_dataset(name: str, size: str = "default", seed: int = 0) -> Interaction
     """The data set called ``name``; ``size`` picks a synthetic preset."""
     if name == "synthetic":
         if size not in SYNTHETIC_PRESETS:
-            raise ValueError(f"unknown synthetic size {size!r}; choose one of {sorted(SYNTHETIC_PRESETS)}")
+            raise ValueError(
+                f"unknown synthetic size {size!r}; choose one of {sorted(SYNTHETIC_PRESETS)}"
+            )
         return generate(SYNTHETIC_PRESETS[size].model_copy(update={"seed": seed}))
     if name == "movielens":
         from solaris_feast.data.movielens import load_movielens

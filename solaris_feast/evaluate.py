@@ -15,7 +15,9 @@ A coverage sweep then trains and evaluates the VM with ``z`` present on a fracti
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -98,7 +100,10 @@ class TransferReport:
         task (mean over seeds), ``coverage_sweep``, spreads and the per-seed figures."""
         tr_kd, tr_sol = self._transfer_ratios("vm_kd"), self._transfer_ratios("vm_solaris")
         ne = {
-            who: {task: statistics.fmean(s.ne[who][t] for s in self.seeds) for t, task in enumerate(self.tasks)}
+            who: {
+                task: statistics.fmean(s.ne[who][t] for s in self.seeds)
+                for t, task in enumerate(self.tasks)
+            }
             for who in CONTENDERS
         }
         sweep = [
@@ -110,12 +115,19 @@ class TransferReport:
             "dataset": self.dataset,
             "tasks": list(self.tasks),
             "seeds": [s.seed for s in self.seeds],
-            "transfer_ratio": {"kd": statistics.fmean(tr_kd), "solaris": statistics.fmean(tr_sol)},
-            "transfer_ratio_std": {"kd": _std(tr_kd), "solaris": _std(tr_sol)},
-            "transfer_ratio_per_seed": {"kd": tr_kd, "solaris": tr_sol},
+            # null where the FM did not beat the VM: no gain, no ratio.
+            "transfer_ratio": {
+                "kd": _finite(statistics.fmean(tr_kd)),
+                "solaris": _finite(statistics.fmean(tr_sol)),
+            },
+            "transfer_ratio_std": {"kd": _finite(_std(tr_kd)), "solaris": _finite(_std(tr_sol))},
+            "transfer_ratio_per_seed": {
+                "kd": [_finite(v) for v in tr_kd],
+                "solaris": [_finite(v) for v in tr_sol],
+            },
             "ne": ne,
             "coverage_sweep": sweep,
-            "ne_monotone_in_coverage": all(a["ne"] > b["ne"] for a, b in zip(sweep, sweep[1:], strict=False)),
+            "ne_monotone_in_coverage": all(a["ne"] > b["ne"] for a, b in itertools.pairwise(sweep)),
             "compressor": {
                 "reconstruction_mse": statistics.fmean(s.compressor_mse for s in self.seeds),
                 "pca_mse": statistics.fmean(s.pca_mse for s in self.seeds),
@@ -133,7 +145,8 @@ class TransferReport:
         """TR per seed, averaged over tasks."""
         return [
             statistics.fmean(
-                transfer_ratio(s.ne["vm"][t], s.ne[who][t], s.ne["fm"][t]) for t in range(len(self.tasks))
+                transfer_ratio(s.ne["vm"][t], s.ne[who][t], s.ne["fm"][t])
+                for t in range(len(self.tasks))
             )
             for s in self.seeds
         ]
@@ -157,32 +170,50 @@ def evaluate_transfer(
     return report
 
 
-def _evaluate_seed(dataset: InteractionDataset, seed: int, cfg: TransferConfig, progress: Step | None) -> SeedResult:
+def _evaluate_seed(
+    dataset: InteractionDataset, seed: int, cfg: TransferConfig, progress: Step | None
+) -> SeedResult:
     started = time.perf_counter()
 
     def hook(stage: str) -> Callable[[int, int], None] | None:
-        return None if progress is None else (lambda done, total: progress(f"seed {seed}: {stage}", done, total))
+        return (
+            None
+            if progress is None
+            else (lambda done, total: progress(f"seed {seed}: {stage}", done, total))
+        )
 
     train, test = time_split(dataset, cfg.train_fraction)
     # History for both periods comes from the whole log, cut strictly before each row's time:
     # exactly what serving at that moment would have seen.
     featurizer = PairFeaturizer(dataset, cfg.history_len)
     tasks = dataset.label_columns
-    train_batch, test_batch = featurizer.for_log(train.interactions), featurizer.for_log(test.interactions)
+    train_batch, test_batch = (
+        featurizer.for_log(train.interactions),
+        featurizer.for_log(test.interactions),
+    )
     y_train, y_test = labels_of(train.interactions, tasks), labels_of(test.interactions, tasks)
     schema = featurizer.schema
 
     seed_everything(seed)
     fm = FoundationModel(schema, len(tasks), cfg.foundation)
-    train_foundation(fm, train_batch, y_train, cfg.fm_training.model_copy(update={"seed": seed}), hook("FM"))
+    train_foundation(
+        fm, train_batch, y_train, cfg.fm_training.model_copy(update={"seed": seed}), hook("FM")
+    )
     h_train, p_train = foundation_outputs(fm, train_batch)
     h_test, p_test = foundation_outputs(fm, test_batch)
 
     pca = PCA(h_train, cfg.compressor.code_dim)
     seed_everything(seed)
-    compressor = EmbeddingCompressor(cfg.compressor.model_copy(update={"input_dim": h_train.shape[1]}))
+    compressor = EmbeddingCompressor(
+        cfg.compressor.model_copy(update={"input_dim": h_train.shape[1]})
+    )
     compressor.init_from_pca(pca)
-    train_compressor(compressor, h_train, cfg.compressor_training.model_copy(update={"seed": seed}), hook("compressor"))
+    train_compressor(
+        compressor,
+        h_train,
+        cfg.compressor_training.model_copy(update={"seed": seed}),
+        hook("compressor"),
+    )
     with torch.inference_mode():
         compressor_mse = float(((compressor(h_test) - h_test) ** 2).mean())
     pca_mse = pca.reconstruction_mse(h_test)
@@ -201,8 +232,13 @@ def _evaluate_seed(dataset: InteractionDataset, seed: int, cfg: TransferConfig, 
     seed_everything(seed)
     vm_kd = VerticalModel(schema, len(tasks), plain_cfg)
     train_vertical(
-        vm_kd, train_batch, y_train, vm_train, soft_labels=p_train,
-        distillation_weight=cfg.distillation_weight, progress=hook("VM + KD"),
+        vm_kd,
+        train_batch,
+        y_train,
+        vm_train,
+        soft_labels=p_train,
+        distillation_weight=cfg.distillation_weight,
+        progress=hook("VM + KD"),
     )
     ne["vm_kd"] = normalized_entropy(vertical_probabilities(vm_kd, test_batch), y_test)
 
@@ -213,8 +249,18 @@ def _evaluate_seed(dataset: InteractionDataset, seed: int, cfg: TransferConfig, 
         tier_test = _tiers_at_coverage(rng, len(test_batch), c)
         seed_everything(seed)
         vm_c = VerticalModel(schema, len(tasks), vm_cfg)
-        train_vertical(vm_c, train_batch, y_train, vm_train, z=z_train, tier=tier_train, progress=hook(f"VM + z @ {c:.0%}"))
-        ne_c = normalized_entropy(vertical_probabilities(vm_c, test_batch, z_test, tier_test), y_test)
+        train_vertical(
+            vm_c,
+            train_batch,
+            y_train,
+            vm_train,
+            z=z_train,
+            tier=tier_train,
+            progress=hook(f"VM + z @ {c:.0%}"),
+        )
+        ne_c = normalized_entropy(
+            vertical_probabilities(vm_c, test_batch, z_test, tier_test), y_test
+        )
         coverage_ne.append(ne_c[0])
         if c == 1.0:
             ne["vm_solaris"] = ne_c
@@ -223,8 +269,18 @@ def _evaluate_seed(dataset: InteractionDataset, seed: int, cfg: TransferConfig, 
         vm_s = VerticalModel(schema, len(tasks), vm_cfg)
         full_train = torch.full((len(train_batch),), int(Tier.EXACT))
         full_test = torch.full((len(test_batch),), int(Tier.EXACT))
-        train_vertical(vm_s, train_batch, y_train, vm_train, z=z_train, tier=full_train, progress=hook("VM + z"))
-        ne["vm_solaris"] = normalized_entropy(vertical_probabilities(vm_s, test_batch, z_test, full_test), y_test)
+        train_vertical(
+            vm_s,
+            train_batch,
+            y_train,
+            vm_train,
+            z=z_train,
+            tier=full_train,
+            progress=hook("VM + z"),
+        )
+        ne["vm_solaris"] = normalized_entropy(
+            vertical_probabilities(vm_s, test_batch, z_test, full_test), y_test
+        )
 
     probe = test_batch.select(slice(0, 64))
     fm_flops = flops_per_pair(fm, lambda: fm(probe), len(probe))
@@ -233,8 +289,14 @@ def _evaluate_seed(dataset: InteractionDataset, seed: int, cfg: TransferConfig, 
     t_probe = torch.full((len(probe),), int(Tier.EXACT))
     vm_flops = flops_per_pair(vm_full, lambda: vm_full(probe, z_probe, t_probe), len(probe))
     result = SeedResult(
-        seed=seed, ne=ne, coverage_ne=coverage_ne, compressor_mse=compressor_mse, pca_mse=pca_mse,
-        fm_flops_per_pair=fm_flops, vm_flops_per_pair=vm_flops, seconds=time.perf_counter() - started,
+        seed=seed,
+        ne=ne,
+        coverage_ne=coverage_ne,
+        compressor_mse=compressor_mse,
+        pca_mse=pca_mse,
+        fm_flops_per_pair=fm_flops,
+        vm_flops_per_pair=vm_flops,
+        seconds=time.perf_counter() - started,
     )
     logger.info("seed %s: NE %s", seed, ne)
     return result
@@ -244,6 +306,10 @@ def _tiers_at_coverage(rng: np.random.Generator, n: int, coverage: float) -> tor
     """EXACT on a random ``coverage`` share of rows, ZERO elsewhere."""
     exact = rng.random(n) < coverage
     return torch.from_numpy(np.where(exact, int(Tier.EXACT), int(Tier.ZERO)).astype(np.int64))
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def _std(values: list[float]) -> float:

@@ -120,10 +120,18 @@ class PairFeaturizer:
         self._items = log[ITEM_ID].to_numpy(np.int64)[order]
         self._labels = log[dataset.label_columns[0]].to_numpy(np.int64)[order]
         self._seconds = seconds[order]
-        self._user_cat = _table(dataset.users, USER_ID, dataset.num_users, dataset.user_categorical, np.int64)
-        self._user_dense = _table(dataset.users, USER_ID, dataset.num_users, dataset.user_dense, np.float32)
-        self._item_cat = _table(dataset.items, ITEM_ID, dataset.num_items, dataset.item_categorical, np.int64)
-        self._item_dense = _table(dataset.items, ITEM_ID, dataset.num_items, dataset.item_dense, np.float32)
+        self._user_cat = _table(
+            dataset.users, USER_ID, dataset.num_users, dataset.user_categorical, np.int64
+        )
+        self._user_dense = _table(
+            dataset.users, USER_ID, dataset.num_users, dataset.user_dense, np.float32
+        )
+        self._item_cat = _table(
+            dataset.items, ITEM_ID, dataset.num_items, dataset.item_categorical, np.int64
+        )
+        self._item_dense = _table(
+            dataset.items, ITEM_ID, dataset.num_items, dataset.item_dense, np.float32
+        )
 
     @property
     def schema(self) -> FeatureSchema:
@@ -144,12 +152,15 @@ class PairFeaturizer:
         item_ids: np.ndarray,
         at: np.ndarray | pd.Series | pd.Timestamp,
     ) -> PairBatch:
-        """Inputs for pairs ``(user_ids[b], item_ids[b])`` as of ``at`` (one time or one per pair)."""
+        """Inputs for pairs ``(user_ids[b], item_ids[b])`` as of ``at`` (one time, or one each)."""
         users = np.asarray(user_ids, dtype=np.int64)
         items = np.asarray(item_ids, dtype=np.int64)
         if users.shape != items.shape or users.ndim != 1:
             raise ValueError(f"user_ids {users.shape} and item_ids {items.shape} must be equal 1-D")
-        for name, ids, bound in (("user_ids", users, self.dataset.num_users), ("item_ids", items, self.dataset.num_items)):
+        for name, ids, bound in (
+            ("user_ids", users, self.dataset.num_users),
+            ("item_ids", items, self.dataset.num_items),
+        ):
             if len(ids) and (ids.min() < 0 or ids.max() >= bound):
                 raise ValueError(f"{name} must lie in 0..{bound - 1}")
         if isinstance(at, pd.Timestamp):
@@ -167,8 +178,14 @@ class PairFeaturizer:
         mask = steps[None, :] < (end - start)[:, None]
         idx = np.where(mask, idx, 0)
         hist_item = np.where(mask, self._items[idx], 0) if len(self._items) else np.zeros_like(idx)
-        hist_label = np.where(mask, self._labels[idx], 0) if len(self._labels) else np.zeros_like(idx)
-        hours = (at_s[:, None] - self._seconds[idx]) / 3600.0 if len(self._seconds) else np.zeros(idx.shape)
+        hist_label = (
+            np.where(mask, self._labels[idx], 0) if len(self._labels) else np.zeros_like(idx)
+        )
+        hours = (
+            (at_s[:, None] - self._seconds[idx]) / 3600.0
+            if len(self._seconds)
+            else np.zeros(idx.shape)
+        )
         hist_age = np.where(mask, np.log1p(np.maximum(hours, 0.0)), 0.0).astype(np.float32)
         return PairBatch(
             user_id=torch.from_numpy(users),

@@ -90,13 +90,20 @@ def train_and_register(
 
     seed_everything(cfg.seed)
     fm = FoundationModel(schema, len(dataset.label_columns), mc.foundation)
-    train_foundation(fm, batch, labels, mc.fm_training.model_copy(update={"seed": cfg.seed}), hook("train FM"))
+    train_foundation(
+        fm, batch, labels, mc.fm_training.model_copy(update={"seed": cfg.seed}), hook("train FM")
+    )
     h, p_fm = foundation_outputs(fm, batch)
     probe = batch.select(slice(0, 64))
     fm_card = save_model(
-        fm, "fm", models_dir,
+        fm,
+        "fm",
+        models_dir,
         config={"model": mc.foundation.model_dump(), "schema": schema.to_dict()},
-        metrics={f"train_ne_{t}": v for t, v in zip(dataset.label_columns, normalized_entropy(p_fm, labels), strict=True)},
+        metrics={
+            f"train_ne_{t}": v
+            for t, v in zip(dataset.label_columns, normalized_entropy(p_fm, labels), strict=True)
+        },
         flops_per_pair=flops_per_pair(fm, lambda: fm(probe), len(probe)),
         **window,
     )
@@ -106,11 +113,19 @@ def train_and_register(
     comp_cfg = mc.compressor.model_copy(update={"input_dim": h.shape[1]})
     compressor = EmbeddingCompressor(comp_cfg)
     compressor.init_from_pca(pca)
-    train_compressor(compressor, h, mc.compressor_training.model_copy(update={"seed": cfg.seed}), hook("train compressor"))
+    train_compressor(
+        compressor,
+        h,
+        mc.compressor_training.model_copy(update={"seed": cfg.seed}),
+        hook("train compressor"),
+    )
     with torch.inference_mode():
         mse = float(((compressor(h) - h) ** 2).mean())
     compressor_card = save_model(
-        compressor, "compressor", models_dir, parents=(fm_card.version,),
+        compressor,
+        "compressor",
+        models_dir,
+        parents=(fm_card.version,),
         config={"model": comp_cfg.model_dump()},
         metrics={"reconstruction_mse": mse, "pca_mse": pca.reconstruction_mse(h)},
         **window,
@@ -121,18 +136,34 @@ def train_and_register(
     vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
     seed_everything(cfg.seed)
     vm = VerticalModel(schema, len(dataset.label_columns), vm_cfg)
-    train_vertical(vm, batch, labels, mc.vm_training.model_copy(update={"seed": cfg.seed}), z=z_mixed, tier=tier, progress=hook("train VM"))
+    train_vertical(
+        vm,
+        batch,
+        labels,
+        mc.vm_training.model_copy(update={"seed": cfg.seed}),
+        z=z_mixed,
+        tier=tier,
+        progress=hook("train VM"),
+    )
     p_vm = vertical_probabilities(vm, batch, z_mixed, tier)
     z_probe = torch.zeros(len(probe), vm_cfg.embedding_dim)
     t_probe = torch.full((len(probe),), int(Tier.EXACT))
     vm_card = save_model(
-        vm, "vm", models_dir, parents=(compressor_card.version,),
+        vm,
+        "vm",
+        models_dir,
+        parents=(compressor_card.version,),
         config={"model": vm_cfg.model_dump(), "tier_mix": cfg.tier_mix.model_dump()},
-        metrics={f"train_ne_{t}": v for t, v in zip(dataset.label_columns, normalized_entropy(p_vm, labels), strict=True)},
+        metrics={
+            f"train_ne_{t}": v
+            for t, v in zip(dataset.label_columns, normalized_entropy(p_vm, labels), strict=True)
+        },
         flops_per_pair=flops_per_pair(vm, lambda: vm(probe, z_probe, t_probe), len(probe)),
         **window,
     )
-    logger.info("registered %s <- %s <- %s", vm_card.version, compressor_card.version, fm_card.version)
+    logger.info(
+        "registered %s <- %s <- %s", vm_card.version, compressor_card.version, fm_card.version
+    )
     return load_bundle(models_dir, vm_card.version)
 
 

@@ -150,5 +150,7 @@ def time_split(
     train = log[ts < cut]
     test = log[ts >= cut]
     if train.empty or test.empty:
-        raise ValueError(f"time split at {cut} leaves an empty side ({len(train)}/{len(test)} rows)")
+        raise ValueError(
+            f"time split at {cut} leaves an empty side ({len(train)}/{len(test)} rows)"
+        )
     return dataset.with_interactions(train), dataset.with_interactions(test)

@@ -52,6 +52,8 @@ class EmbeddingCompressor(nn.Module):
     """Autoencoder ``(B, D) -> (B, d) -> (B, D)``: a linear (PCA-initialised) path plus
     zero-initialised non-linear residuals on both sides."""
 
+    mean: torch.Tensor
+
     def __init__(self, config: CompressorConfig | None = None) -> None:
         super().__init__()
         cfg = config or CompressorConfig()
@@ -61,11 +63,15 @@ class EmbeddingCompressor(nn.Module):
         self.register_buffer("mean", torch.zeros(cfg.input_dim))
         self.enc_linear = nn.Linear(cfg.input_dim, cfg.code_dim, bias=False)
         self.enc_residual = nn.Sequential(
-            nn.Linear(cfg.input_dim, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, cfg.code_dim)
+            nn.Linear(cfg.input_dim, cfg.hidden_dim),
+            nn.GELU(),
+            nn.Linear(cfg.hidden_dim, cfg.code_dim),
         )
         self.dec_linear = nn.Linear(cfg.code_dim, cfg.input_dim, bias=False)
         self.dec_residual = nn.Sequential(
-            nn.Linear(cfg.code_dim, cfg.hidden_dim), nn.GELU(), nn.Linear(cfg.hidden_dim, cfg.input_dim)
+            nn.Linear(cfg.code_dim, cfg.hidden_dim),
+            nn.GELU(),
+            nn.Linear(cfg.hidden_dim, cfg.input_dim),
         )
         for residual in (self.enc_residual, self.dec_residual):
             last = residual[-1]

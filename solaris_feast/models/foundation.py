@@ -39,7 +39,9 @@ class FoundationConfig(BaseModel):
 class _AttributeEncoder(nn.Module):
     """Sum of an id embedding, one embedding per categorical attribute and a dense projection."""
 
-    def __init__(self, num_ids: int, cardinalities: tuple[int, ...], dense_dim: int, dim: int) -> None:
+    def __init__(
+        self, num_ids: int, cardinalities: tuple[int, ...], dense_dim: int, dim: int
+    ) -> None:
         super().__init__()
         self.ids = nn.Embedding(num_ids, dim)
         self.cats = nn.ModuleList(nn.Embedding(c, dim) for c in cardinalities)
@@ -58,26 +60,38 @@ class _AttributeEncoder(nn.Module):
 class FoundationModel(nn.Module):
     """Multi-task FM over ``T`` tasks. Output logits ``(B, T)``; ``h(u, i)`` is ``(B, D)``."""
 
-    def __init__(self, schema: FeatureSchema, num_tasks: int, config: FoundationConfig | None = None) -> None:
+    def __init__(
+        self, schema: FeatureSchema, num_tasks: int, config: FoundationConfig | None = None
+    ) -> None:
         super().__init__()
         cfg = config or FoundationConfig()
         if cfg.embed_dim % cfg.num_heads:
-            raise ValueError(f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}")
+            raise ValueError(
+                f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}"
+            )
         if num_tasks < 2:
             raise ValueError(f"the FM is multi-task: num_tasks must be >= 2, got {num_tasks}")
         self.config = cfg
         self.schema = schema
         self.num_tasks = num_tasks
         d = cfg.embed_dim
-        self.user = _AttributeEncoder(schema.num_users, schema.user_cardinalities, schema.user_dense_dim, d)
-        self.item = _AttributeEncoder(schema.num_items, schema.item_cardinalities, schema.item_dense_dim, d)
+        self.user = _AttributeEncoder(
+            schema.num_users, schema.user_cardinalities, schema.user_dense_dim, d
+        )
+        self.item = _AttributeEncoder(
+            schema.num_items, schema.item_cardinalities, schema.item_dense_dim, d
+        )
         self.history_label = nn.Embedding(2, d)
         self.history_age = nn.Linear(1, d)
         self.position = nn.Embedding(schema.history_len, d)
         layer = nn.TransformerEncoderLayer(
             d, cfg.num_heads, dim_feedforward=2 * d, dropout=cfg.dropout, batch_first=True
         )
-        self.encoder = nn.TransformerEncoder(layer, cfg.num_layers, enable_nested_tensor=False) if cfg.num_layers else None
+        self.encoder = (
+            nn.TransformerEncoder(layer, cfg.num_layers, enable_nested_tensor=False)
+            if cfg.num_layers
+            else None
+        )
         self.target_attention = nn.MultiheadAttention(d, cfg.num_heads, batch_first=True)
         # A learned "no history" token is always attendable, so users without history get a
         # defined vector instead of a softmax over nothing.

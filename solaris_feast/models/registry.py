@@ -9,7 +9,6 @@ before reading a byte of weights, and weights are read with safetensors: nothing
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -98,7 +97,7 @@ def save_model(
         config=config,
         weights_file=weights.name,
         weights_sha256=digest,
-        **card_fields,  # type: ignore[arg-type]
+        **card_fields,
     )
     # Card last, written atomically: a card on disk always points at complete weights.
     card_path = models_dir / f"{version}{CARD_SUFFIX}"
@@ -162,7 +161,9 @@ def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
     if vm_version is not None:
         vms = [c for c in vms if c.version == vm_version]
     if not vms:
-        raise ConfigError(f"no VM model card in {models_dir}: train the models first (solaris train)")
+        raise ConfigError(
+            f"no VM model card in {models_dir}: train the models first (solaris train)"
+        )
     vm_card = max(vms, key=lambda c: (c.created_at, c.version))
     compressor_card = _parent(cards, vm_card, "compressor")
     fm_card = _parent(cards, compressor_card, "fm")
@@ -170,8 +171,12 @@ def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
     fm = FoundationModel(
         schema, len(fm_card.tasks), FoundationConfig.model_validate(_dict(fm_card.config, "model"))
     )
-    compressor = EmbeddingCompressor(CompressorConfig.model_validate(_dict(compressor_card.config, "model")))
-    vm = VerticalModel(schema, len(vm_card.tasks), VerticalConfig.model_validate(_dict(vm_card.config, "model")))
+    compressor = EmbeddingCompressor(
+        CompressorConfig.model_validate(_dict(compressor_card.config, "model"))
+    )
+    vm = VerticalModel(
+        schema, len(vm_card.tasks), VerticalConfig.model_validate(_dict(vm_card.config, "model"))
+    )
     for module, card in ((fm, fm_card), (compressor, compressor_card), (vm, vm_card)):
         module.load_state_dict(verified_weights(card, models_dir))
         module.eval()
@@ -183,7 +188,9 @@ def _parent(cards: dict[str, ModelCard], child: ModelCard, kind: ModelKind) -> M
         card = cards.get(version)
         if card is not None and card.kind == kind:
             return card
-    raise ConfigError(f"model card {child.version} names no {kind} parent present here (parents: {child.parents})")
+    raise ConfigError(
+        f"model card {child.version} names no {kind} parent present here (parents: {child.parents})"
+    )
 
 
 def _dict(config: dict[str, object], key: str) -> dict[str, object]:

@@ -7,6 +7,7 @@ unaware of how they are trained. Inference runs under ``torch.inference_mode()``
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable
 
@@ -64,7 +65,9 @@ def _fit(
     """Mini-batch AdamW over ``num_rows``; ``loss_of(index)`` returns the batch loss."""
     if num_rows == 0:
         raise ValueError("cannot train on zero rows")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
+    )
     generator = torch.Generator().manual_seed(cfg.seed)
     steps_per_epoch = (num_rows + cfg.batch_size - 1) // cfg.batch_size
     total = steps_per_epoch * cfg.epochs
@@ -103,9 +106,11 @@ def train_foundation(
     return _fit(
         fm,
         len(batch),
-        lambda idx: F.binary_cross_entropy_with_logits(fm(batch.select(idx)), labels[idx], reduction="none")
-        .sum(-1)
-        .mean(),
+        lambda idx: (
+            F.binary_cross_entropy_with_logits(fm(batch.select(idx)), labels[idx], reduction="none")
+            .sum(-1)
+            .mean()
+        ),
         cfg,
         progress,
     )
@@ -120,7 +125,9 @@ def train_compressor(
     """Fit the autoencoder on FM representations ``(N, D)`` by reconstruction MSE."""
     seed_everything(cfg.seed)
     h = representations.detach()
-    return _fit(compressor, len(h), lambda idx: F.mse_loss(compressor(h[idx]), h[idx]), cfg, progress)
+    return _fit(
+        compressor, len(h), lambda idx: F.mse_loss(compressor(h[idx]), h[idx]), cfg, progress
+    )
 
 
 def train_vertical(
@@ -144,12 +151,18 @@ def train_vertical(
     target = labels
     if soft_labels is not None:
         if soft_labels.shape != labels.shape:
-            raise ValueError(f"soft labels {tuple(soft_labels.shape)} != labels {tuple(labels.shape)}")
+            raise ValueError(
+                f"soft labels {tuple(soft_labels.shape)} != labels {tuple(labels.shape)}"
+            )
         target = (1.0 - distillation_weight) * labels + distillation_weight * soft_labels
 
     def loss_of(idx: torch.Tensor) -> torch.Tensor:
-        logits = vm(batch.select(idx), None if z is None else z[idx], None if tier is None else tier[idx])
-        return F.binary_cross_entropy_with_logits(logits, target[idx], reduction="none").sum(-1).mean()
+        logits = vm(
+            batch.select(idx), None if z is None else z[idx], None if tier is None else tier[idx]
+        )
+        return (
+            F.binary_cross_entropy_with_logits(logits, target[idx], reduction="none").sum(-1).mean()
+        )
 
     return _fit(vm, len(batch), loss_of, cfg, progress)
 
@@ -169,21 +182,30 @@ def foundation_outputs(fm: FoundationModel, batch: PairBatch) -> tuple[torch.Ten
 
 @torch.inference_mode()
 def vertical_probabilities(
-    vm: VerticalModel, batch: PairBatch, z: torch.Tensor | None = None, tier: torch.Tensor | None = None
+    vm: VerticalModel,
+    batch: PairBatch,
+    z: torch.Tensor | None = None,
+    tier: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Task probabilities ``(N, T)``, in chunks."""
     vm.eval()
     out = []
     for start in range(0, len(batch), INFERENCE_CHUNK):
         sl = slice(start, start + INFERENCE_CHUNK)
-        out.append(vm.predict_proba(batch.select(sl), None if z is None else z[sl], None if tier is None else tier[sl]))
+        out.append(
+            vm.predict_proba(
+                batch.select(sl), None if z is None else z[sl], None if tier is None else tier[sl]
+            )
+        )
     return torch.cat(out)
 
 
 @torch.inference_mode()
 def encode(compressor: EmbeddingCompressor, h: torch.Tensor) -> torch.Tensor:
     compressor.eval()
-    return torch.cat([compressor.encode(h[s : s + INFERENCE_CHUNK]) for s in range(0, len(h), INFERENCE_CHUNK)])
+    return torch.cat(
+        [compressor.encode(h[s : s + INFERENCE_CHUNK]) for s in range(0, len(h), INFERENCE_CHUNK)]
+    )
 
 
 def normalized_entropy(probabilities: torch.Tensor, labels: torch.Tensor) -> list[float]:
@@ -198,10 +220,14 @@ def normalized_entropy(probabilities: torch.Tensor, labels: torch.Tensor) -> lis
 
 
 def transfer_ratio(ne_vm: float, ne_with_transfer: float, ne_fm: float) -> float:
-    """Share of the FM's NE gain over the VM that reaches the VM: ``(NE_vm - NE_x) / (NE_vm - NE_fm)``."""
+    """Share of the FM's NE gain that reaches the VM: ``(NE_vm - NE_x) / (NE_vm - NE_fm)``.
+
+    NaN when the FM is not better than the VM: there is no gain to transfer, and any number
+    would mislead (a tiny denominator makes the ratio explode).
+    """
     gap = ne_vm - ne_fm
     if gap <= 0:
-        raise ValueError(f"the FM (NE {ne_fm:.4f}) is not better than the VM (NE {ne_vm:.4f}): no gain to transfer")
+        return math.nan
     return (ne_vm - ne_with_transfer) / gap
 
 

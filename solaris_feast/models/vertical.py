@@ -37,7 +37,9 @@ class VerticalConfig(BaseModel):
 class VerticalModel(nn.Module):
     """Logits ``(B, T)`` from ids, attributes, ``z`` ``(B, d)`` and ``tier`` ``(B,)``."""
 
-    def __init__(self, schema: FeatureSchema, num_tasks: int, config: VerticalConfig | None = None) -> None:
+    def __init__(
+        self, schema: FeatureSchema, num_tasks: int, config: VerticalConfig | None = None
+    ) -> None:
         super().__init__()
         cfg = config or VerticalConfig()
         self.config = cfg
@@ -45,8 +47,12 @@ class VerticalModel(nn.Module):
         self.num_tasks = num_tasks
         self.user = nn.Embedding(schema.num_users, cfg.id_dim)
         self.item = nn.Embedding(schema.num_items, cfg.id_dim)
-        self.user_cats = nn.ModuleList(nn.Embedding(c, cfg.attribute_dim) for c in schema.user_cardinalities)
-        self.item_cats = nn.ModuleList(nn.Embedding(c, cfg.attribute_dim) for c in schema.item_cardinalities)
+        self.user_cats = nn.ModuleList(
+            nn.Embedding(c, cfg.attribute_dim) for c in schema.user_cardinalities
+        )
+        self.item_cats = nn.ModuleList(
+            nn.Embedding(c, cfg.attribute_dim) for c in schema.item_cardinalities
+        )
         self.tier = nn.Embedding(NUM_TIERS, cfg.tier_dim) if cfg.embedding_dim else None
         width = (
             2 * cfg.id_dim
