@@ -319,3 +319,19 @@ def test_stopped_or_slow_redis_answers_zero_with_error_flag(
     assert retriever.stats.errors == 2
     with pytest.raises(RetryableStoreError):
         strict.fetch(9, [90])
+
+
+def test_read_slower_than_the_deadline_answers_zero_or_raises_in_strict_mode(
+    store: FeatureStore,
+) -> None:
+    write_pairs(store, [10], [100], vectors(1))
+    # A deadline no real read can meet: the answer must still come, as ZERO with the flag.
+    hurried = SolarisRetriever(store, VERSION, deadline_ms=0.001, record_misses=False)
+    result = hurried.fetch(10, [100, 101])
+    assert result.error and result.tiers.tolist() == [Tier.ZERO, Tier.ZERO]
+    assert hurried.stats.errors == 1
+    assert hurried.stats.tier_counts[Tier.ZERO] == 2
+    with pytest.raises(RetryableStoreError):
+        SolarisRetriever(store, VERSION, deadline_ms=0.001, strict=True).fetch(10, [100])
+    relaxed = SolarisRetriever(store, VERSION, record_misses=False)
+    assert relaxed.fetch(10, [100]).tiers.tolist() == [Tier.EXACT]
