@@ -481,7 +481,10 @@ class EmbeddingWriter:
         head = [timestamp_field(self.view_name), len(fields), key_ttl, *fields]
         ts_cache: dict[int, bytes] = {}
         applied = 0
-        with self._redis.pipeline(transaction=False) as pipe:
+        # One MULTI/EXEC around the batch's scripts: Redis queues them until EXEC, so a crash or
+        # a dropped connection mid-batch leaves nothing of it, and a reader never sees half of
+        # it (the whole batch lands between two of its reads).
+        with self._redis.pipeline(transaction=True) as pipe:
             for start in range(0, len(keys), self.chunk_rows):
                 stop = min(start + self.chunk_rows, len(keys))
                 args: list[Any] = list(head)
