@@ -10,7 +10,8 @@ slot):
 - ``solaris:{project}:misses``: a stream, one entry per queued pair with fields ``user_id``,
   ``item_id``, ``model_version``, ``missed_at`` (unix seconds). Consumer groups work on it as on
   any stream (``XGROUP CREATE ... 0``, ``XREADGROUP``, ``XACK``); :meth:`MissQueue.drain` is the
-  simple single-consumer path.
+  simple single-consumer path, :meth:`MissQueue.read_group` and :meth:`MissQueue.ack` the
+  at-least-once one (a worker that dies before acknowledging leaves its pairs to be claimed).
 - ``solaris:{project}:missed:<user>:<item>``: a marker with a TTL (``round_ttl_seconds``); while it
   exists the pair is not queued again. Draining deletes the markers, which opens the next round.
 - ``solaris:{project}:miss_round``: a counter that every drain bumps. The retriever reads it in
@@ -80,6 +81,27 @@ return entries
 """
 
 
+# Acknowledge entries a consumer group has finished: XACK, drop them from the stream and their
+# markers (so the pair can be queued again next round), bump the round. One script, so a crash
+# cannot acknowledge an entry and leave its marker blocking the pair until the marker expires.
+_ACK_SCRIPT = """
+local stream = KEYS[1]
+local group = ARGV[1]
+local marker_prefix = ARGV[2]
+local acked = 0
+for i = 3, #ARGV, 2 do
+  local n = redis.call('XACK', stream, group, ARGV[i])
+  if n > 0 then
+    redis.call('XDEL', stream, ARGV[i])
+    redis.call('DEL', marker_prefix .. ARGV[i + 1])
+    acked = acked + n
+  end
+end
+if acked > 0 then redis.call('INCR', KEYS[2]) end
+return acked
+"""
+
+
 class MissQueue:
     """Pairs that missed the exact tier, queued once per round.
 
@@ -112,6 +134,7 @@ class MissQueue:
         if redis is not None:
             self._record = redis.register_script(_RECORD_SCRIPT)
             self._drain = redis.register_script(_DRAIN_SCRIPT)
+            self._ack = redis.register_script(_ACK_SCRIPT)
 
     @staticmethod
     def round_key_for(project: str) -> str:
@@ -206,6 +229,92 @@ class MissQueue:
             missed_at=pd.to_datetime(frame["missed_at"].astype("int64"), unit="s", utc=True)
         )
 
+    def read_group(
+        self,
+        group: str,
+        consumer: str,
+        max_pairs: int = 10_000,
+        min_idle_ms: int = 600_000,
+    ) -> pd.DataFrame:
+        """Take up to ``max_pairs`` pairs for ``consumer`` of ``group`` without removing them.
+
+        At-least-once delivery for precompute workers (Redis only): pairs another consumer took
+        and has not acknowledged for ``min_idle_ms`` (it died, or hangs) are claimed first
+        (``XAUTOCLAIM``), then pairs nobody took yet (``XREADGROUP``). Taken pairs stay queued,
+        so serving does not queue them again, until :meth:`ack` after their embeddings are
+        written.
+
+        Returns:
+            the columns of :meth:`drain` plus ``entry_id`` (str), which :meth:`ack` needs.
+        """
+        import redis
+
+        if self._redis is None:
+            raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+        if max_pairs <= 0 or min_idle_ms < 0:
+            raise ValueError(
+                f"max_pairs must be positive and min_idle_ms non-negative, got {max_pairs}, "
+                f"{min_idle_ms}"
+            )
+        try:
+            self._redis.xgroup_create(self.stream_key, group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        entries: list[tuple[Any, Any]] = []
+        cursor: Any = "0-0"
+        # Bounded: each pass claims up to the remaining count; the cursor ends at 0-0.
+        for _ in range(max_pairs):
+            reply = self._redis.xautoclaim(
+                self.stream_key,
+                group,
+                consumer,
+                min_idle_time=min_idle_ms,
+                start_id=cursor,
+                count=max_pairs - len(entries),
+            )
+            cursor, claimed = reply[0], reply[1]
+            # Entries deleted from the stream (drained) while pending come back as None.
+            entries.extend(e for e in claimed if e is not None and e[1] is not None)
+            if len(entries) >= max_pairs or cursor in (b"0-0", "0-0"):
+                break
+        if len(entries) < max_pairs:
+            fresh = self._redis.xreadgroup(
+                group, consumer, {self.stream_key: ">"}, count=max_pairs - len(entries)
+            )
+            for _stream, stream_entries in fresh or []:
+                entries.extend(stream_entries)
+        rows = []
+        for entry_id, flat in entries:
+            fields = {_text(k): _text(v) for k, v in flat.items()}
+            rows.append(
+                (
+                    int(fields["user_id"]),
+                    int(fields["item_id"]),
+                    fields["model_version"],
+                    int(fields["missed_at"]),
+                    _text(entry_id),
+                )
+            )
+        frame = pd.DataFrame(rows, columns=[*MISS_COLUMNS, "entry_id"])
+        return frame.astype({"user_id": "int64", "item_id": "int64"}).assign(
+            missed_at=pd.to_datetime(frame["missed_at"].astype("int64"), unit="s", utc=True),
+            entry_id=frame["entry_id"].astype(str),
+        )
+
+    def ack(self, group: str, taken: pd.DataFrame) -> int:
+        """Mark pairs from :meth:`read_group` done: they leave the queue; return how many."""
+        if self._redis is None:
+            raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+        if taken.empty:
+            return 0
+        args: list[Any] = [group, self.marker_prefix]
+        for entry_id, user, item in zip(
+            taken["entry_id"], taken["user_id"], taken["item_id"], strict=True
+        ):
+            args += [str(entry_id), f"{int(user)}:{int(item)}"]
+        return int(self._ack(keys=[self.stream_key, self.round_key], args=args))
+
     def pending(self) -> int:
         """How many pairs wait in the queue."""
         if self._redis is not None:
@@ -231,3 +340,7 @@ class MissQueue:
             conn.commit()
             self._sqlite = conn
         return self._sqlite
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
