@@ -1,0 +1,274 @@
+"""Faults: Redis killed or frozen while serving, killed in the middle of a write batch, and a
+miss-queue consumer that dies between reading and acknowledging.
+
+Each test runs its own redis-server (port 17005, 17000 for the cutting proxy) so it can kill it
+without touching the shared one, and stops it in ``finally``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import redis
+from test_hardening_support import (
+    DIM,
+    PROXY_PORT,
+    THROWAWAY_PORT,
+    VERSION,
+    CuttingProxy,
+    owned_redis,
+    pair_frame,
+    project_snapshot,
+    wait_until,
+)
+
+from solaris_feast.definitions import solaris_definitions
+from solaris_feast.errors import RetryableStoreError
+from solaris_feast.miss_queue import MissQueue
+from solaris_feast.serve import SolarisRetriever
+from solaris_feast.store_config import open_store
+from solaris_feast.tiers import Tier
+from solaris_feast.write import EmbeddingWriter
+
+DEADLINE_MS = 50.0
+# Wall-clock slack over the deadline for a loaded 2-core machine (thread scheduling, GC).
+SLACK_MS = 150.0
+
+
+def test_redis_killed_while_serving_answers_zero_within_deadline_and_recovers(
+    tmp_path: Path, feast_project: str
+) -> None:
+    rng = np.random.default_rng(1)
+    vectors = rng.standard_normal((40, DIM)).astype(np.float32)
+    items = np.arange(40, dtype=np.int64)
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis", durable=True) as server:
+        store = open_store(feast_project, tmp_path / "repo", online="redis", redis_url=server.url)
+        store.apply(solaris_definitions().all())
+        writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+        writer.write(pair_frame(7, items, vectors))
+        writer.close()
+        retriever = SolarisRetriever(store, VERSION, deadline_ms=DEADLINE_MS, record_misses=True)
+        healthy = retriever.fetch(7, items)
+        assert not healthy.error and (healthy.tiers == Tier.EXACT).all()
+
+        # Frozen: the socket accepts bytes but nothing answers, the slowest failure there is.
+        server.freeze()
+        try:
+            for _ in range(3):
+                started = time.perf_counter()
+                frozen = retriever.fetch(7, items)
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                assert frozen.error
+                assert (frozen.tiers == Tier.ZERO).all() and not frozen.embeddings.any()
+                assert elapsed_ms < DEADLINE_MS + SLACK_MS, elapsed_ms
+        finally:
+            server.thaw()
+
+        server.kill()
+        for _ in range(3):
+            started = time.perf_counter()
+            down = retriever.fetch(7, items)
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            assert down.error and (down.tiers == Tier.ZERO).all()
+            assert down.embeddings.shape == (40, DIM) and not down.embeddings.any()
+            assert np.isnan(down.age_seconds).all()
+            assert elapsed_ms < DEADLINE_MS + SLACK_MS, elapsed_ms
+        assert retriever.stats.errors == 6
+
+        # Same retriever object, no reconnect call: the next fetches must heal by themselves.
+        server.start()
+        recovered = None
+        deadline = time.monotonic() + 5.0
+        attempts = 0
+        while time.monotonic() < deadline:
+            attempts += 1
+            recovered = retriever.fetch(7, items)
+            if not recovered.error:
+                break
+            time.sleep(0.05)
+        assert recovered is not None and not recovered.error
+        assert attempts <= 2, f"took {attempts} fetches to recover"
+        assert (recovered.tiers == Tier.EXACT).all()
+        np.testing.assert_array_equal(recovered.embeddings, vectors)
+        retriever.close()
+
+
+def test_strict_retriever_raises_retryable_error_when_redis_is_killed(
+    tmp_path: Path, feast_project: str
+) -> None:
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis") as server:
+        store = open_store(feast_project, tmp_path / "repo", online="redis", redis_url=server.url)
+        store.apply(solaris_definitions().all())
+        retriever = SolarisRetriever(store, VERSION, deadline_ms=DEADLINE_MS, strict=True)
+        assert not retriever.fetch(1, [1, 2]).error
+        server.kill()
+        with pytest.raises(RetryableStoreError):
+            retriever.fetch(1, [1, 2])
+        server.start()
+        assert wait_until(lambda: _fetch_ok(retriever), timeout_s=5.0)
+        retriever.close()
+
+
+def _fetch_ok(retriever: SolarisRetriever) -> bool:
+    try:
+        return not retriever.fetch(1, [1, 2]).error
+    except RetryableStoreError:
+        return False
+
+
+def _pair_keys(client: redis.Redis, project: str) -> int:
+    return sum(1 for _ in client.scan_iter(match=f"*{project}", count=1000))
+
+
+def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """Redis receives the first part of a 1500-row batch, executes what it got, and is killed.
+
+    A proxy holds back the batch's tail, so the kill lands mid-batch every run. Redis fsyncs
+    every write to its append-only file, so after the restart the store shows exactly what Redis
+    executed before dying. Per-batch atomicity means: nothing of the batch, then all of it.
+    """
+    rows = 1500
+    rng = np.random.default_rng(2)
+    vectors = rng.standard_normal((rows, DIM)).astype(np.float32)
+    items = np.arange(rows, dtype=np.int64)
+    # computed_at fixed, as the precompute uses its plan's time: the retry is the same batch.
+    batch = pair_frame(3, items, vectors, computed_at=pd.Timestamp.now(tz="UTC").floor("s"))
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis", durable=True) as server:
+        direct = redis.Redis.from_url(server.url)
+        # Roughly half the batch's bytes (about 190 bytes a row) reach Redis before the cut.
+        proxy = CuttingProxy(PROXY_PORT, server.port, cut_after_bytes=rows * 190 // 2)
+        try:
+            store = open_store(
+                feast_project,
+                tmp_path / "repo",
+                online="redis",
+                redis_url=f"redis://127.0.0.1:{PROXY_PORT}/0",
+            )
+            store.apply(solaris_definitions().all())
+            writer = EmbeddingWriter(store, "solaris_pair", offline=True, chunk_rows=64)
+            failure: list[BaseException] = []
+
+            def crash_when_cut() -> None:
+                proxy.cut.wait(timeout=20)
+                time.sleep(0.3)  # Redis executes (and fsyncs) everything it has received
+                server.kill()
+                proxy.sever()
+
+            killer = threading.Thread(target=crash_when_cut, daemon=True)
+            killer.start()
+            try:
+                writer.write(batch)
+            except (redis.ConnectionError, RetryableStoreError) as exc:
+                failure.append(exc)
+            killer.join(timeout=25)
+            assert proxy.cut.is_set(), "the batch never crossed the cut: make the batch larger"
+            assert failure, "the write must fail when Redis dies under it"
+            writer.close()
+
+            server.start()
+            assert _pair_keys(direct, feast_project) == 0, "half a batch survived the crash"
+
+            # The retry: a new writer, as a retried Airflow task would make.
+            proxy.heal()
+            retry = EmbeddingWriter(store, "solaris_pair", offline=True, chunk_rows=64)
+            report = retry.write(batch)
+            retry.close()
+        finally:
+            proxy.close()
+        assert report.online_applied == rows
+        assert report.offline_files_written == 0  # the first attempt's parquet file is reused
+        assert _pair_keys(direct, feast_project) == rows
+        files = sorted(Path(tmp_path / "repo" / "data" / "offline").rglob("*.parquet"))
+        assert len(files) == 1
+        offline = pq.read_table(files[0]).to_pandas()
+        assert len(offline) == rows and not offline.duplicated(["user_id", "item_id"]).any()
+
+        reader_store = open_store(
+            feast_project, tmp_path / "repo", online="redis", redis_url=server.url
+        )
+        retriever = SolarisRetriever(reader_store, VERSION, record_misses=False, deadline_ms=2000)
+        served = retriever.fetch(3, items)
+        assert (served.tiers == Tier.EXACT).all()
+        np.testing.assert_array_equal(served.embeddings, vectors)
+        retriever.close()
+        direct.close()
+
+
+def pairs_of(frame: pd.DataFrame) -> list[tuple[int, int]]:
+    return sorted(zip(frame.user_id.tolist(), frame.item_id.tolist(), strict=True))
+
+
+def test_miss_queue_redelivers_what_a_dead_consumer_read_and_never_acked(
+    tmp_path: Path, feast_project: str, redis_url: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    serving = MissQueue(feast_project, redis=client)
+    misses = [(user, item) for user in (1, 2, 3) for item in range(10)]
+    for user in (1, 2, 3):
+        assert serving.record(user, list(range(10)), VERSION) == 10
+
+    store = open_store(feast_project, tmp_path / "repo", online="redis", redis_url=redis_url)
+    store.apply(solaris_definitions().all())
+    computed_at = pd.Timestamp.now(tz="UTC").floor("s")
+
+    def embed_and_write(taken: pd.DataFrame) -> None:
+        # z is a function of the pair, as the FM's would be: a redelivered pair gets equal rows.
+        vectors = np.stack(
+            [np.full(DIM, u * 1000 + i, dtype=np.float32) for u, i in pairs_of(taken)]
+        )
+        for user, group in taken.groupby("user_id"):
+            EmbeddingWriter(store, "solaris_pair", offline=True).write(
+                pair_frame(
+                    int(user),
+                    group.item_id.to_numpy(),
+                    vectors[group.index.to_numpy()],
+                    computed_at=computed_at,
+                )
+            )
+
+    # Worker A reads 12 misses and dies before writing or acknowledging anything.
+    dead = MissQueue(feast_project, redis=redis.Redis.from_url(redis_url))
+    taken_by_dead = dead.read_group("precompute", "worker-a", max_pairs=12, min_idle_ms=300)
+    assert len(taken_by_dead) == 12
+    # While they are pending they are still queued: serving the same misses adds nothing.
+    assert serving.record(1, list(range(10)), VERSION) == 0
+
+    # Worker B gets only what nobody holds, writes it and acknowledges it.
+    live = MissQueue(feast_project, redis=redis.Redis.from_url(redis_url))
+    first = live.read_group("precompute", "worker-b", max_pairs=100, min_idle_ms=300)
+    assert len(first) == 18
+    assert not set(pairs_of(first)) & set(pairs_of(taken_by_dead))
+    embed_and_write(first.reset_index(drop=True))
+    assert live.ack("precompute", first) == 18
+
+    # Nothing more until A's claim goes stale; then B takes over exactly A's 12.
+    assert live.read_group("precompute", "worker-b", max_pairs=100, min_idle_ms=300).empty
+    time.sleep(0.35)
+    second = live.read_group("precompute", "worker-b", max_pairs=100, min_idle_ms=300)
+    assert pairs_of(second) == pairs_of(taken_by_dead)
+    embed_and_write(second.reset_index(drop=True))
+    assert live.ack("precompute", second) == 12
+    assert live.ack("precompute", second) == 0  # acknowledging twice is harmless
+
+    assert live.pending() == 0
+    assert client.xpending(live.stream_key, "precompute")["pending"] == 0
+    assert live.read_group("precompute", "worker-b", max_pairs=100, min_idle_ms=0).empty
+    # Every miss written exactly once, online and offline.
+    offline = pd.concat(
+        pq.read_table(p).to_pandas()
+        for p in Path(tmp_path / "repo" / "data" / "offline").rglob("*.parquet")
+    )
+    assert len(offline) == len(misses)
+    assert pairs_of(offline) == sorted(misses)
+    assert _pair_keys(client, feast_project) == len(misses)
+    # Acknowledged pairs open a new round: the same miss is queued again.
+    assert serving.record(1, [0], VERSION) == 1
+    assert project_snapshot(client, feast_project)  # keys exist; fixture teardown deletes them
