@@ -218,7 +218,10 @@ class ViewLineage:
         tags: All tags.
         sources: Names of the data sources (batch, push/stream, request) or, for an on-demand
             view, the views it reads.
-        producing_dag: DAG id from the ``solaris.producing_dag`` tag.
+        producing_dag: The DAG that writes the view: the ``solaris.producing_dag`` tag when
+            that DAG is in the DAG folder, else the DAG whose task declares an asset named
+            after the view (or its source); the tag as written otherwise.
+        producing_dag_tag: The ``solaris.producing_dag`` tag as written.
         schedule: The producing DAG's schedule, from its file when found, else the tag.
         schedule_interval_seconds: Longest gap between runs of the producing DAG.
         fm_version: ``solaris.fm_version`` tag.
@@ -246,6 +249,7 @@ class ViewLineage:
     last_write: datetime | None
     coverage: float | None
     services: tuple[str, ...]
+    producing_dag_tag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -1131,8 +1135,13 @@ def _feature_view_lineage(
     tags = dict(fv.tags or {})
     ttl = fv.ttl.total_seconds() if fv.ttl else None
     source_names = [s.name for s in (fv.batch_source, fv.stream_source) if s is not None]
-    producing_dag = tags.get(TAG_PRODUCING_DAG) or None
-    dag = dag_by_id.get(producing_dag) if producing_dag else None
+    producing_dag_tag = tags.get(TAG_PRODUCING_DAG) or None
+    dag = dag_by_id.get(producing_dag_tag) if producing_dag_tag else None
+    if dag is None:
+        # The asset a task declares is the DAG file's own word on what it writes.
+        named = {fv.name, *source_names}
+        dag = next((d for d in dag_by_id.values() if any(a in named for a in d.outlets)), None)
+    producing_dag = dag.dag_id if dag is not None else producing_dag_tag
     schedule = tags.get(TAG_SCHEDULE) or None
     interval: float | None = None
     if dag is not None:
@@ -1162,6 +1171,7 @@ def _feature_view_lineage(
         tags=tags,
         sources=tuple(dict.fromkeys(source_names)),
         producing_dag=producing_dag,
+        producing_dag_tag=producing_dag_tag,
         schedule=schedule,
         schedule_interval_seconds=interval,
         fm_version=tags.get(TAG_FM_VERSION),
@@ -1252,6 +1262,17 @@ def _check_ttl_against_schedule(view: ViewLineage, report: LineageReport) -> lis
                     "warning",
                 )
             )
+    if view.producing_dag_tag and dag is not None and view.producing_dag_tag != dag.dag_id:
+        findings.append(
+            Finding(
+                "lineage",
+                view.name,
+                f"tag {TAG_PRODUCING_DAG}={view.producing_dag_tag!r} names no DAG in the DAG "
+                f"folder, but {dag.dag_id!r} ({dag.path}) declares the view's asset; set the tag "
+                f"to {dag.dag_id!r}",
+                "warning",
+            )
+        )
     if view.producing_dag and dag is None:
         findings.append(
             Finding(
@@ -1438,12 +1459,14 @@ def lineage_graph(report: LineageReport) -> tuple[list[GraphNode], list[GraphEdg
         label = f"{view.name}<br/>TTL {format_seconds(view.ttl_seconds)}"
         if view.kind == "on_demand":
             view_node = node("odfv", view.name, f"on-demand {view.name}")
+            view_kinds = {v.name: v.kind for v in report.views}
             for source in view.sources:
-                target = (
-                    _node_id("request", source) if kinds.get(source) == "request" else
-                    _node_id("view", source)
-                )  # fmt: skip
-                edge(target, view_node)
+                if source in view_kinds:
+                    kind = "odfv" if view_kinds[source] == "on_demand" else "view"
+                    edge(_node_id(kind, source), view_node)
+                else:
+                    # Not a view, so a request source (Feast does not always list those).
+                    edge(node("request", source, f"request {source}"), view_node)
             continue
         view_node = node("view", view.name, label)
         for source in view.sources:
@@ -1477,6 +1500,11 @@ def lineage_graph(report: LineageReport) -> tuple[list[GraphNode], list[GraphEdg
         for parent in card.parents:
             if parent in cards_by_version:
                 edge(_node_id("card", parent), card_node, "parent", dashed=True)
+        # A training DAG marks an asset per model kind (``solaris_model_vm``): link it.
+        for dag in report.dags:
+            for asset in dag.outlets:
+                if card.role == "serving" and asset.endswith(f"_{card.kind}"):
+                    edge(_node_id("asset", asset), card_node, "registers", dashed=True)
         if card.kind == "vm" and card.role == "serving":
             for service in report.services:
                 edge(_node_id("service", service.name), card_node, "consumes")
@@ -1508,10 +1536,11 @@ def _producer_node(
         return str(node("dag", dag_id, f"DAG {dag_id}<br/>{view.schedule or '?'} (file not found)"))
     needles = {view.name, *view.sources}
     needles |= {Path(s.path).name for s in report.sources if s.name in view.sources and s.path}
-    for task in dag.tasks:
-        for asset in task.outlets:
-            if any(n and n in asset for n in needles):
-                return _node_id("asset", asset)
+    outlets = [a for t in dag.tasks for a in t.outlets]
+    exact = [a for a in outlets if a in needles]
+    loose = [a for a in outlets if any(n and n in a for n in needles)]
+    for asset in exact or loose:
+        return _node_id("asset", asset)
     return _node_id("dag", dag_id)
 
 
@@ -1570,7 +1599,7 @@ def to_mermaid(report: LineageReport) -> str:
     problem_ids = [
         n.id
         for n in report.nodes
-        if n.kind in {"view", "service", "card"} and n.id.split("_", 1)[1] in {
+        if n.kind in {"view", "odfv", "service", "card"} and n.id.split("_", 1)[1] in {
             re.sub(r"[^0-9A-Za-z_]", "_", s) for s in flagged
         }
     ]  # fmt: skip

@@ -319,7 +319,10 @@ def test_ttl_shorter_than_producing_schedule_fails(tmp_path: Path) -> None:
 
 def test_ttl_check_falls_back_to_the_schedule_tag_without_a_dag_file(tmp_path: Path) -> None:
     s = setup(tmp_path, pair_producing_dag="nightly_precompute", pair_schedule="@daily")
-    report = s.review()
+    no_dags = tmp_path / "no-dags"
+    no_dags.mkdir()
+    report = build_lineage(s.repo, s.cards.models, no_dags, now=NOW)
+    assert report.view("solaris_pair").schedule_interval_seconds == 86400
     assert set(findings_of(report, CHECK_TTL_SHORTER_THAN_SCHEDULE)) == {"solaris_pair"}
     notes = [f.message for f in report.findings if f.severity == "warning"]
     assert any("nightly_precompute" in n and "not found" in n for n in notes)
@@ -537,3 +540,51 @@ def test_cli_command_reports_coverage_and_exit_code(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, [*args, "--format", "md"])
     assert result.exit_code == 1
     assert "| Coverage | n/a |" in result.output
+
+
+ONE_DAG_WRITES_ALL = """
+import os
+from airflow.sdk import Asset, dag, task
+
+SCHEDULE = os.environ.get("SOLARIS_PRECOMPUTE_SCHEDULE", "@hourly")
+PAIR = Asset(name="solaris_pair", uri="feast://solaris/solaris_pair")
+USERS = Asset(name="solaris_user", uri="feast://solaris/solaris_user")
+SIMILAR = Asset(name="solaris_similar", uri="feast://solaris/solaris_similar")
+
+
+@dag(dag_id="solaris_precompute", schedule=SCHEDULE)
+def solaris_precompute():
+    @task(outlets=[PAIR])
+    def precompute_shard(shard_index: int) -> None: ...
+
+    @task(outlets=[USERS])
+    def aggregate_users() -> None: ...
+
+    @task(outlets=[SIMILAR])
+    def fill_similar() -> None: ...
+
+    precompute_shard.partial().expand(shard_index=[0, 1]) >> aggregate_users() >> fill_similar()
+
+
+solaris_precompute()
+"""
+
+
+def test_producing_dag_is_found_by_the_asset_when_the_tag_names_no_dag(tmp_path: Path) -> None:
+    cards = write_cards(tmp_path / "models")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "solaris_precompute.py").write_text(DAG_PRELUDE + ONE_DAG_WRITES_ALL)
+    # The factories' default DAG names for the user and similar views are not in this folder.
+    repo = make_repo(tmp_path, cards.config(user_ttl_seconds=1800))
+    report = build_lineage(repo, cards.models, dags, now=NOW)
+    for name in VIEWS:
+        assert report.view(name).producing_dag == "solaris_precompute"
+    assert report.view("solaris_user").producing_dag_tag == "solaris_aggregate"
+    notes = {f.subject: f.message for f in report.findings if f.severity == "warning"}
+    assert "set the tag to 'solaris_precompute'" in notes["solaris_user"]
+    # The schedule used is the DAG's: a 30 min user TTL cannot outlive the hourly run.
+    assert set(findings_of(report, CHECK_TTL_SHORTER_THAN_SCHEDULE)) == {"solaris_user"}
+    edges = {(e.source, e.target) for e in report.edges}
+    assert ("task_solaris_precompute_aggregate_users", "asset_solaris_user") in edges
+    assert ("asset_solaris_user", "table_solaris_user_source") in edges
