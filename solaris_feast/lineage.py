@@ -296,6 +296,7 @@ class LineageReport:
     findings: tuple[Finding, ...]
     nodes: tuple[GraphNode, ...] = ()
     edges: tuple[GraphEdge, ...] = ()
+    coverage_source: str | None = None
 
     @property
     def errors(self) -> tuple[Finding, ...]:
@@ -1016,13 +1017,61 @@ def _open_store(repo: Path, feature_store_yaml: Path | None = None) -> FeatureSt
     return FeatureStore(repo_path=str(repo), fs_yaml_file=yaml_file)
 
 
+# Tier names as the precompute run's coverage.json spells them, by the views' tier tag.
+COVERAGE_KEYS_BY_TIER = {
+    "EXACT": ("exact",),
+    "SIMILAR": ("similar",),
+    "USER_AGG": ("user", "user_agg"),
+    "RESOLVED": ("resolved", "any_tier"),
+}
+COVERAGE_FILE = "coverage.json"
+PRECOMPUTE_RUNS = Path("data") / "precompute_runs"
+
+
+def latest_coverage_file(repo: Path) -> Path | None:
+    """The newest ``coverage.json`` a precompute run left under ``<repo>/data/precompute_runs``."""
+    runs = repo / PRECOMPUTE_RUNS
+    if not runs.is_dir():
+        return None
+    files = [p for p in runs.rglob(COVERAGE_FILE) if p.is_file()]
+    return max(files, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def read_coverage(path: Path) -> dict[str, float]:
+    """Coverage fractions keyed in lower case.
+
+    Accepts a precompute run's ``coverage.json`` (``{"coverage": {"exact": .., "similar": ..,
+    "user": .., "zero": ..}, "any_tier": ..}``) or a flat object keyed by view or tier name.
+    """
+    raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: expected a JSON object of coverage fractions")
+    flat = raw["coverage"] if isinstance(raw.get("coverage"), dict) else raw
+    shares = {str(k).lower(): float(v) for k, v in flat.items() if isinstance(v, int | float)}
+    if isinstance(raw.get("any_tier"), int | float):
+        shares.setdefault("any_tier", float(raw["any_tier"]))
+    return shares
+
+
+def _coverage_of(
+    coverage: Mapping[str, float] | None, view_name: str, tags: Mapping[str, str]
+) -> float | None:
+    if not coverage:
+        return None
+    tier = tags.get(TAG_TIER, "").upper()
+    for key in (view_name.lower(), tier.lower(), *COVERAGE_KEYS_BY_TIER.get(tier, ())):
+        if key and key in coverage:
+            return coverage[key]
+    return None
+
+
 def build_lineage(
     repo: Path,
     models_dir: Path,
     dags_dir: Path,
     *,
     now: datetime | None = None,
-    coverage: Mapping[str, float] | None = None,
+    coverage_json: Path | None = None,
     feature_store_yaml: Path | None = None,
 ) -> LineageReport:
     """Read the registry, model cards and DAG files, and run every check.
@@ -1032,8 +1081,9 @@ def build_lineage(
         models_dir: Folder of model cards.
         dags_dir: Folder of Airflow DAG files.
         now: The time freshness is judged at (UTC); defaults to the current time.
-        coverage: Share of served pairs that got each view's embedding, keyed by view name or
-            by tier (``EXACT``, ``SIMILAR``, ``USER_AGG``), e.g. from ``solaris status``.
+        coverage_json: Coverage per view or tier: the ``coverage.json`` of a precompute run
+            or any ``{"exact": 0.6, ...}`` object. Without one, the newest run's file under
+            ``<repo>/data/precompute_runs`` is used when there is one.
         feature_store_yaml: Another config than ``<repo>/feature_store.yaml`` (the Redis one);
             a relative path is tried as given, then under ``repo``.
     """
@@ -1044,6 +1094,8 @@ def build_lineage(
     cards, card_findings = read_model_cards(Path(models_dir))
     findings += card_findings
     dag_by_id = {d.dag_id: d for d in dags}
+    coverage_path = coverage_json or latest_coverage_file(repo)
+    coverage = read_coverage(coverage_path) if coverage_path is not None else None
 
     sources = {s.name: _source_lineage(s) for s in store.list_data_sources()}
     services = store.list_feature_services()
@@ -1075,7 +1127,7 @@ def build_lineage(
                 verifier_version=tags.get(TAG_VERIFIER_VERSION),
                 last_materialization=None,
                 last_write=None,
-                coverage=None,
+                coverage=_coverage_of(coverage, odfv.name, tags),
                 services=tuple(services_of.get(odfv.name, [])),
             )
         )
@@ -1114,6 +1166,7 @@ def build_lineage(
             )
         ),
         findings=(),
+        coverage_source=str(coverage_path) if coverage_path is not None else None,
     )
     nodes, edges = lineage_graph(report)
     return dataclasses.replace(
@@ -1160,9 +1213,6 @@ def _feature_view_lineage(
         repo,
         [getattr(batch, "created_timestamp_column", ""), getattr(batch, "timestamp_field", "")],
     )
-    view_coverage = None
-    if coverage:
-        view_coverage = coverage.get(fv.name, coverage.get(tags.get(TAG_TIER, ""), None))
     return ViewLineage(
         name=fv.name,
         kind="feature_view",
@@ -1179,7 +1229,7 @@ def _feature_view_lineage(
         verifier_version=tags.get(TAG_VERIFIER_VERSION),
         last_materialization=last_materialization,
         last_write=last_write,
-        coverage=view_coverage,
+        coverage=_coverage_of(coverage, fv.name, tags),
         services=tuple(services_of.get(fv.name, [])),
     )
 
@@ -1664,7 +1714,8 @@ def to_markdown(report: LineageReport) -> str:
     out = [
         f"# Feature lineage: project `{report.project}`",
         "",
-        f"Repo `{report.repo}`, generated {_when(report.generated_at)}.",
+        f"Repo `{report.repo}`, generated {_when(report.generated_at)}. Coverage from "
+        f"{'`' + report.coverage_source + '`' if report.coverage_source else 'nowhere (n/a)'}.",
         "",
         "## Checks",
         "",
@@ -1826,16 +1877,13 @@ def lineage_command(
     if fmt not in FORMATS:
         print(f"solaris lineage: --format must be one of {', '.join(FORMATS)}", file=sys.stderr)
         return 2
-    coverage: dict[str, float] | None = None
     try:
-        if coverage_json is not None:
-            coverage = _read_coverage(coverage_json)
         report = build_lineage(
             repo,
             models_dir,
             dags_dir,
             now=now,
-            coverage=coverage,
+            coverage_json=coverage_json,
             feature_store_yaml=feature_store_yaml,
         )
     except (SolarisError, OSError, ValueError) as exc:
@@ -1857,16 +1905,6 @@ def lineage_command(
     return 0
 
 
-def _read_coverage(path: Path) -> dict[str, float]:
-    """``{"EXACT": 0.62, ...}`` or ``{"coverage": {...}}`` (the ``solaris status`` JSON)."""
-    raw = json.loads(path.read_text(encoding="utf-8"))
-    if isinstance(raw, dict) and isinstance(raw.get("coverage"), dict):
-        raw = raw["coverage"]
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: expected a JSON object of coverage fractions")
-    return {str(k): float(v) for k, v in raw.items() if isinstance(v, int | float)}
-
-
 def lineage_cli(
     repo: Annotated[
         Path, typer.Option("--repo", help="Feast repo folder (holds feature_store.yaml).")
@@ -1883,7 +1921,7 @@ def lineage_cli(
     ] = None,
     coverage_json: Annotated[
         Path | None,
-        typer.Option("--coverage", help="JSON of coverage per view or tier (solaris status)."),
+        typer.Option("--coverage", help="A precompute run's coverage.json (default: the newest)."),
     ] = None,
     feature_store_yaml: Annotated[
         Path | None,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from solaris_feast.lineage import (
     lineage_command,
     parse_dag_file,
     read_dags,
+    render,
     schedule_interval_seconds,
     to_mermaid,
 )
@@ -588,3 +590,27 @@ def test_producing_dag_is_found_by_the_asset_when_the_tag_names_no_dag(tmp_path:
     edges = {(e.source, e.target) for e in report.edges}
     assert ("task_solaris_precompute_aggregate_users", "asset_solaris_user") in edges
     assert ("asset_solaris_user", "table_solaris_user_source") in edges
+
+
+def test_coverage_comes_from_the_newest_precompute_run(tmp_path: Path) -> None:
+    s = setup(tmp_path)
+    assert s.review().coverage_source is None
+    runs = s.repo / "data" / "precompute_runs"
+    older = runs / "20260301T100000" / s.cards.vm / "coverage.json"
+    newer = runs / "20260301T110000" / s.cards.vm / "coverage.json"
+    for path, exact in ((older, 0.1), (newer, 0.5)):
+        path.parent.mkdir(parents=True)
+        shares = {"exact": exact, "similar": 0.2, "user": 0.1, "zero": 0.7 - exact}
+        path.write_text(json.dumps({"coverage": shares, "any_tier": 0.3 + exact}))
+    os.utime(older, (1, 1))  # the older run's file is the older one on disk too
+
+    report = s.review()
+    assert report.coverage_source == str(newer)
+    coverage = {v.name: v.coverage for v in report.views}
+    assert coverage == {
+        "solaris_pair": 0.5,
+        "solaris_similar": 0.2,
+        "solaris_user": 0.1,
+        "solaris_resolved": 0.8,
+    }
+    assert "| Coverage | 50.0% |" in render(report, "md")
