@@ -31,7 +31,6 @@ import ast
 import dataclasses
 import hashlib
 import html
-import importlib.util
 import json
 import logging
 import re
@@ -478,19 +477,14 @@ class _ModuleScope:
         if module.split(".")[0] in {"airflow", "datetime", "pendulum", "os", "typing"}:
             return None
         relative = Path(*module.split("."))
+        # Looked up on disk along the DAG folder and sys.path, never through the import system:
+        # even find_spec would run the parent packages' __init__ files.
+        roots = [self.search_root, *(Path(p) for p in sys.path if p)]
         candidates = [
-            self.search_root / relative.with_suffix(".py"),
-            self.search_root / relative / "__init__.py",
+            c
+            for root in roots
+            for c in (root / relative.with_suffix(".py"), root / relative / "__init__.py")
         ]
-        origin: str | None = None
-        try:
-            # find_spec imports parent packages only (``solaris_feast``, light), not the module.
-            spec = importlib.util.find_spec(module)
-            origin = spec.origin if spec is not None else None
-        except (ImportError, ValueError):
-            origin = None
-        if origin and origin.endswith(".py"):
-            candidates.append(Path(origin))
         for candidate in candidates:
             if candidate.is_file():
                 try:
