@@ -1,0 +1,111 @@
+"""SOLARIS model training: FM -> compressor -> VM (the verifier) on a recent window of the log.
+
+Each stage registers a model card (``solaris_feast.models.registry``) and marks its asset; the
+precompute DAG picks the newest VM and the compressor and FM it was trained on at its next run,
+and a new version re-plans every pair (vectors of another version are misses). A retried stage
+returns the card it already registered for this run instead of training again.
+
+The task bodies live in :mod:`solaris_feast.pipeline`; torch is imported only inside the tasks.
+Environment (parse time, optional): ``SOLARIS_TRAINING_SCHEDULE`` (default ``@daily``),
+``SOLARIS_MODELS_DIR``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from airflow.sdk import Asset, Param, dag, get_current_context, task
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCHEDULE = os.environ.get("SOLARIS_TRAINING_SCHEDULE", "@daily")
+
+FOUNDATION_MODEL = Asset(name="solaris_model_fm", uri="solaris://models/fm")
+COMPRESSOR_MODEL = Asset(name="solaris_model_compressor", uri="solaris://models/compressor")
+VERTICAL_MODEL = Asset(name="solaris_model_vm", uri="solaris://models/vm")
+
+PARAMS = {
+    "models_dir": Param(
+        os.environ.get("SOLARIS_MODELS_DIR", str(REPO_ROOT / "models")),
+        type="string",
+        minLength=1,
+        description="Model registry the cards and weights are written to",
+    ),
+    "dataset": Param("synthetic", enum=["synthetic", "movielens"], description="Log source"),
+    "dataset_size": Param("demo", enum=["tiny", "demo", "default", "large"]),
+    "dataset_seed": Param(0, type="integer"),
+    "align_log_to_run": Param(
+        True, type="boolean", description="Shift a recorded log so it ends at the run's time"
+    ),
+    "train_window_hours": Param(72.0, type="number", exclusiveMinimum=0),
+    "fm_epochs": Param(3, type="integer", minimum=1),
+    "compressor_epochs": Param(2, type="integer", minimum=1),
+    "vm_epochs": Param(2, type="integer", minimum=1),
+    "seed": Param(0, type="integer"),
+}
+
+
+def _mark(asset: Asset, card: dict[str, Any]) -> None:
+    get_current_context()["outlet_events"][asset].extra = {"version": card["version"]}
+
+
+@dag(
+    dag_id="solaris_training",
+    schedule=SCHEDULE,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    params=PARAMS,
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=5)},
+    tags=["solaris", "models"],
+    doc_md=__doc__,
+)
+def solaris_training() -> None:
+    @task
+    def start() -> dict[str, Any]:
+        from solaris_feast import pipeline
+
+        context = get_current_context()
+        interval = {
+            "data_interval_start": context.get("data_interval_start"),
+            "data_interval_end": context.get("data_interval_end"),
+            "logical_date": context.get("logical_date"),
+            "run_after": getattr(context["dag_run"], "run_after", None),
+            "run_id": context["run_id"],
+        }
+        return pipeline.start_training(context["params"], interval)
+
+    @task(outlets=[FOUNDATION_MODEL])
+    def train_fm(run: dict[str, Any]) -> dict[str, Any]:
+        from solaris_feast import pipeline
+
+        card = pipeline.train_foundation_stage(run)
+        _mark(FOUNDATION_MODEL, card)
+        return card
+
+    @task(outlets=[COMPRESSOR_MODEL])
+    def train_compressor(run: dict[str, Any], fm: dict[str, Any]) -> dict[str, Any]:
+        from solaris_feast import pipeline
+
+        card = pipeline.train_compressor_stage(run, fm["version"])
+        _mark(COMPRESSOR_MODEL, card)
+        return card
+
+    @task(outlets=[VERTICAL_MODEL])
+    def train_vm(run: dict[str, Any], compressor: dict[str, Any]) -> dict[str, Any]:
+        from solaris_feast import pipeline
+
+        card = pipeline.train_vertical_stage(run, compressor["version"])
+        _mark(VERTICAL_MODEL, card)
+        return card
+
+    # XComArgs stand in for the values at parse time; typed Any so the wiring reads as calls.
+    run: Any = start()
+    fm: Any = train_fm(run)
+    compressor: Any = train_compressor(run, fm)
+    train_vm(run, compressor)
+
+
+solaris_training()
