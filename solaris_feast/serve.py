@@ -50,6 +50,7 @@ TIER_DTYPE = np.int8
 MAX_REMEMBERED_MISSES = 200_000
 """Pairs a retriever remembers having queued this round before it forgets them all."""
 _FEATURES = ("embedding", "model_version", "computed_at")
+_INT64_MAX = 2**63 - 1
 _SEARCH_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
 
 
@@ -103,8 +104,8 @@ def validate_request(user_id: Any, item_ids: Any) -> tuple[int, np.ndarray]:
     """Check one fetch request; return the user id and the item ids as ``(N,)`` int64."""
     if isinstance(user_id, bool) or not isinstance(user_id, int | np.integer):
         raise TypeError(f"user_id must be an integer, got {type(user_id).__name__}")
-    if int(user_id) < 0:
-        raise ValueError(f"user_id must be non-negative, got {user_id}")
+    if not 0 <= int(user_id) <= _INT64_MAX:
+        raise ValueError(f"user_id must be in [0, 2**63 - 1] (an Int64 join key), got {user_id}")
     if isinstance(item_ids, str | bytes) or not isinstance(item_ids, Sequence | np.ndarray):
         raise TypeError(
             f"item_ids must be a sequence or array of integers, got {type(item_ids).__name__}"
@@ -116,6 +117,8 @@ def validate_request(user_id: Any, item_ids: Any) -> tuple[int, np.ndarray]:
         raise ValueError("item_ids is empty: ask for at least one candidate item")
     if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
         raise TypeError(f"item_ids must be integers, got dtype {array.dtype}")
+    if array.size and array.dtype.kind == "u" and int(array.max()) > _INT64_MAX:
+        raise ValueError("item_ids must fit in int64 (Int64 join keys); got values above 2**63 - 1")
     ids = array.astype(np.int64)
     negative = np.flatnonzero(ids < 0)
     if negative.size:
