@@ -209,6 +209,12 @@ class EmbeddingWriter:
             self.join_keys, store.config.entity_key_serialization_version
         )
         self.kind = online_kind(store)
+        key_ttl = getattr(store.config.online_store, "key_ttl_seconds", None)
+        if key_ttl is not None and key_ttl < 0:
+            # Feast would pass it to EXPIRE, which deletes the key at once: refuse it instead.
+            raise ConfigError(
+                f"online_store.key_ttl_seconds must be positive or unset, got {key_ttl}"
+            )
         self._redis: Any = None
         self._script: Any = None
         self._sqlite: sqlite3.Connection | None = None
