@@ -1,10 +1,11 @@
 """The Airflow DAGs, run for real: parse, train, precompute, serve every tier, retry, re-run.
 
-Airflow runs in subprocesses against a throwaway ``AIRFLOW_HOME`` (SQLite metadata database,
-migrated once per session): its configuration is read when ``airflow`` is first imported, so a
-subprocess keeps it out of the pytest process, and the parse test needs a clean ``sys.modules``.
-Each ``dag.test()`` runs the tasks in its process exactly as a worker would, against a Feast repo
-made in ``tmp_path`` with the solaris factories (SQLite online store).
+Airflow gets a throwaway ``AIRFLOW_HOME`` with a SQLite metadata database, migrated once per
+session. The parse check runs in a subprocess (it needs a clean ``sys.modules``); ``dag.test()``
+runs in this process, as a worker would run the tasks, against a Feast repo made in ``tmp_path``
+with the solaris factories (SQLite online store). Airflow reads its configuration when it is
+first imported, so nothing may import it before the ``airflow_env`` fixture has set the
+environment (no other test module does).
 """
 
 from __future__ import annotations
@@ -29,33 +30,6 @@ DAGS_FOLDER = REPO_ROOT / "dags"
 HEAVY_MODULES = ("torch", "faiss", "feast", "solaris_feast.pipeline", "pandas")
 
 pytestmark = pytest.mark.slow
-
-# Runs one DAG with dag.test() and prints a RESULT line: run state, per-task states and tries.
-DAG_TEST_SCRIPT = """
-import json, sys, time
-from datetime import datetime, timedelta
-
-from airflow.dag_processing.dagbag import DagBag
-
-dag_id, logical, conf = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
-bag = DagBag(dag_folder=sys.argv[4])
-if bag.import_errors:
-    raise SystemExit(f"import errors: {bag.import_errors}")
-dag = bag.dags[dag_id]
-for task in dag.tasks:
-    task.retry_delay = timedelta(0)  # a retry runs at once instead of a minute later
-started = time.perf_counter()
-run = dag.test(logical_date=None if logical == "none" else datetime.fromisoformat(logical),
-               run_conf=conf)
-seconds = time.perf_counter() - started
-tasks = {}
-for ti in run.get_task_instances():
-    key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
-    tasks[key] = {"state": str(ti.state), "try_number": ti.try_number,
-                  "seconds": round(ti.duration or 0.0, 2)}
-print("RESULT " + json.dumps({"state": str(run.state), "seconds": seconds, "tasks": tasks,
-                              "run_id": run.run_id}))
-"""
 
 PARSE_SCRIPT = """
 import json, sys, time
@@ -94,65 +68,72 @@ def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """Environment of a migrated throwaway Airflow (SQLite); migrated once per session."""
+    """A migrated throwaway Airflow (SQLite), set in this process's environment for the session.
+
+    Migrating costs about 10 s on a loaded 2-core machine, so it is done once.
+    """
+    if "airflow" in sys.modules:
+        raise RuntimeError("airflow was imported before its test environment was set")
     home = tmp_path_factory.mktemp("airflow_home")
-    env = {
-        **os.environ,
+    settings = {
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
-        "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
-        "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+    }
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
+    env = {
+        **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    env.pop("SOLARIS_FAIL_SHARD_ONCE", None)
-    started = time.perf_counter()
-    airflow = Path(sys.executable).with_name("airflow")
-    proc = subprocess.run(
-        [str(airflow), "db", "migrate"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(f"airflow db migrate failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
-    print(f"\nairflow db migrate: {time.perf_counter() - started:.1f} s")
-    yield env
-
-
-def run_dag(
-    env: dict[str, str],
-    dag_id: str,
-    logical_date: datetime | None,
-    conf: dict[str, Any],
-    extra_env: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            DAG_TEST_SCRIPT,
-            dag_id,
-            "none" if logical_date is None else logical_date.isoformat(),
-            json.dumps(conf),
-            str(DAGS_FOLDER),
-        ],
-        env={**env, **(extra_env or {})},
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    result = _result(proc)
-    print(f"dag.test {dag_id} ({logical_date}): {result['seconds']:.1f} s")
-    if result["state"] != "success":
-        raise AssertionError(
-            f"{dag_id} ended {result['state']}: {result['tasks']}\n"
-            f"{(proc.stdout + proc.stderr)[-6000:]}"
+    try:
+        started = time.perf_counter()
+        proc = subprocess.run(
+            [str(Path(sys.executable).with_name("airflow")), "db", "migrate"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
         )
-    return result
+        if proc.returncode != 0:
+            raise RuntimeError(f"airflow db migrate failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+        print(f"\nairflow db migrate: {time.perf_counter() - started:.1f} s")
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def run_dag(dag_id: str, logical_date: datetime | None, conf: dict[str, Any]) -> dict[str, Any]:
+    """``dag.test()`` of one DAG: the run's state and each task's state, tries and seconds."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(DAGS_FOLDER))
+    assert bag.import_errors == {}
+    dag = bag.dags[dag_id]
+    for task in dag.tasks:
+        task.retry_delay = timedelta(0)  # a retry runs at once instead of a minute later
+    started = time.perf_counter()
+    run = dag.test(logical_date=logical_date, run_conf=conf)
+    seconds = time.perf_counter() - started
+    tasks = {}
+    for ti in run.get_task_instances():
+        key = ti.task_id if ti.map_index < 0 else f"{ti.task_id}[{ti.map_index}]"
+        tasks[key] = {
+            "state": str(ti.state),
+            "try_number": ti.try_number,
+            "seconds": round(ti.duration or 0.0, 2),
+        }
+    per_task = ", ".join(f"{k} {v['seconds']:.1f}" for k, v in tasks.items())
+    print(f"dag.test {dag_id} ({logical_date}): {seconds:.1f} s [{per_task}]")
+    if str(run.state) != "success":
+        raise AssertionError(f"{dag_id} ended {run.state}: {tasks}")
+    return {"state": str(run.state), "seconds": seconds, "tasks": tasks}
 
 
 def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> None:
@@ -220,7 +201,6 @@ def make_feature_repo(path: Path, project: str) -> Path:
         "  registry_type: file\n"
         "  path: data/registry.db\n"
         "  cache_ttl_seconds: 0\n"
-        "  serve_features_while_materializing: true\n"
         "online_store:\n"
         "  type: sqlite\n"
         "  path: data/online.db\n"
@@ -259,7 +239,10 @@ def offline_rows(repo: Path) -> dict[str, int]:
 
 
 def test_training_then_precompute_serves_all_tiers_retries_a_shard_and_reruns_idempotently(
-    airflow_env: dict[str, str], feast_project: str, tmp_path: Path
+    airflow_env: dict[str, str],
+    feast_project: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from feast import FeatureStore
 
@@ -273,7 +256,6 @@ def test_training_then_precompute_serves_all_tiers_retries_a_shard_and_reruns_id
 
     # Training, as a manual run with no data interval.
     training = run_dag(
-        airflow_env,
         "solaris_training",
         None,
         {
@@ -299,13 +281,9 @@ def test_training_then_precompute_serves_all_tiers_retries_a_shard_and_reruns_id
 
     # Precompute for the last whole hour; shard 1 fails on its first try and is retried.
     hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
-    first = run_dag(
-        airflow_env,
-        "solaris_precompute",
-        hour,
-        precompute_conf(deployment),
-        extra_env={"SOLARIS_FAIL_SHARD_ONCE": "1"},
-    )
+    monkeypatch.setenv("SOLARIS_FAIL_SHARD_ONCE", "1")
+    first = run_dag("solaris_precompute", hour, precompute_conf(deployment))
+    monkeypatch.delenv("SOLARIS_FAIL_SHARD_ONCE")
     tries = {k: (v["state"], v["try_number"]) for k, v in first["tasks"].items()}
     assert tries["precompute_shard[1]"] == ("success", 2)
     assert tries["precompute_shard[0]"] == ("success", 1)
@@ -362,7 +340,7 @@ def test_training_then_precompute_serves_all_tiers_retries_a_shard_and_reruns_id
     retriever.close()
 
     # Re-running the same interval adds no offline row and plans the same pairs again.
-    second = run_dag(airflow_env, "solaris_precompute", hour, precompute_conf(deployment))
+    second = run_dag("solaris_precompute", hour, precompute_conf(deployment))
     assert all(t["state"] == "success" for t in second["tasks"].values())
     assert offline_rows(deployment.repo) == counts
     again = json.loads((run_dir / "coverage.json").read_text())
