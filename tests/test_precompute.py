@@ -1,0 +1,200 @@
+"""The precompute worker against real models, the real write path and the real retriever."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from solaris_feast.data.schema import InteractionDataset
+from solaris_feast.data.synthetic import SyntheticConfig, generate
+from solaris_feast.definitions import solaris_definitions
+from solaris_feast.features import PairFeaturizer
+from solaris_feast.models.compressor import CompressorConfig, EmbeddingCompressor
+from solaris_feast.models.foundation import FoundationConfig, FoundationModel
+from solaris_feast.models.registry import ModelBundle, load_bundle, save_model
+from solaris_feast.models.vertical import VerticalConfig, VerticalModel
+from solaris_feast.plan import Plan, plan_precompute, shard
+from solaris_feast.precompute import CollectingSink, compute_pair_embeddings, run_precompute
+from solaris_feast.serve import SolarisRetriever
+from solaris_feast.store_config import open_store
+from solaris_feast.tiers import Tier
+from solaris_feast.write import EmbeddingWriter
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+TASKS = ("click", "conversion")
+
+
+@pytest.fixture(scope="module")
+def dataset() -> InteractionDataset:
+    return generate(SyntheticConfig(num_users=60, num_items=50, num_categories=5, days=1.0))
+
+
+@pytest.fixture(scope="module")
+def bundle(dataset: InteractionDataset, tmp_path_factory: pytest.TempPathFactory) -> ModelBundle:
+    """Seeded, untrained models registered and loaded the way serving loads them: precompute
+    only needs deterministic forward passes, not good ones."""
+    models_dir = tmp_path_factory.mktemp("models")
+    schema = PairFeaturizer(dataset, history_len=8).schema
+    torch.manual_seed(0)
+    fm_cfg = FoundationConfig(embed_dim=16, num_heads=2, hidden_dim=32, representation_dim=24)
+    fm = FoundationModel(schema, len(TASKS), fm_cfg)
+    fm_card = save_model(
+        fm,
+        "fm",
+        models_dir,
+        config={"model": fm_cfg.model_dump(), "schema": schema.to_dict()},
+        tasks=TASKS,
+    )
+    comp_cfg = CompressorConfig(input_dim=24, code_dim=8, hidden_dim=16)
+    comp_card = save_model(
+        EmbeddingCompressor(comp_cfg),
+        "compressor",
+        models_dir,
+        parents=(fm_card.version,),
+        config={"model": comp_cfg.model_dump()},
+        tasks=TASKS,
+    )
+    vm_cfg = VerticalConfig(embedding_dim=8)
+    save_model(
+        VerticalModel(schema, len(TASKS), vm_cfg),
+        "vm",
+        models_dir,
+        parents=(comp_card.version,),
+        config={"model": vm_cfg.model_dump(), "schema": schema.to_dict()},
+        tasks=TASKS,
+    )
+    return load_bundle(models_dir)
+
+
+def _plan(dataset: InteractionDataset, budget: int, seed: int = 0) -> Plan:
+    rng = np.random.default_rng(seed)
+    candidates = pd.DataFrame(
+        {
+            "user_id": rng.integers(0, dataset.num_users, 300).astype(np.int64),
+            "item_id": rng.integers(0, dataset.num_items, 300).astype(np.int64),
+            "verifier_score": rng.random(300),
+        }
+    ).drop_duplicates(["user_id", "item_id"])
+    # Planned "now" on the wall clock, so the retriever finds the rows fresh.
+    now = pd.Timestamp.now(tz="UTC").floor("s")
+    return plan_precompute(candidates, None, None, budget, now, 6 * 3600, 3600, 0.5)
+
+
+def _reference(bundle: ModelBundle, featurizer: PairFeaturizer, plan: Plan) -> np.ndarray:
+    """z straight from the modules, one forward pass over the whole plan."""
+    batch = featurizer.batch(
+        plan.pairs["user_id"].to_numpy(), plan.pairs["item_id"].to_numpy(), plan.planned_at
+    )
+    with torch.inference_mode():
+        return bundle.compressor.encode(bundle.fm.representation(batch)).numpy()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store(
+    request: pytest.FixtureRequest, feast_project: str, tmp_path: Path, redis_url: str
+) -> FeatureStore:
+    from solaris_feast.definitions import SolarisFeastConfig
+
+    feast_store = open_store(feast_project, tmp_path, online=request.param, redis_url=redis_url)
+    feast_store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=8)).all())
+    return feast_store
+
+
+def test_precomputed_pairs_are_served_exact_with_the_models_vectors(
+    store: FeatureStore, dataset: InteractionDataset, bundle: ModelBundle
+) -> None:
+    featurizer = PairFeaturizer(dataset, history_len=8)
+    plan = _plan(dataset, budget=40)
+    writer = EmbeddingWriter(store, "solaris_pair")
+    try:
+        stats = run_precompute(plan, bundle, featurizer, writer, batch_size=16)
+    finally:
+        writer.close()
+    assert (stats.pairs, stats.batches) == (40, 3)
+    assert stats.model_version == bundle.embedding_version
+    expected = _reference(bundle, featurizer, plan)
+
+    retriever = SolarisRetriever(
+        store, bundle.embedding_version, record_misses=False, deadline_ms=5000
+    )
+    try:
+        for user, rows in plan.pairs.groupby("user_id").groups.items():
+            items = plan.pairs.loc[rows, "item_id"].to_numpy()
+            unplanned = next(i for i in range(dataset.num_items) if i not in set(items))
+            result = retriever.fetch(int(user), np.r_[items, unplanned])
+            assert result.tiers[:-1].tolist() == [Tier.EXACT] * len(items)
+            assert result.tiers[-1] == Tier.ZERO
+            positions = [plan.pairs.index.get_loc(r) for r in rows]
+            np.testing.assert_allclose(result.embeddings[:-1], expected[positions], atol=1e-6)
+    finally:
+        retriever.close()
+
+
+def test_rerun_of_the_same_plan_writes_no_new_offline_rows(
+    store: FeatureStore, dataset: InteractionDataset, bundle: ModelBundle
+) -> None:
+    featurizer = PairFeaturizer(dataset, history_len=8)
+    plan = _plan(dataset, budget=20, seed=1)
+    root = Path(str(store.config.repo_path), "data", "offline")
+    for _ in range(2):  # a retried task
+        writer = EmbeddingWriter(store, "solaris_pair", online=False)
+        try:
+            run_precompute(plan, bundle, featurizer, writer, batch_size=8)
+        finally:
+            writer.close()
+        files = sorted(root.rglob("*.parquet"))
+        rows = sum(len(pd.read_parquet(f)) for f in files)
+        assert rows == 20
+
+
+def test_shards_run_by_separate_workers_write_what_one_worker_writes(
+    dataset: InteractionDataset, bundle: ModelBundle
+) -> None:
+    featurizer = PairFeaturizer(dataset, history_len=8)
+    plan = _plan(dataset, budget=90, seed=2)
+    whole = CollectingSink()
+    run_precompute(plan, bundle, featurizer, whole, batch_size=32)
+    parts = CollectingSink()
+    for index in range(3):
+        run_precompute(shard(plan, index, 3), bundle, featurizer, parts, batch_size=7)
+    a = whole.rows().sort_values(["user_id", "item_id"]).reset_index(drop=True)
+    b = parts.rows().sort_values(["user_id", "item_id"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(a.drop(columns="embedding"), b.drop(columns="embedding"))
+    np.testing.assert_allclose(np.stack(a["embedding"]), np.stack(b["embedding"]), atol=1e-5)
+    assert (a["computed_at"] == plan.planned_at).all()
+
+
+def test_batched_embeddings_match_one_forward_pass_and_time_is_split(
+    dataset: InteractionDataset, bundle: ModelBundle
+) -> None:
+    featurizer = PairFeaturizer(dataset, history_len=8)
+    plan = _plan(dataset, budget=50, seed=3)
+    z, featurize_s, fm_s = compute_pair_embeddings(
+        bundle,
+        featurizer,
+        plan.pairs["user_id"].to_numpy(),
+        plan.pairs["item_id"].to_numpy(),
+        plan.planned_at,
+        batch_size=9,
+    )
+    np.testing.assert_allclose(z, _reference(bundle, featurizer, plan), atol=1e-5)
+    assert z.shape == (50, 8) and fm_s > 0 and featurize_s > 0
+
+    stats = run_precompute(plan, bundle, featurizer, CollectingSink(), batch_size=9)
+    parts = stats.featurize_seconds + stats.fm_seconds + stats.write_seconds
+    assert 0 < parts <= stats.wall_seconds
+    assert 0.0 <= stats.non_fm_share < 1.0
+    assert stats.pairs_per_second > 0
+    assert stats.as_dict()["pairs"] == 50
+
+
+def test_bad_batch_size_is_refused(dataset: InteractionDataset, bundle: ModelBundle) -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        run_precompute(_plan(dataset, 5), bundle, PairFeaturizer(dataset, 8), CollectingSink(), 0)
