@@ -144,7 +144,8 @@ class SolarisRetriever:
 
     The Redis connection pool is shared safely between threads; the counters in ``stats`` and
     the memory of queued misses are not locked, so give each serving thread its own retriever.
-    Redis Cluster is not supported (the read assumes one server).
+    With ``redis_type: redis_cluster`` the same commands go through redis-py's cluster pipeline
+    (one round trip per node holding some of the keys).
     """
 
     def __init__(
@@ -197,8 +198,9 @@ class SolarisRetriever:
         self._project_bytes = self.project.encode()
         self._redis: Any = None
         self._sqlite: sqlite3.Connection | None = None
+        self._cluster_fields: tuple[list[bytes], list[bytes], bytes] | None = None
         if self.kind == "redis":
-            from solaris_feast.store_config import redis_client
+            from solaris_feast.store_config import is_redis_cluster, redis_client
 
             self._redis = redis_client(store, timeout_seconds=self.deadline_ms / 1000.0)
             pair, similar, user = (self.view_names[t] for t in _SEARCH_ORDER)
@@ -208,6 +210,13 @@ class SolarisRetriever:
             user_fields = [online_field(user, f) for f in _FEATURES]
             self._pair_command = _hmget_template(pair_fields)
             self._user_command = _hmget_template(user_fields)
+            if is_redis_cluster(store):
+                # Keys live on many nodes: no single connection can take the packed pipeline.
+                self._cluster_fields = (
+                    pair_fields,
+                    user_fields,
+                    MissQueue.round_key_for(self.project).encode(),
+                )
         self.miss_queue: MissQueue | None = None
         if record_misses:
             # On Redis the queue shares the read client, so it inherits the deadline timeout.
@@ -313,16 +322,19 @@ class SolarisRetriever:
         # redis-py's generic packer costs as much as the network round trip at N = 100.
         project = self._project_bytes
         pair_key = self._pair_key.key
-        head, tail = self._pair_command
-        parts = []
-        for item in items.tolist():
-            key = pair_key(user, item) + project
-            parts.append(b"%s$%d\r\n%s\r\n%s" % (head, len(key), key, tail))
-        user_key = self._user_key.key(user) + project
-        head, tail = self._user_command
-        parts.append(b"%s$%d\r\n%s\r\n%s" % (head, len(user_key), user_key, tail))
-        parts.append(self._round_command)
-        replies = self._round_trip(b"".join(parts), len(parts))
+        if self._cluster_fields is not None:
+            replies = self._cluster_round_trip(user, items)
+        else:
+            head, tail = self._pair_command
+            parts = []
+            for item in items.tolist():
+                key = pair_key(user, item) + project
+                parts.append(b"%s$%d\r\n%s\r\n%s" % (head, len(key), key, tail))
+            user_key = self._user_key.key(user) + project
+            head, tail = self._user_command
+            parts.append(b"%s$%d\r\n%s\r\n%s" % (head, len(user_key), user_key, tail))
+            parts.append(self._round_command)
+            replies = self._round_trip(b"".join(parts), len(parts))
         pair_rows = replies[:-2]
         user_row = replies[-2]
         self._miss_round = replies[-1]
@@ -336,6 +348,19 @@ class SolarisRetriever:
             ),
             Tier.USER_AGG: _TierRead([user_row[0]] * n, [user_row[1]] * n, [user_row[2]] * n),
         }
+
+    def _cluster_round_trip(self, user: int, items: np.ndarray) -> list[Any]:
+        """The same commands through redis-py's cluster pipeline, which groups them by node."""
+        if self._cluster_fields is None:
+            raise ConfigError("not a Redis Cluster store")
+        pair_fields, user_fields, round_key = self._cluster_fields
+        project = self._project_bytes
+        pipe = self._redis.pipeline()
+        for item in items.tolist():
+            pipe.execute_command("HMGET", self._pair_key.key(user, item) + project, *pair_fields)
+        pipe.execute_command("HMGET", self._user_key.key(user) + project, *user_fields)
+        pipe.execute_command("GET", round_key)
+        return list(pipe.execute(raise_on_error=True))
 
     def _round_trip(self, payload: bytes, replies: int) -> list[Any]:
         """Send packed commands on one pooled connection and read ``replies`` answers."""

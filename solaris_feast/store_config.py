@@ -268,22 +268,37 @@ def sqlite_path(store: FeatureStore) -> str:
     return str(path)
 
 
+def is_redis_cluster(store: FeatureStore) -> bool:
+    """True when the online store is configured with ``redis_type: redis_cluster``."""
+    return str(getattr(store.config.online_store, "redis_type", "redis")).endswith("cluster")
+
+
 def redis_client(store: FeatureStore, timeout_seconds: float | None = None) -> Any:
-    """A redis-py client on the store's Redis, with no retries (fallback code retries itself)."""
+    """A redis-py client on the store's Redis (a ``RedisCluster`` for ``redis_cluster``), with no
+    retries (fallback code retries itself)."""
     import redis
     from feast.infra.online_stores.redis import RedisOnlineStore
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
     cfg = store.config.online_store
-    if str(getattr(cfg, "redis_type", "redis")).endswith("cluster"):
-        raise ConfigError("redis_cluster is not supported by solaris reads/writes yet")
     nodes, params = RedisOnlineStore._parse_connection_string(cfg.connection_string)
     kwargs: dict[str, Any] = {
         k: v
         for k, v in params.items()
         if k in {"db", "password", "username", "ssl", "socket_keepalive"}
     }
+    if is_redis_cluster(store):
+        from redis.cluster import ClusterNode, RedisCluster
+
+        kwargs.pop("db", None)  # a cluster has database 0 only
+        return RedisCluster(
+            startup_nodes=[ClusterNode(n["host"], int(n["port"])) for n in nodes],
+            socket_timeout=timeout_seconds,
+            socket_connect_timeout=timeout_seconds,
+            retry=Retry(NoBackoff(), 0),
+            **kwargs,
+        )
     return redis.Redis(
         host=nodes[0]["host"],
         port=int(nodes[0]["port"]),

@@ -45,6 +45,7 @@ from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.store_config import (
     EntityKeyLayout,
     FloatListCodec,
+    is_redis_cluster,
     online_field,
     online_kind,
     redis_client,
@@ -487,6 +488,8 @@ class EmbeddingWriter:
         head = [timestamp_field(self.view_name), len(fields), key_ttl, *fields]
         ts_cache: dict[int, bytes] = {}
         applied = 0
+        if is_redis_cluster(self.store):
+            return self._write_redis_cluster(keys, rows, ts_ns, head, ts_cache)
         # One MULTI/EXEC around the batch's scripts: Redis queues them until EXEC, so a crash or
         # a dropped connection mid-batch leaves nothing of it, and a reader never sees half of
         # it (the whole batch lands between two of its reads).
@@ -505,6 +508,32 @@ class EmbeddingWriter:
                 self._script(keys=[k + project for k in keys[start:stop]], args=args, client=pipe)
             applied = sum(int(r) for r in pipe.execute())
         return applied
+
+    def _write_redis_cluster(
+        self,
+        keys: list[bytes],
+        rows: list[list[bytes]],
+        ts_ns: np.ndarray,
+        head: list[Any],
+        ts_cache: dict[int, bytes],
+    ) -> int:
+        """One script call per key: a cluster runs a script on one slot, and keys spread over
+        all of them. Each row stays atomic (no torn row); a batch is not atomic on a cluster."""
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        sha = self._redis.script_load(_WRITE_SCRIPT)  # on every primary
+        project = self.project.encode()
+        pipe = self._redis.pipeline()
+        for i, key in enumerate(keys):
+            nanos = int(ts_ns[i])
+            if nanos not in ts_cache:
+                ts_cache[nanos] = Timestamp(
+                    seconds=nanos // NANOS_PER_SECOND, nanos=nanos % NANOS_PER_SECOND
+                ).SerializeToString()
+            # execute_command: redis-py blocks the evalsha method on cluster pipelines, not the
+            # command, which it routes by its one key.
+            pipe.execute_command("EVALSHA", sha, 1, key + project, *head, ts_cache[nanos], *rows[i])
+        return sum(int(r) for r in pipe.execute(raise_on_error=True))
 
     def _write_sqlite(
         self, keys: list[bytes], names: list[str], rows: list[list[bytes]], ts_ns: np.ndarray
