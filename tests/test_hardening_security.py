@@ -1,0 +1,322 @@
+"""Security: Redis secrets come from the environment and reach no file and no log line; model
+artifacts load only after their sha256 matches the card, through safetensors; nothing stored
+(weights, online values) is unpickled or evaluated.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import logging
+import os
+import pickle
+import secrets
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+from test_hardening_support import DIM, THROWAWAY_PORT, VERSION, owned_redis, pair_frame
+
+from solaris_feast.definitions import solaris_definitions
+from solaris_feast.errors import ArtifactIntegrityError
+from solaris_feast.serve import SolarisRetriever
+from solaris_feast.store_config import (
+    REDIS_CONNECTION_ENV,
+    build_repo_config,
+    export_redis_connection,
+    open_store,
+    redis_client,
+    redis_connection_string,
+)
+from solaris_feast.tiers import Tier
+from solaris_feast.write import EmbeddingWriter
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rediss_url_becomes_a_tls_connection_with_credentials_from_the_url_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import redis.connection
+
+    url = "rediss://alice:p%40ss%3Aw0rd@cache.internal:6380/2"
+    assert redis_connection_string(url) == (
+        "cache.internal:6380,db=2,username=alice,password=p@ss:w0rd,ssl=true"
+    )
+    monkeypatch.setenv("REDIS_URL", url)
+    assert export_redis_connection() == redis_connection_string(url)
+    assert os.environ[REDIS_CONNECTION_ENV].endswith("ssl=true")
+
+    from feast import FeatureStore
+
+    store = FeatureStore(config=build_repo_config("solaris_hard_tls", tmp_path, online="redis"))
+    client = redis_client(store, timeout_seconds=0.05)
+    kwargs = client.connection_pool.connection_kwargs
+    assert client.connection_pool.connection_class is redis.connection.SSLConnection
+    assert (kwargs["host"], kwargs["port"], kwargs["db"]) == ("cache.internal", 6380, 2)
+    assert (kwargs["username"], kwargs["password"]) == ("alice", "p@ss:w0rd")
+    for bad in ("http://cache:6379", "redis://cache:6379/zero"):
+        with pytest.raises(ValueError, match="REDIS_URL"):
+            redis_connection_string(bad)
+
+
+def test_redis_password_reaches_no_file_and_no_log_line(
+    feast_project: str,  # first: its teardown must see the real REDIS_URL again
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    from feast import FeatureStore
+
+    password = f"pw-{secrets.token_hex(12)}"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    # The repo's Redis yaml, as a user would copy it: the connection is ${SOLARIS_REDIS_CONNECTION}.
+    shutil.copy(REPO_ROOT / "feature_repo" / "feature_store.redis.yaml", repo)
+    yaml_text = (repo / "feature_store.redis.yaml").read_text()
+    caplog.set_level(logging.DEBUG)
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis") as server:
+        redis.Redis(port=server.port).config_set("requirepass", password)
+        monkeypatch.setenv("REDIS_URL", f"redis://:{password}@127.0.0.1:{server.port}/0")
+        export_redis_connection()
+        store = FeatureStore(repo_path=str(repo), fs_yaml_file=repo / "feature_store.redis.yaml")
+        store.apply(solaris_definitions().all())
+        writer = EmbeddingWriter(store, "solaris_pair", offline=True)
+        vectors = np.ones((3, DIM), dtype=np.float32)
+        writer.write(pair_frame(1, [1, 2, 3], vectors))
+        writer.close()
+        retriever = SolarisRetriever(store, VERSION, deadline_ms=500)
+        assert (retriever.fetch(1, [1, 2, 3, 4]).tiers == [3, 3, 3, 0]).all()
+        # Failures are logged: the log line names the failure, never the secret.
+        redis.Redis(port=server.port, password=password).config_set("requirepass", password + "x")
+        retriever.close()
+        denied = SolarisRetriever(store, VERSION, deadline_ms=500, record_misses=False)
+        assert denied.fetch(1, [1]).error
+        denied.close()
+        server.kill()
+        down = retriever.fetch(1, [1, 2])
+        assert down.error
+        # A second store built in code from REDIS_URL writes no file with the secret either.
+        coded = open_store(feast_project, tmp_path / "coded", online="redis")
+        coded.apply(solaris_definitions().all())
+
+    assert (repo / "feature_store.redis.yaml").read_text() == yaml_text
+    leaks = [
+        str(path)
+        for path in [*repo.rglob("*"), *(tmp_path / "coded").rglob("*")]
+        if path.is_file() and password.encode() in path.read_bytes()
+    ]
+    assert not leaks, f"the password was written to {leaks}"
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("serving ZERO" in r.getMessage() for r in warnings), "failures must be logged"
+    for record in caplog.records:
+        assert password not in record.getMessage(), f"password logged by {record.name}"
+        assert password not in str(record.args)
+    out, err = capfd.readouterr()
+    assert password not in out and password not in err
+
+
+# -- model artifacts --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An FM, a compressor and a VM saved with their cards (untrained: only bytes matter)."""
+    from solaris_feast.data.synthetic import SyntheticConfig, generate
+    from solaris_feast.features import PairFeaturizer
+    from solaris_feast.models.compressor import EmbeddingCompressor
+    from solaris_feast.models.foundation import FoundationModel
+    from solaris_feast.models.registry import save_model
+    from solaris_feast.models.vertical import VerticalModel
+
+    models = tmp_path_factory.mktemp("models")
+    dataset = generate(SyntheticConfig(num_users=40, num_items=30, num_categories=4, days=1.0))
+    schema = PairFeaturizer(dataset, history_len=4).schema
+    fm = FoundationModel(schema, 2)
+    fm_card = save_model(
+        fm,
+        "fm",
+        models,
+        config={"model": fm.config.model_dump(), "schema": schema.to_dict()},
+        tasks=("click", "conversion"),
+    )
+    compressor = EmbeddingCompressor()
+    compressor_card = save_model(
+        compressor,
+        "compressor",
+        models,
+        parents=(fm_card.version,),
+        config={"model": compressor.config.model_dump()},
+    )
+    vm = VerticalModel(schema, 2)
+    save_model(
+        vm,
+        "vm",
+        models,
+        parents=(compressor_card.version,),
+        config={"model": vm.config.model_dump(), "schema": schema.to_dict()},
+        tasks=("click", "conversion"),
+    )
+    return models
+
+
+def fresh_copy(models: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "models"
+    shutil.copytree(models, target)
+    return target
+
+
+def card_of(models: Path, kind: str) -> tuple[Path, dict[str, object]]:
+    for path in sorted(models.glob("*.card.json")):
+        card = json.loads(path.read_text())
+        if card["kind"] == kind:
+            return path, card
+    raise LookupError(kind)
+
+
+class _PickleBomb:
+    """Unpickling this creates a directory: proof that something was unpickled."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.mkdir, (str(self.marker),))
+
+
+def test_untouched_artifacts_load(trained_models: Path, tmp_path: Path) -> None:
+    from solaris_feast.models.registry import load_bundle
+
+    bundle = load_bundle(fresh_copy(trained_models, tmp_path))
+    assert bundle.embedding_version.startswith("compressor-")
+
+
+@pytest.mark.parametrize("kind", ["fm", "compressor", "vm"])
+def test_a_tampered_weights_file_is_refused_before_loading(
+    trained_models: Path, tmp_path: Path, kind: str
+) -> None:
+    from solaris_feast.models.registry import load_bundle
+
+    models = fresh_copy(trained_models, tmp_path)
+    _, card = card_of(models, kind)
+    weights = models / str(card["weights_file"])
+    raw = bytearray(weights.read_bytes())
+    raw[len(raw) // 2] ^= 0x01  # one bit inside the tensor data: still a valid safetensors file
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(ArtifactIntegrityError, match="sha256"):
+        load_bundle(models)
+
+
+def test_weights_swapped_for_another_models_are_refused(
+    trained_models: Path, tmp_path: Path
+) -> None:
+    from safetensors.torch import save_file
+
+    from solaris_feast.models.compressor import EmbeddingCompressor
+    from solaris_feast.models.registry import load_bundle
+
+    models = fresh_copy(trained_models, tmp_path)
+    _, card = card_of(models, "compressor")
+    other = {k: v.contiguous() for k, v in EmbeddingCompressor().state_dict().items()}
+    save_file(other, str(models / str(card["weights_file"])))  # same shapes, other values
+    with pytest.raises(ArtifactIntegrityError):
+        load_bundle(models)
+
+
+def test_a_pickle_behind_a_matching_card_is_never_unpickled(
+    trained_models: Path, tmp_path: Path
+) -> None:
+    """Even an attacker who rewrites the card's sha256 gets no code run: weights are read with
+    safetensors, which parses a header and raw tensor bytes and has no code path to unpickle."""
+    from solaris_feast.models.registry import load_bundle
+
+    models = fresh_copy(trained_models, tmp_path)
+    marker = tmp_path / "pickle-ran"
+    card_path, card = card_of(models, "compressor")
+    payload = pickle.dumps(_PickleBomb(marker))
+    (models / str(card["weights_file"])).write_bytes(payload)
+    card["weights_sha256"] = hashlib.sha256(payload).hexdigest()
+    card_path.write_text(json.dumps(card))
+    with pytest.raises(Exception) as refused:
+        load_bundle(models)
+    assert not isinstance(refused.value, ArtifactIntegrityError)  # the sha matched; parsing failed
+    assert not marker.exists(), "the weights file was unpickled"
+
+
+def test_online_values_are_parsed_never_unpickled(
+    tmp_path: Path, feast_project: str, redis_url: str
+) -> None:
+    from solaris_feast.store_config import EntityKeyLayout, online_field
+
+    store = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
+    store.apply(solaris_definitions().all())
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(
+        pair_frame(1, [1, 2], np.ones((2, DIM), dtype=np.float32))
+    )
+    marker = tmp_path / "pickle-ran"
+    payload = pickle.dumps(_PickleBomb(marker))
+    client = redis.Redis.from_url(redis_url)
+    key = EntityKeyLayout(["user_id", "item_id"], 3).key(1, 2) + feast_project.encode()
+    # Poison every field of one stored row; the other row stays intact.
+    for feature in ("embedding", "model_version", "computed_at"):
+        client.hset(key, online_field("solaris_pair", feature), payload)
+    retriever = SolarisRetriever(store, VERSION, record_misses=False, deadline_ms=2000)
+    result = retriever.fetch(1, [1, 2])
+    retriever.close()
+    assert not result.error
+    assert result.tiers.tolist() == [Tier.EXACT, Tier.ZERO]
+    assert not result.embeddings[1].any()
+    assert not marker.exists()
+
+
+UNSAFE_CALLS = {
+    ("pickle", "load"),
+    ("pickle", "loads"),
+    ("dill", "load"),
+    ("dill", "loads"),
+    ("marshal", "loads"),
+    ("yaml", "load"),
+    ("yaml", "unsafe_load"),
+}
+
+
+def test_no_code_path_unpickles_or_evaluates_stored_data() -> None:
+    """A static scan of the package and the DAGs for calls that run code from bytes."""
+    findings = []
+    sources = [*(REPO_ROOT / "solaris_feast").rglob("*.py"), *(REPO_ROOT / "dags").rglob("*.py")]
+    assert len(sources) > 10
+    for path in sources:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            where = f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+            keywords = {k.arg: k.value for k in node.keywords}
+            # The one allowed exec compiles the resolved view's source text that definitions.py
+            # has just generated from the config; it never reads it back from storage.
+            if (
+                isinstance(func, ast.Name)
+                and func.id in ("eval", "exec")
+                and not (func.id == "exec" and path.name == "definitions.py")
+            ):
+                findings.append(f"{where} {func.id}()")
+            if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+                call = (func.value.id, func.attr)
+                if call in UNSAFE_CALLS:
+                    findings.append(f"{where} {call[0]}.{call[1]}()")
+                if call == ("torch", "load"):
+                    safe = keywords.get("weights_only")
+                    if not (isinstance(safe, ast.Constant) and safe.value is True):
+                        findings.append(f"{where} torch.load without weights_only=True")
+                if call == ("np", "load") or call == ("numpy", "load"):
+                    allow = keywords.get("allow_pickle")
+                    if isinstance(allow, ast.Constant) and allow.value is True:
+                        findings.append(f"{where} np.load(allow_pickle=True)")
+                if call[1] == "read_pickle":
+                    findings.append(f"{where} read_pickle()")
+    assert not findings, findings
