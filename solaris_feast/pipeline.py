@@ -56,6 +56,8 @@ PAIR_VIEW = "solaris_pair"
 USER_VIEW = "solaris_user"
 SIMILAR_VIEW = "solaris_similar"
 RUNS_SUBDIR = Path("data") / "precompute_runs"
+MISS_QUEUE_GROUP = "solaris_precompute"
+"""Redis consumer group of the precompute runs on the miss queue."""
 TRAINING_MARKERS_SUBDIR = ".training_runs"
 
 
@@ -405,10 +407,17 @@ def _open_store(feature_repo: str) -> FeatureStore:
 
 
 def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
-    """Take the queued misses off the queue once per run; a retry re-reads the saved ones."""
+    """Take the queued misses once per run and save them; a retry re-reads the saved ones.
+
+    On Redis the pairs are read through the consumer group ``solaris_precompute`` (consumer: the
+    run's interval) and acknowledged only by :func:`publish_coverage`, after the run's writes:
+    a run that dies in between leaves them to be claimed by a later run. SQLite has no groups:
+    its pairs leave the queue when drained, and are on disk a moment later.
+    """
     import pandas as pd
 
     from solaris_feast.miss_queue import MissQueue
+    from solaris_feast.store_config import online_kind
 
     spec = PrecomputeRun.model_validate(dict(run))
     path = Path(spec.run_dir) / "misses.parquet"
@@ -416,11 +425,27 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
         misses = pd.read_parquet(path)
         return {"misses": len(misses), "reused": True}
     store = _open_store(spec.settings.feature_repo)
-    misses = MissQueue.for_store(store).drain(spec.settings.max_drained_misses)
-    # Saved at once: a drained pair that is not on disk would be lost to the next round.
+    queue = MissQueue.for_store(store)
+    limit = spec.settings.max_drained_misses
+    if online_kind(store) == "redis" and limit > 0:
+        misses = queue.read_group(MISS_QUEUE_GROUP, spec.interval_key, max_pairs=limit)
+    else:
+        misses = queue.drain(limit)
     _write_parquet_atomic(misses, path)
-    logger.info("drained %d queued misses", len(misses))
+    logger.info("took %d queued misses", len(misses))
     return {"misses": len(misses), "reused": False}
+
+
+def _acknowledge_misses(spec: PrecomputeRun, store: FeatureStore) -> int:
+    """Acknowledge the run's group-read misses (Redis), now that its writes are done."""
+    import pandas as pd
+
+    from solaris_feast.miss_queue import MissQueue
+
+    misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
+    if "entry_id" not in misses.columns or misses.empty:
+        return 0
+    return MissQueue.for_store(store).ack(MISS_QUEUE_GROUP, misses)
 
 
 def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -754,6 +779,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         "shards": shards,
     }
     _write_atomic(run_dir / "coverage.json", json.dumps(report, indent=2))
+    acknowledged = _acknowledge_misses(spec, store)
     logger.info(
         "coverage %s: exact=%.3f similar=%.3f user=%.3f zero=%.3f over %d pairs (%s)",
         spec.interval_key,
@@ -764,7 +790,12 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         total,
         spec.embedding_version,
     )
-    return {"coverage": coverage, "pairs": total, "path": str(run_dir / "coverage.json")}
+    return {
+        "coverage": coverage,
+        "pairs": total,
+        "misses_acknowledged": acknowledged,
+        "path": str(run_dir / "coverage.json"),
+    }
 
 
 # -- offline store reads ----------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -180,20 +181,51 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
     assert result["parse_s"] < 5.0
 
 
+TRAINING_CONF = {
+    "dataset": "synthetic",
+    "dataset_size": "tiny",
+    "train_window_hours": 12,
+    "fm_epochs": 1,
+    "compressor_epochs": 1,
+    "vm_epochs": 1,
+}
+BUDGET_PAIRS = 600
+
+
 @dataclass(frozen=True)
-class Deployment:
-    repo: Path
+class Trained:
     models: Path
+    result: dict[str, Any]
 
 
-def make_feature_repo(path: Path, project: str) -> Path:
-    """A Feast repo with the SOLARIS views applied (SQLite online store), like `feast apply`."""
+@pytest.fixture(scope="module")
+def trained(airflow_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Trained:
+    """Models registered by one manual run (no data interval) of the training DAG."""
+    models = tmp_path_factory.mktemp("models")
+    return Trained(
+        models, run_dag("solaris_training", None, {**TRAINING_CONF, "models_dir": str(models)})
+    )
+
+
+def own_models(trained: Trained, tmp_path: Path) -> Path:
+    """A copy of the trained registry, so a test that registers more versions affects no other."""
+    return Path(shutil.copytree(trained.models, tmp_path / "models"))
+
+
+def make_feature_repo(path: Path, project: str, redis_url: str | None = None) -> Path:
+    """A Feast repo with the SOLARIS views applied (SQLite, or Redis), like `feast apply`."""
     from feast import FeatureStore
 
     from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
+    from solaris_feast.store_config import redis_connection_string
 
     path.mkdir(parents=True)
     (path / "data").mkdir()
+    online = (
+        "  type: sqlite\n  path: data/online.db\n"
+        if redis_url is None
+        else f'  type: redis\n  connection_string: "{redis_connection_string(redis_url)}"\n'
+    )
     (path / "feature_store.yaml").write_text(
         f"project: {project}\n"
         "provider: local\n"
@@ -201,9 +233,7 @@ def make_feature_repo(path: Path, project: str) -> Path:
         "  registry_type: file\n"
         "  path: data/registry.db\n"
         "  cache_ttl_seconds: 0\n"
-        "online_store:\n"
-        "  type: sqlite\n"
-        "  path: data/online.db\n"
+        f"online_store:\n{online}"
         "offline_store:\n"
         "  type: file\n"
         "entity_key_serialization_version: 3\n"
@@ -215,142 +245,207 @@ def make_feature_repo(path: Path, project: str) -> Path:
     return path
 
 
-def precompute_conf(deployment: Deployment) -> dict[str, Any]:
+def precompute_conf(repo: Path, models: Path, **overrides: Any) -> dict[str, Any]:
     return {
-        "feature_repo": str(deployment.repo),
-        "models_dir": str(deployment.models),
+        "feature_repo": str(repo),
+        "models_dir": str(models),
         "dataset": "synthetic",
         "dataset_size": "tiny",
-        "budget_pairs": 600,
+        "budget_pairs": BUDGET_PAIRS,
         "shards": 2,
         "candidates_per_user": 20,
         "fill_targets": 3000,
         "batch_size": 1024,
+        **overrides,
     }
+
+
+def last_hour() -> datetime:
+    """A logical date whose data interval ends before now, so stored vectors are fresh."""
+    return datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
 
 
 def offline_rows(repo: Path) -> dict[str, int]:
     from solaris_feast.pipeline import offline_row_count
 
-    return {
-        v: offline_row_count(str(repo), v)
-        for v in ("solaris_pair", "solaris_user", "solaris_similar")
-    }
+    views = ("solaris_pair", "solaris_user", "solaris_similar")
+    return {v: offline_row_count(str(repo), v) for v in views}
 
 
-def test_training_then_precompute_serves_all_tiers_retries_a_shard_and_reruns_idempotently(
-    airflow_env: dict[str, str],
-    feast_project: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from feast import FeatureStore
+def offline_frame(repo: Path, view: str) -> pd.DataFrame:
+    files = sorted((repo / "data" / "offline" / view).glob("*/part-*.parquet"))
+    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
 
+
+def run_dirs(repo: Path) -> list[Path]:
+    return sorted((repo / "data" / "precompute_runs").glob("*/*"))
+
+
+def coverage_of(run_dir: Path) -> dict[str, Any]:
+    report: dict[str, Any] = json.loads((run_dir / "coverage.json").read_text())
+    return report
+
+
+def test_training_dag_registers_an_fm_compressor_vm_chain(trained: Trained) -> None:
     from solaris_feast.models.registry import list_cards, load_bundle
-    from solaris_feast.serve import SolarisRetriever
-    from solaris_feast.tiers import Tier
 
-    deployment = Deployment(
-        make_feature_repo(tmp_path / "repo", feast_project), tmp_path / "models"
-    )
-
-    # Training, as a manual run with no data interval.
-    training = run_dag(
-        "solaris_training",
-        None,
-        {
-            "models_dir": str(deployment.models),
-            "dataset": "synthetic",
-            "dataset_size": "tiny",
-            "train_window_hours": 12,
-            "fm_epochs": 1,
-            "compressor_epochs": 1,
-            "vm_epochs": 1,
-        },
-    )
-    assert {t: v["state"] for t, v in training["tasks"].items()} == {
+    assert {t: v["state"] for t, v in trained.result["tasks"].items()} == {
         "start": "success",
         "train_fm": "success",
         "train_compressor": "success",
         "train_vm": "success",
     }
-    cards = list_cards(deployment.models)
+    cards = list_cards(trained.models)
     assert sorted(c.kind for c in cards) == ["compressor", "fm", "vm"]
-    bundle = load_bundle(deployment.models)
+    bundle = load_bundle(trained.models)
     assert bundle.compressor_card.parents == (bundle.fm_card.version,)
+    assert bundle.vm_card.parents == (bundle.compressor_card.version,)
+    window = bundle.fm_card.train_window_end - bundle.fm_card.train_window_start
+    assert timedelta(hours=11) < window <= timedelta(hours=12)
 
-    # Precompute for the last whole hour; shard 1 fails on its first try and is retried.
-    hour = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(hours=1)
+
+def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempotently(
+    trained: Trained, feast_project: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from feast import FeatureStore
+
+    from solaris_feast.models.registry import load_bundle
+    from solaris_feast.serve import SolarisRetriever
+    from solaris_feast.tiers import Tier
+
+    models = own_models(trained, tmp_path)
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    bundle = load_bundle(models)
+    hour = last_hour()
+
+    # Shard 1 fails on its first try; its retry completes the run.
     monkeypatch.setenv("SOLARIS_FAIL_SHARD_ONCE", "1")
-    first = run_dag("solaris_precompute", hour, precompute_conf(deployment))
+    first = run_dag("solaris_precompute", hour, precompute_conf(repo, models))
     monkeypatch.delenv("SOLARIS_FAIL_SHARD_ONCE")
     tries = {k: (v["state"], v["try_number"]) for k, v in first["tasks"].items()}
     assert tries["precompute_shard[1]"] == ("success", 2)
     assert tries["precompute_shard[0]"] == ("success", 1)
-    assert all(t["state"] == "success" for t in first["tasks"].values())
-    run_dirs = list((deployment.repo / "data" / "precompute_runs").glob("*/*"))
-    assert [d.name for d in run_dirs] == [bundle.vm_card.version]
-    run_dir = run_dirs[0]
+    assert all(state == "success" for state, _ in tries.values())
+    [run_dir] = run_dirs(repo)
+    assert run_dir.name == bundle.vm_card.version
     assert (run_dir / "shard-1.failed-once").is_file()
-    coverage = json.loads((run_dir / "coverage.json").read_text())
+    coverage = coverage_of(run_dir)
+    plan = coverage["plan"]
     assert coverage["embedding_version"] == bundle.embedding_version
     assert (
         coverage["fm_pairs"]
-        == 600
-        == coverage["plan"]["from_misses"] + coverage["plan"]["refreshes"] + coverage["plan"]["new"]
+        == BUDGET_PAIRS
+        == plan["from_misses"] + plan["refreshes"] + plan["new"]
     )
-    assert coverage["coverage"]["exact"] > 0
-    assert coverage["coverage"]["similar"] > 0
-    assert coverage["coverage"]["user"] > 0
-    assert abs(sum(coverage["coverage"].values()) - 1.0) < 1e-9
-    counts = offline_rows(deployment.repo)
-    assert counts["solaris_pair"] == 600
+    assert min(coverage["coverage"][t] for t in ("exact", "similar", "user")) > 0
+    assert sum(coverage["coverage"].values()) == pytest.approx(1.0)
+    counts = offline_rows(repo)
+    assert counts["solaris_pair"] == BUDGET_PAIRS
     assert counts["solaris_user"] > 0 and counts["solaris_similar"] > 0
 
-    # Serving: the retriever finds each tier, with the vector the DAG stored.
-    store = FeatureStore(repo_path=str(deployment.repo))
+    # Serving: the retriever finds each tier, holding the vector the DAG stored.
+    exact = offline_frame(repo, "solaris_pair")
+    similar = offline_frame(repo, "solaris_similar")
+    users = offline_frame(repo, "solaris_user")
+    user = int(similar["user_id"].iloc[0])
+    similar_row = similar.loc[similar["user_id"] == user].iloc[0]
+    exact_row = exact.loc[exact["user_id"] == user].iloc[0]  # it is in the index: it has pairs
+    user_row = users.loc[users["user_id"] == user].iloc[0]
+    taken = set(exact.loc[exact["user_id"] == user, "item_id"]) | set(
+        similar.loc[similar["user_id"] == user, "item_id"]
+    )
+    bare_item = min(set(range(bundle.schema.num_items)) - taken)
+    store = FeatureStore(repo_path=str(repo))
     retriever = SolarisRetriever(
         store, bundle.embedding_version, record_misses=False, deadline_ms=5000
     )
-    repo_pairs = _offline_frame(deployment.repo, "solaris_pair")
-    similar = _offline_frame(deployment.repo, "solaris_similar")
-    users = _offline_frame(deployment.repo, "solaris_user")
-    exact_keys = set(zip(repo_pairs["user_id"], repo_pairs["item_id"], strict=True))
-    similar_keys = set(zip(similar["user_id"], similar["item_id"], strict=True))
-    user = int(similar["user_id"].iloc[0])
-    similar_row = similar.loc[similar["user_id"] == user].iloc[0]
-    exact_of_user = repo_pairs.loc[repo_pairs["user_id"] == user]
-    assert len(exact_of_user), "a user with a similarity fill also has exact pairs (its index)"
-    exact_row = exact_of_user.iloc[0]
-    bare_item = next(
-        i
-        for i in range(bundle.schema.num_items)
-        if (user, i) not in exact_keys and (user, i) not in similar_keys
+    fetched = retriever.fetch(
+        user, [int(exact_row["item_id"]), int(similar_row["item_id"]), bare_item]
     )
-    items = [int(exact_row["item_id"]), int(similar_row["item_id"]), bare_item]
-    fetched = retriever.fetch(user, items)
+    retriever.close()
     assert fetched.error is False
     assert fetched.tiers.tolist() == [Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG]
-    user_row = users.loc[users["user_id"] == user].iloc[0]
-    np.testing.assert_allclose(fetched.embeddings[0], np.asarray(exact_row["embedding"]), rtol=1e-6)
-    np.testing.assert_allclose(
-        fetched.embeddings[1], np.asarray(similar_row["embedding"]), rtol=1e-6
-    )
-    np.testing.assert_allclose(fetched.embeddings[2], np.asarray(user_row["embedding"]), rtol=1e-6)
-    retriever.close()
+    for got, row in zip(fetched.embeddings, (exact_row, similar_row, user_row), strict=True):
+        np.testing.assert_allclose(got, np.asarray(row["embedding"]), rtol=1e-6)
 
-    # Re-running the same interval adds no offline row and plans the same pairs again.
-    second = run_dag("solaris_precompute", hour, precompute_conf(deployment))
+    # A re-run of the same interval plans the same pairs and adds no offline row.
+    second = run_dag("solaris_precompute", hour, precompute_conf(repo, models))
     assert all(t["state"] == "success" for t in second["tasks"].values())
-    assert offline_rows(deployment.repo) == counts
-    again = json.loads((run_dir / "coverage.json").read_text())
-    assert again["coverage"] == coverage["coverage"]
-    assert again["fm_pairs"] == coverage["fm_pairs"]
+    assert offline_rows(repo) == counts
+    assert run_dirs(repo) == [run_dir]
+    again = coverage_of(run_dir)
+    assert (again["coverage"], again["fm_pairs"]) == (coverage["coverage"], coverage["fm_pairs"])
+
+    # A manual run has no data interval: it plans for its own time, in its own folder, and
+    # skips the pairs whose vectors are still fresh.
+    run_dag("solaris_precompute", None, precompute_conf(repo, models))
+    manual = [d for d in run_dirs(repo) if d != run_dir]
+    assert len(manual) == 1 and manual[0].parent.name.startswith("run_manual")
+    assert coverage_of(manual[0])["plan"]["skipped_fresh"] > 0
+    assert offline_rows(repo)["solaris_pair"] == counts["solaris_pair"] + BUDGET_PAIRS
 
 
-def _offline_frame(repo: Path, view: str) -> pd.DataFrame:
-    files = sorted((repo / "data" / "offline" / view).glob("*/part-*.parquet"))
-    return pd.concat([pd.read_parquet(f) for f in files], ignore_index=True)
+def test_new_model_version_is_picked_up_and_replans_every_pair(
+    trained: Trained, feast_project: str, tmp_path: Path
+) -> None:
+    from solaris_feast.models.registry import load_bundle
+
+    models = own_models(trained, tmp_path)
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    hour = last_hour()
+    run_dag("solaris_precompute", hour, precompute_conf(repo, models))
+    old = load_bundle(models)
+
+    run_dag("solaris_training", None, {**TRAINING_CONF, "models_dir": str(models), "seed": 1})
+    new = load_bundle(models)
+    assert new.embedding_version != old.embedding_version
+
+    # The same interval again: the new VM gets its own run folder and a full re-plan, since
+    # vectors of the old compressor count as absent.
+    run_dag("solaris_precompute", hour, precompute_conf(repo, models))
+    assert [d.name for d in run_dirs(repo)] == sorted([old.vm_card.version, new.vm_card.version])
+    report = coverage_of(
+        run_dirs(repo)[[d.name for d in run_dirs(repo)].index(new.vm_card.version)]
+    )
+    assert report["embedding_version"] == new.embedding_version
+    assert report["plan"]["new"] == BUDGET_PAIRS
+    assert report["plan"]["skipped_fresh"] == 0 and report["plan"]["refreshes"] == 0
+    versions = offline_frame(repo, "solaris_pair")["model_version"].value_counts().to_dict()
+    assert versions == {old.embedding_version: BUDGET_PAIRS, new.embedding_version: BUDGET_PAIRS}
+
+
+@pytest.mark.redis
+def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
+    trained: Trained, feast_project: str, redis_url: str, tmp_path: Path
+) -> None:
+    from feast import FeatureStore
+
+    from solaris_feast.miss_queue import MissQueue
+    from solaris_feast.models.registry import load_bundle
+    from solaris_feast.serve import SolarisRetriever
+    from solaris_feast.tiers import Tier
+
+    models = own_models(trained, tmp_path)
+    repo = make_feature_repo(tmp_path / "repo", feast_project, redis_url=redis_url)
+    bundle = load_bundle(models)
+    store = FeatureStore(repo_path=str(repo))
+    retriever = SolarisRetriever(store, bundle.embedding_version, deadline_ms=5000)
+    user, items = 7, [3, 11, 19, 42]
+    assert retriever.fetch(user, items).tiers.tolist() == [Tier.ZERO] * len(items)
+    retriever.close()
+    queue = MissQueue.for_store(store)
+    assert queue.pending() == len(items)
+
+    conf = precompute_conf(repo, models, min_miss_score=0.0, budget_pairs=100)
+    run_dag("solaris_precompute", last_hour(), conf)
+    [run_dir] = run_dirs(repo)
+    assert coverage_of(run_dir)["plan"]["from_misses"] == len(items)
+    assert queue.pending() == 0  # acknowledged once the run's writes were done
+    reader = SolarisRetriever(
+        store, bundle.embedding_version, record_misses=False, deadline_ms=5000
+    )
+    assert reader.fetch(user, items).tiers.tolist() == [Tier.EXACT] * len(items)
+    reader.close()
 
 
 def test_manual_run_without_data_interval_uses_its_run_time_and_id() -> None:
