@@ -1,0 +1,334 @@
+"""Soak: N concurrent serving clients for a bounded time while a precompute writer rewrites rows.
+
+Each client is its own process (forked after the heavy imports, so no GIL is shared) with its own
+:class:`~solaris_feast.serve.SolarisRetriever`; it fetches 1 user x ``--candidates`` items in a
+loop for ``--seconds``. Meanwhile a writer process rewrites pair embeddings of random users in
+batches through :class:`~solaris_feast.write.EmbeddingWriter`, as a precompute run would.
+
+Reported: fetch throughput, p50/p99/max latency, errors (store failures, deadline misses and
+exceptions; must all be 0), tier shares, writer rows/s, each client's RSS growth from the end of
+warm-up to the end, and Redis ``used_memory`` growth. The run uses its own Feast project
+(``solaris_hard_soak_<hex>``) on ``$REDIS_URL`` and deletes its keys afterwards.
+
+    python benchmarks/soak.py --clients 4 --seconds 20 --json benchmarks/results/soak.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+DIM = 32
+VERSION = "cmp-soak-v1"
+WARMUP_SECONDS = 2.0
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_mb() -> float:
+    """Resident set size of this process now, in MiB (from /proc, Linux)."""
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * PAGE_BYTES / 2**20
+
+
+def open_soak_store(project: str, repo: Path, redis_url: str) -> Any:
+    from solaris_feast.store_config import open_store
+
+    return open_store(project, repo, online="redis", redis_url=redis_url)
+
+
+def populate(store: Any, users: int, candidates: int, seed: int) -> None:
+    """Pair rows for 60% of each user's candidates, similar rows for 20%, every user's aggregate."""
+    from solaris_feast.write import EmbeddingWriter
+
+    rng = np.random.default_rng(seed)
+    now = pd.Timestamp.now(tz="UTC").floor("s")
+    exact = int(candidates * 0.6)
+    similar = int(candidates * 0.2)
+    pairs = EmbeddingWriter(store, "solaris_pair", offline=False)
+    similars = EmbeddingWriter(store, "solaris_similar", offline=False)
+    for user in range(users):
+        pairs.write(pair_batch(user, np.arange(exact), rng, now))
+        batch = pair_batch(user, np.arange(exact, exact + similar), rng, now)
+        batch["neighbour_count"] = np.full(similar, 5, dtype=np.int64)
+        batch["mean_distance"] = np.full(similar, 0.3)
+        similars.write(batch)
+    EmbeddingWriter(store, "solaris_user", offline=False).write(
+        pd.DataFrame(
+            {
+                "user_id": np.arange(users, dtype=np.int64),
+                "embedding": list(rng.standard_normal((users, DIM)).astype(np.float32)),
+                "pair_count": np.full(users, exact, dtype=np.int64),
+                "model_version": VERSION,
+                "computed_at": now,
+            }
+        )
+    )
+    pairs.close()
+    similars.close()
+
+
+def pair_batch(
+    user: int, items: np.ndarray, rng: np.random.Generator, at: pd.Timestamp
+) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "user_id": np.full(len(items), user, dtype=np.int64),
+            "item_id": items.astype(np.int64),
+            "embedding": list(rng.standard_normal((len(items), DIM)).astype(np.float32)),
+            "model_version": VERSION,
+            "computed_at": at,
+        }
+    )
+
+
+def serve_client(index: int, args: dict[str, Any], start_at: float, results: Any) -> None:
+    """One serving client: fetch until the shared end time; report latencies and RSS."""
+    from solaris_feast.serve import SolarisRetriever
+
+    store = open_soak_store(args["project"], Path(args["repo"]), args["redis_url"])
+    retriever = SolarisRetriever(store, VERSION, deadline_ms=args["deadline_ms"])
+    rng = np.random.default_rng(100 + index)
+    items = np.arange(args["candidates"], dtype=np.int64)
+    latencies: list[float] = []
+    exceptions = 0
+    tiers = np.zeros(4, dtype=np.int64)
+    rss_after_warmup = None
+    end = start_at + args["seconds"]
+    while time.monotonic() < start_at:
+        time.sleep(0.005)
+    while (now := time.monotonic()) < end:
+        if rss_after_warmup is None and now >= start_at + WARMUP_SECONDS:
+            rss_after_warmup = rss_mb()
+        user = int(rng.integers(0, args["users"]))
+        began = time.perf_counter()
+        try:
+            result = retriever.fetch(user, items)
+        except Exception:
+            exceptions += 1
+            continue
+        latencies.append((time.perf_counter() - began) * 1000.0)
+        tiers += np.bincount(result.tiers, minlength=4)
+    stats = retriever.stats
+    retriever.close()
+    results.put(
+        {
+            "client": index,
+            "latencies_ms": latencies,
+            "exceptions": exceptions,
+            "store_errors": stats.errors - stats.deadline_exceeded,
+            "deadline_exceeded": stats.deadline_exceeded,
+            "miss_queue_errors": stats.miss_queue_errors,
+            "tiers": tiers.tolist(),
+            "rss_after_warmup_mb": rss_after_warmup or rss_mb(),
+            "rss_end_mb": rss_mb(),
+            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        }
+    )
+
+
+def precompute_writer(args: dict[str, Any], start_at: float, results: Any) -> None:
+    """Rewrite the pair rows of random users, batch after batch, until the end time."""
+    from solaris_feast.write import EmbeddingWriter
+
+    store = open_soak_store(args["project"], Path(args["repo"]), args["redis_url"])
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+    rng = np.random.default_rng(7)
+    exact = int(args["candidates"] * 0.6)
+    rows = 0
+    batches = 0
+    errors = 0
+    end = start_at + args["seconds"]
+    while time.monotonic() < start_at:
+        time.sleep(0.005)
+    while time.monotonic() < end:
+        users = rng.choice(args["users"], size=max(1, args["write_batch"] // exact), replace=False)
+        at = pd.Timestamp.now(tz="UTC")
+        frame = pd.concat([pair_batch(int(u), np.arange(exact), rng, at) for u in users])
+        try:
+            rows += writer.write(frame.reset_index(drop=True)).online_applied
+            batches += 1
+        except Exception:
+            errors += 1
+        time.sleep(args["write_pause_s"])
+    writer.close()
+    results.put({"writer_rows": rows, "writer_batches": batches, "writer_errors": errors})
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else float("nan")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import redis
+
+    from solaris_feast.definitions import solaris_definitions
+
+    redis_url = args.redis_url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    project = f"solaris_hard_soak_{uuid.uuid4().hex[:8]}"
+    repo = Path(tempfile.mkdtemp(prefix="solaris-soak-"))
+    client = redis.Redis.from_url(redis_url)
+    try:
+        store = open_soak_store(project, repo, redis_url)
+        store.apply(solaris_definitions().all())
+        populate(store, args.users, args.candidates, seed=1)
+        memory_before = int(client.info("memory")["used_memory"])
+        shared = {
+            "project": project,
+            "repo": str(repo),
+            "redis_url": redis_url,
+            "users": args.users,
+            "candidates": args.candidates,
+            "seconds": args.seconds,
+            "deadline_ms": args.deadline_ms,
+            "write_batch": args.write_batch,
+            "write_pause_s": args.write_pause_s,
+        }
+        # Forked after the imports above: every process starts warm, none shares a GIL.
+        context = mp.get_context("fork")
+        results = context.Queue()
+        start_at = time.monotonic() + 1.0
+        processes = [
+            context.Process(target=serve_client, args=(i, shared, start_at, results))
+            for i in range(args.clients)
+        ]
+        processes.append(
+            context.Process(target=precompute_writer, args=(shared, start_at, results))
+        )
+        for process in processes:
+            process.start()
+        reports = [results.get(timeout=args.seconds + 120) for _ in processes]
+        for process in processes:
+            process.join(timeout=30)
+        memory_after = int(client.info("memory")["used_memory"])
+        load = os.getloadavg()
+    finally:
+        keys = list(client.scan_iter(match=f"*{project}*", count=1000))
+        for start in range(0, len(keys), 1000):
+            client.delete(*keys[start : start + 1000])
+        client.close()
+        shutil.rmtree(repo, ignore_errors=True)
+
+    clients = [r for r in reports if "client" in r]
+    writer = next(r for r in reports if "writer_rows" in r)
+    latencies = np.concatenate([np.asarray(c["latencies_ms"]) for c in clients])
+    tiers = np.sum([c["tiers"] for c in clients], axis=0)
+    served = max(int(tiers.sum()), 1)
+    errors = sum(c["exceptions"] + c["store_errors"] + c["deadline_exceeded"] for c in clients)
+    growth = [c["rss_end_mb"] - c["rss_after_warmup_mb"] for c in clients]
+    return {
+        "clients": args.clients,
+        "seconds": args.seconds,
+        "candidates_per_fetch": args.candidates,
+        "users": args.users,
+        "deadline_ms": args.deadline_ms,
+        "fetches": int(latencies.size),
+        "fetches_per_s": latencies.size / args.seconds,
+        "candidates_per_s": latencies.size * args.candidates / args.seconds,
+        "p50_ms": percentile(latencies, 50),
+        "p99_ms": percentile(latencies, 99),
+        "max_ms": float(latencies.max()) if latencies.size else float("nan"),
+        "errors": errors,
+        "exceptions": sum(c["exceptions"] for c in clients),
+        "store_errors": sum(c["store_errors"] for c in clients),
+        "deadline_exceeded": sum(c["deadline_exceeded"] for c in clients),
+        "miss_queue_errors": sum(c["miss_queue_errors"] for c in clients),
+        "tier_share": {
+            name: float(tiers[value] / served)
+            for name, value in (("zero", 0), ("user_agg", 1), ("similar", 2), ("exact", 3))
+        },
+        "writer_rows": writer["writer_rows"],
+        "writer_rows_per_s": writer["writer_rows"] / args.seconds,
+        "writer_batches": writer["writer_batches"],
+        "writer_errors": writer["writer_errors"],
+        "client_rss_growth_mb_max": max(growth),
+        "client_rss_growth_mb_mean": float(np.mean(growth)),
+        "client_rss_end_mb_max": max(c["rss_end_mb"] for c in clients),
+        "redis_used_memory_growth_mb": (memory_after - memory_before) / 2**20,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_1m_at_end": load[0],
+            "python": platform.python_version(),
+            "redis_url_host": redis_url.rsplit("@", 1)[-1].split("/")[2],
+        },
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    machine = result["machine"]
+    rows = [
+        ("serving clients (processes)", f"{result['clients']}"),
+        ("duration", f"{result['seconds']:.0f} s"),
+        ("candidates per fetch", f"{result['candidates_per_fetch']}"),
+        ("fetches", f"{result['fetches']}"),
+        (
+            "throughput",
+            f"{result['fetches_per_s']:.0f} fetches/s "
+            f"({result['candidates_per_s']:.0f} candidates/s)",
+        ),
+        (
+            "p50 / p99 / max",
+            f"{result['p50_ms']:.2f} / {result['p99_ms']:.2f} / {result['max_ms']:.1f} ms",
+        ),
+        (
+            "errors (store, deadline, exceptions)",
+            f"{result['errors']} ({result['store_errors']}, "
+            f"{result['deadline_exceeded']}, {result['exceptions']})",
+        ),
+        (
+            "writer during the soak",
+            f"{result['writer_rows_per_s']:.0f} rows/s, {result['writer_errors']} errors",
+        ),
+        (
+            "client RSS growth after warm-up",
+            f"max {result['client_rss_growth_mb_max']:.2f} MiB, "
+            f"mean {result['client_rss_growth_mb_mean']:.2f} MiB",
+        ),
+        ("Redis used_memory growth", f"{result['redis_used_memory_growth_mb']:.2f} MiB"),
+        (
+            "exact / similar / user / zero",
+            " / ".join(
+                f"{result['tier_share'][k]:.0%}" for k in ("exact", "similar", "user_agg", "zero")
+            ),
+        ),
+        ("machine", f"{machine['cpus']} CPUs, 1-min load {machine['load_average_1m_at_end']:.1f}"),
+    ]
+    lines = ["| soak | value |", "| --- | --- |"]
+    lines += [f"| {name} | {value} |" for name, value in rows]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--candidates", type=int, default=100)
+    parser.add_argument("--users", type=int, default=200)
+    parser.add_argument("--deadline-ms", type=float, default=50.0)
+    parser.add_argument("--write-batch", type=int, default=600, help="rows per writer batch")
+    parser.add_argument("--write-pause-s", type=float, default=0.05, help="pause between batches")
+    parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/soak.json"))
+    args = parser.parse_args()
+    if args.clients <= 0 or args.seconds <= WARMUP_SECONDS:
+        parser.error(f"need --clients > 0 and --seconds > {WARMUP_SECONDS}")
+    result = run(args)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(table(result))
+
+
+if __name__ == "__main__":
+    main()
