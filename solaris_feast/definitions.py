@@ -36,6 +36,10 @@ DEFAULT_EMBEDDING_DIM = 32
 DEFAULT_PAIR_TTL_SECONDS = 6 * 3600
 DEFAULT_USER_TTL_SECONDS = 24 * 3600
 DEFAULT_SIMILAR_TTL_SECONDS = 6 * 3600
+MAX_TTL_SECONDS = 10 * 366 * 24 * 3600
+"""Ten years: past it ``timedelta`` overflows (an ``OverflowError``, not a config error)."""
+MAX_EMBEDDING_DIM = 65_536
+"""Bigger is a typo, and the codecs would allocate a vector of that length up front."""
 MODEL_VERSION_REQUEST_FIELD = "solaris_model_version"
 """Request field of the resolved view: the embedding version the caller's VM was trained with."""
 
@@ -51,7 +55,7 @@ class SolarisFeastConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    embedding_dim: Annotated[int, Field(gt=0)] = DEFAULT_EMBEDDING_DIM
+    embedding_dim: Annotated[int, Field(gt=0, le=MAX_EMBEDDING_DIM)] = DEFAULT_EMBEDDING_DIM
     """Length D of every stored embedding (the compressor's output size)."""
     user_entity_name: str = "user"
     """Name of the user entity; its join key is ``user_id`` (Int64)."""
@@ -67,11 +71,13 @@ class SolarisFeastConfig(BaseModel):
     """On-demand view that resolves the three tiers inside Feast."""
     service_name: str = "solaris_embeddings"
     """Feature service over the three stored views."""
-    pair_ttl_seconds: Annotated[int, Field(gt=0)] = DEFAULT_PAIR_TTL_SECONDS
+    pair_ttl_seconds: Annotated[int, Field(gt=0, le=MAX_TTL_SECONDS)] = DEFAULT_PAIR_TTL_SECONDS
     """An exact embedding older than this is a miss."""
-    user_ttl_seconds: Annotated[int, Field(gt=0)] = DEFAULT_USER_TTL_SECONDS
+    user_ttl_seconds: Annotated[int, Field(gt=0, le=MAX_TTL_SECONDS)] = DEFAULT_USER_TTL_SECONDS
     """A user aggregate older than this is a miss."""
-    similar_ttl_seconds: Annotated[int, Field(gt=0)] = DEFAULT_SIMILAR_TTL_SECONDS
+    similar_ttl_seconds: Annotated[int, Field(gt=0, le=MAX_TTL_SECONDS)] = (
+        DEFAULT_SIMILAR_TTL_SECONDS
+    )
     """A similarity-filled embedding older than this is a miss."""
     offline_root: str = "data/offline"
     """Folder of the parquet files, one sub-folder per view; relative paths resolve against the
