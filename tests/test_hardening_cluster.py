@@ -111,9 +111,11 @@ def cluster_store(project: str, repo: Path, connection: str) -> FeatureStore:
 
 def write_everything(store: FeatureStore, computed_at: pd.Timestamp) -> None:
     rng = np.random.default_rng(9)
+    pairs = EmbeddingWriter(store, "solaris_pair", offline=False)
+    similars = EmbeddingWriter(store, "solaris_similar", offline=False)
     for user in range(1, 6):
         items = np.arange(20 * user, 20 * user + 12)
-        EmbeddingWriter(store, "solaris_pair", offline=False).write(
+        pairs.write(
             pair_frame(user, items[:6], rng.standard_normal((6, DIM)), computed_at=computed_at)
         )
         similar = pair_frame(
@@ -121,25 +123,27 @@ def write_everything(store: FeatureStore, computed_at: pd.Timestamp) -> None:
         )
         similar["neighbour_count"] = np.full(5, 3, dtype=np.int64)
         similar["mean_distance"] = np.linspace(0.1, 0.5, 5)
-        EmbeddingWriter(store, "solaris_similar", offline=False).write(similar)
-        if user % 2:
-            EmbeddingWriter(store, "solaris_user", offline=False).write(
-                pd.DataFrame(
-                    {
-                        "user_id": [user],
-                        "embedding": [rng.standard_normal(DIM).astype(np.float32)],
-                        "pair_count": [6],
-                        "model_version": VERSION,
-                        "computed_at": computed_at,
-                    }
-                )
-            )
+        similars.write(similar)
+    odd_users = np.array([1, 3, 5], dtype=np.int64)
+    EmbeddingWriter(store, "solaris_user", offline=False).write(
+        pd.DataFrame(
+            {
+                "user_id": odd_users,
+                "embedding": list(rng.standard_normal((3, DIM)).astype(np.float32)),
+                "pair_count": np.full(3, 6, dtype=np.int64),
+                "model_version": VERSION,
+                "computed_at": computed_at,
+            }
+        )
+    )
     # A version from another embedding space, which both must treat as a miss.
-    EmbeddingWriter(store, "solaris_pair", offline=False).write(
+    pairs.write(
         pair_frame(
             2, [50], rng.standard_normal((1, DIM)), version="cmp-other", computed_at=computed_at
         )
     )
+    pairs.close()
+    similars.close()
 
 
 def test_cluster_serves_and_writes_exactly_like_a_single_redis(
