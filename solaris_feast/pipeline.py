@@ -569,14 +569,26 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _pair_ttl_seconds(spec: PrecomputeRun, store: FeatureStore) -> int:
-    if spec.settings.pair_ttl_seconds is not None:
-        return spec.settings.pair_ttl_seconds
-    ttl = store.get_feature_view(PAIR_VIEW).ttl
-    if ttl is None or ttl.total_seconds() <= 0:
-        from solaris_feast.errors import ConfigError
+    """The planner's TTL: the param, or the pair view's TTL, which serving enforces.
 
-        raise ConfigError(f"feature view {PAIR_VIEW} has no positive ttl; set pair_ttl_seconds")
-    return int(ttl.total_seconds())
+    A param longer than the view's TTL is refused: the planner would skip pairs as fresh that
+    the retriever already treats as expired.
+    """
+    from solaris_feast.errors import ConfigError
+
+    ttl = store.get_feature_view(PAIR_VIEW).ttl
+    view_seconds = int(ttl.total_seconds()) if ttl is not None else 0
+    if view_seconds <= 0:
+        raise ConfigError(f"feature view {PAIR_VIEW} needs a positive ttl")
+    wanted = spec.settings.pair_ttl_seconds
+    if wanted is None:
+        return view_seconds
+    if wanted > view_seconds:
+        raise ConfigError(
+            f"pair_ttl_seconds={wanted} exceeds the {PAIR_VIEW} view's ttl ({view_seconds} s): "
+            "pairs the retriever treats as expired would be skipped as fresh"
+        )
+    return wanted
 
 
 def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int) -> dict[str, Any]:
@@ -585,8 +597,6 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
     Idempotent: vectors are computed as of the plan's time and stored with it as
     ``computed_at``, so a retry writes the same rows (same offline file, same online value).
     """
-    import pandas as pd
-
     from solaris_feast.features import PairFeaturizer
     from solaris_feast.plan import read_plan, shard
     from solaris_feast.precompute import run_precompute
@@ -606,8 +616,6 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
         writer.close()
     report = {"shard": shard_index, "of": shard_count, **stats.as_dict()}
     _write_atomic(Path(spec.run_dir) / f"shard-{shard_index}.json", json.dumps(report, indent=2))
-    if pd.Timestamp(part.planned_at) != pd.Timestamp(spec.now):
-        logger.warning("plan time %s differs from run time %s", part.planned_at, spec.now)
     return report
 
 

@@ -460,3 +460,20 @@ def test_manual_run_without_data_interval_uses_its_run_time_and_id() -> None:
     now, key = run_time(start, end, start, queued, "scheduled__x")
     assert now == end
     assert key == "20261130T020000Z_20261130T030000Z"
+
+
+def test_precompute_settings_refuse_typos_and_a_refresh_margin_beyond_the_ttl() -> None:
+    from pydantic import ValidationError
+
+    from solaris_feast.pipeline import PrecomputeSettings
+
+    base = {"feature_repo": "repo", "models_dir": "models"}
+    assert PrecomputeSettings.model_validate(base).shards == 4
+    with pytest.raises(ValidationError, match="budget_pair"):
+        PrecomputeSettings.model_validate({**base, "budget_pair": 10})
+    with pytest.raises(ValidationError, match="refresh_margin_seconds"):
+        PrecomputeSettings.model_validate(
+            {**base, "pair_ttl_seconds": 600, "refresh_margin_seconds": 600}
+        )
+    with pytest.raises(ValidationError, match="shards"):
+        PrecomputeSettings.model_validate({**base, "shards": 0})
