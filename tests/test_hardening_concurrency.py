@@ -120,3 +120,70 @@ def test_serving_during_rewrites_never_sees_torn_rows_or_another_version(
     if online == "redis":
         assert errors[0] == 0
     assert errors[0] < fetches[0]
+
+
+def test_a_reader_snapshot_never_sees_part_of_a_batch(
+    tmp_path: Path, feast_project: str, redis_url: str
+) -> None:
+    """A reader that reads every key of a batch in one MULTI/EXEC sees the whole batch of one
+    generation, never some keys from the new batch and the rest from the old one."""
+    import redis
+
+    from solaris_feast.store_config import EntityKeyLayout, FloatListCodec, online_field
+
+    store = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
+    store.apply(solaris_definitions().all())
+    items = np.arange(600, dtype=np.int64)
+    layout = EntityKeyLayout(["user_id", "item_id"], 3)
+    keys = [layout.key(USER, int(item)) + feast_project.encode() for item in items]
+    field = online_field("solaris_pair", "embedding")
+    codec = FloatListCodec(DIM)
+    base = pd.Timestamp.now(tz="UTC").floor("s") - pd.Timedelta(hours=1)
+    stop = threading.Event()
+    problems: list[str] = []
+    snapshots = [0]
+
+    def write_generations() -> None:
+        # Small chunks: many scripts per batch, so a non-atomic batch would show its seams.
+        writer = EmbeddingWriter(store, "solaris_pair", offline=False, chunk_rows=32)
+        try:
+            for generation in range(1, 10_000):
+                if stop.is_set():
+                    break
+                vectors = np.full((len(items), DIM), generation, dtype=np.float32)
+                at = base + pd.Timedelta(seconds=generation)
+                writer.write(pair_frame(USER, items, vectors, computed_at=at))
+        except Exception as exc:
+            problems.append(f"writer: {exc!r}")
+        finally:
+            writer.close()
+
+    def read_snapshots() -> None:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            while not stop.is_set():
+                with client.pipeline(transaction=True) as pipe:
+                    for key in keys:
+                        pipe.hget(key, field)
+                    values = pipe.execute()
+                generations = {
+                    -1 if value is None else int(codec.decode(value)[0]) for value in values
+                }
+                snapshots[0] += 1
+                if len(generations) > 1:
+                    problems.append(f"one snapshot holds generations {sorted(generations)[:6]}")
+        except Exception as exc:
+            problems.append(f"reader: {exc!r}")
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=write_generations), threading.Thread(target=read_snapshots)]
+    for thread in threads:
+        thread.start()
+    time.sleep(RUN_SECONDS)
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert not problems, problems[:5]
+    assert snapshots[0] >= 5
