@@ -9,8 +9,9 @@ Tasks pass only small JSON through XCom; the plan and the other inputs live in t
 so a retried task, a retried shard or a re-run of the same interval sees the same inputs.
 
 Environment (read at parse time, all optional): ``SOLARIS_PRECOMPUTE_SCHEDULE`` (cron or preset,
-default ``@hourly``), ``SOLARIS_FEATURE_REPO``, ``SOLARIS_MODELS_DIR``, ``SOLARIS_RUNS_DIR`` (the
-params' defaults; use shared storage when workers run on several machines).
+default ``@hourly``), ``SOLARIS_FEATURE_REPO``, ``SOLARIS_FEATURE_STORE_YAML``,
+``SOLARIS_MODELS_DIR``, ``SOLARIS_RUNS_DIR`` (the params' defaults; use shared storage when
+workers run on several machines); ``REDIS_URL`` on the workers for a Redis online store.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ PARAMS = {
         type="string",
         minLength=1,
         description="Model registry; the newest VM and its compressor and FM are used",
+    ),
+    "feature_store_yaml": Param(
+        os.environ.get("SOLARIS_FEATURE_STORE_YAML", "feature_store.yaml"),
+        type="string",
+        minLength=1,
+        description="Config file in the repo; feature_store.redis.yaml for Redis (REDIS_URL)",
     ),
     "runs_dir": Param(
         os.environ.get("SOLARIS_RUNS_DIR", ""),

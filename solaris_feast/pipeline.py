@@ -92,6 +92,9 @@ class PrecomputeSettings(LogSource):
     """Feast repo folder (holds ``feature_store.yaml``; SQLite or Redis online store)."""
     models_dir: str
     """Model registry folder; the newest VM and its compressor and FM are used."""
+    feature_store_yaml: str = Field("feature_store.yaml", min_length=1)
+    """Config file inside ``feature_repo``; ``feature_store.redis.yaml`` for Redis (its
+    connection comes from ``SOLARIS_REDIS_CONNECTION``, else from ``REDIS_URL``)."""
     runs_dir: str = ""
     """Folder of the per-run files; empty: ``<feature_repo>/data/precompute_runs``."""
     budget_pairs: int = Field(20_000, ge=0)
@@ -394,16 +397,17 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     return spec.model_dump(mode="json")
 
 
-def _open_store(feature_repo: str) -> FeatureStore:
+def _open_store(settings: PrecomputeSettings) -> FeatureStore:
     from feast import FeatureStore
 
     from solaris_feast.store_config import REDIS_CONNECTION_ENV, export_redis_connection
 
     # feature_store.redis.yaml reads its connection from the environment; derive it from
-    # REDIS_URL when the deployment did not set it (a SQLite repo ignores it).
+    # REDIS_URL when the deployment did not set it (a SQLite config ignores it).
     if REDIS_CONNECTION_ENV not in os.environ:
         export_redis_connection()
-    return FeatureStore(repo_path=str(Path(feature_repo).resolve()))
+    repo = Path(settings.feature_repo).resolve()
+    return FeatureStore(repo_path=str(repo), fs_yaml_file=repo / settings.feature_store_yaml)
 
 
 def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -424,7 +428,7 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     if path.is_file():
         misses = pd.read_parquet(path)
         return {"misses": len(misses), "reused": True}
-    store = _open_store(spec.settings.feature_repo)
+    store = _open_store(spec.settings)
     queue = MissQueue.for_store(store)
     limit = spec.settings.max_drained_misses
     if online_kind(store) == "redis" and limit > 0:
@@ -531,7 +535,7 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     misses = misses.loc[known, ["user_id", "item_id"]].drop_duplicates()
     scored_candidates = _verifier_scores(bundle, dataset, candidates, spec.now)
     scored_misses = _verifier_scores(bundle, dataset, misses, spec.now) if len(misses) else None
-    store = _open_store(cfg.feature_repo)
+    store = _open_store(cfg)
     ttl = _pair_ttl_seconds(spec, store)
     fresh = read_offline_rows(
         store,
@@ -608,7 +612,7 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
     bundle = _bundle(spec)
     dataset = load_log(spec.settings, spec.now)
     featurizer = PairFeaturizer(dataset, bundle.schema.history_len)
-    store = _open_store(spec.settings.feature_repo)
+    store = _open_store(spec.settings)
     writer = EmbeddingWriter(store, PAIR_VIEW)
     try:
         stats = run_precompute(part, bundle, featurizer, writer, spec.settings.batch_size)
@@ -641,7 +645,7 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     from solaris_feast.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
-    store = _open_store(spec.settings.feature_repo)
+    store = _open_store(spec.settings)
     rows = _user_aggregate_rows(spec, store)
     writer = EmbeddingWriter(store, USER_VIEW)
     try:
@@ -681,7 +685,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
-    store = _open_store(cfg.feature_repo)
+    store = _open_store(cfg)
     now = pd.Timestamp(spec.now)
     ttl = _pair_ttl_seconds(spec, store)
     plan = read_plan(Path(spec.run_dir) / "plan")
@@ -739,7 +743,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     from solaris_feast.tiers import Tier
 
     spec = PrecomputeRun.model_validate(dict(run))
-    store = _open_store(spec.settings.feature_repo)
+    store = _open_store(spec.settings)
     now = pd.Timestamp(spec.now)
     run_dir = Path(spec.run_dir)
     pool = pd.concat(
@@ -850,11 +854,10 @@ def read_offline_rows(
     return frame if columns is None else frame[columns]
 
 
-def offline_row_count(feature_repo: str, view_name: str) -> int:
+def offline_row_count(store: FeatureStore, view_name: str) -> int:
     """Rows in a view's whole offline log (a re-run must not change it)."""
     import pyarrow.parquet as pq
 
-    store = _open_store(feature_repo)
     root = offline_view_root(store, view_name)
     return sum(pq.ParquetFile(f).metadata.num_rows for f in root.glob("*/part-*.parquet"))
 

@@ -20,11 +20,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 import pytest
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DAGS_FOLDER = REPO_ROOT / "dags"
@@ -212,21 +215,20 @@ def own_models(trained: Trained, tmp_path: Path) -> Path:
     return Path(shutil.copytree(trained.models, tmp_path / "models"))
 
 
-def make_feature_repo(path: Path, project: str, redis_url: str | None = None) -> Path:
-    """A Feast repo with the SOLARIS views applied (SQLite, or Redis), like `feast apply`."""
-    from feast import FeatureStore
-
+def make_feature_repo(path: Path, project: str, redis: bool = False) -> Path:
+    """A Feast repo with the SOLARIS views applied, like `feast apply`: SQLite in
+    ``feature_store.yaml``, or Redis in ``feature_store.redis.yaml`` with its connection taken
+    from ``SOLARIS_REDIS_CONNECTION`` as in ``feature_repo/``."""
     from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
-    from solaris_feast.store_config import redis_connection_string
 
     path.mkdir(parents=True)
     (path / "data").mkdir()
     online = (
-        "  type: sqlite\n  path: data/online.db\n"
-        if redis_url is None
-        else f'  type: redis\n  connection_string: "{redis_connection_string(redis_url)}"\n'
+        "  type: redis\n  connection_string: ${SOLARIS_REDIS_CONNECTION}\n"
+        if redis
+        else "  type: sqlite\n  path: data/online.db\n"
     )
-    (path / "feature_store.yaml").write_text(
+    (path / yaml_name(redis)).write_text(
         f"project: {project}\n"
         "provider: local\n"
         "registry:\n"
@@ -241,8 +243,18 @@ def make_feature_repo(path: Path, project: str, redis_url: str | None = None) ->
     config = SolarisFeastConfig(
         user_producing_dag="solaris_precompute", similar_producing_dag="solaris_precompute"
     )
-    FeatureStore(repo_path=str(path)).apply(solaris_definitions(config).all())
+    open_store(path, redis).apply(solaris_definitions(config).all())
     return path
+
+
+def yaml_name(redis: bool) -> str:
+    return "feature_store.redis.yaml" if redis else "feature_store.yaml"
+
+
+def open_store(repo: Path, redis: bool = False) -> FeatureStore:
+    from feast import FeatureStore
+
+    return FeatureStore(repo_path=str(repo), fs_yaml_file=repo / yaml_name(redis))
 
 
 def precompute_conf(repo: Path, models: Path, **overrides: Any) -> dict[str, Any]:
@@ -268,8 +280,9 @@ def last_hour() -> datetime:
 def offline_rows(repo: Path) -> dict[str, int]:
     from solaris_feast.pipeline import offline_row_count
 
+    store = open_store(repo)
     views = ("solaris_pair", "solaris_user", "solaris_similar")
-    return {v: offline_row_count(str(repo), v) for v in views}
+    return {v: offline_row_count(store, v) for v in views}
 
 
 def offline_frame(repo: Path, view: str) -> pd.DataFrame:
@@ -300,15 +313,15 @@ def test_training_dag_registers_an_fm_compressor_vm_chain(trained: Trained) -> N
     bundle = load_bundle(trained.models)
     assert bundle.compressor_card.parents == (bundle.fm_card.version,)
     assert bundle.vm_card.parents == (bundle.compressor_card.version,)
-    window = bundle.fm_card.train_window_end - bundle.fm_card.train_window_start
+    start, end = bundle.fm_card.train_window_start, bundle.fm_card.train_window_end
+    assert start is not None and end is not None
+    window = end - start
     assert timedelta(hours=11) < window <= timedelta(hours=12)
 
 
 def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempotently(
     trained: Trained, feast_project: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from feast import FeatureStore
-
     from solaris_feast.models.registry import load_bundle
     from solaris_feast.serve import SolarisRetriever
     from solaris_feast.tiers import Tier
@@ -355,9 +368,8 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
         similar.loc[similar["user_id"] == user, "item_id"]
     )
     bare_item = min(set(range(bundle.schema.num_items)) - taken)
-    store = FeatureStore(repo_path=str(repo))
     retriever = SolarisRetriever(
-        store, bundle.embedding_version, record_misses=False, deadline_ms=5000
+        open_store(repo), bundle.embedding_version, record_misses=False, deadline_ms=5000
     )
     fetched = retriever.fetch(
         user, [int(exact_row["item_id"]), int(similar_row["item_id"]), bare_item]
@@ -416,19 +428,23 @@ def test_new_model_version_is_picked_up_and_replans_every_pair(
 
 @pytest.mark.redis
 def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
-    trained: Trained, feast_project: str, redis_url: str, tmp_path: Path
+    trained: Trained,
+    feast_project: str,
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from feast import FeatureStore
-
     from solaris_feast.miss_queue import MissQueue
     from solaris_feast.models.registry import load_bundle
     from solaris_feast.serve import SolarisRetriever
+    from solaris_feast.store_config import redis_connection_string
     from solaris_feast.tiers import Tier
 
     models = own_models(trained, tmp_path)
-    repo = make_feature_repo(tmp_path / "repo", feast_project, redis_url=redis_url)
+    monkeypatch.setenv("SOLARIS_REDIS_CONNECTION", redis_connection_string(redis_url))
+    repo = make_feature_repo(tmp_path / "repo", feast_project, redis=True)
     bundle = load_bundle(models)
-    store = FeatureStore(repo_path=str(repo))
+    store = open_store(repo, redis=True)
     retriever = SolarisRetriever(store, bundle.embedding_version, deadline_ms=5000)
     user, items = 7, [3, 11, 19, 42]
     assert retriever.fetch(user, items).tiers.tolist() == [Tier.ZERO] * len(items)
@@ -436,7 +452,13 @@ def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
     queue = MissQueue.for_store(store)
     assert queue.pending() == len(items)
 
-    conf = precompute_conf(repo, models, min_miss_score=0.0, budget_pairs=100)
+    conf = precompute_conf(
+        repo,
+        models,
+        feature_store_yaml=yaml_name(redis=True),
+        min_miss_score=0.0,
+        budget_pairs=100,
+    )
     run_dag("solaris_precompute", last_hour(), conf)
     [run_dir] = run_dirs(repo)
     assert coverage_of(run_dir)["plan"]["from_misses"] == len(items)
