@@ -10,19 +10,31 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
 
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
+from solaris_feast.errors import ConfigError
 from solaris_feast.evaluate import TransferConfig
-from solaris_feast.features import PairFeaturizer, labels_of
+from solaris_feast.features import PairBatch, PairFeaturizer, labels_of
 from solaris_feast.models.compressor import PCA, EmbeddingCompressor
 from solaris_feast.models.foundation import FoundationModel
-from solaris_feast.models.registry import ModelBundle, load_bundle, save_model
+from solaris_feast.models.registry import (
+    ModelBundle,
+    ModelCard,
+    list_cards,
+    load_bundle,
+    load_model,
+    parent_card,
+    save_model,
+)
 from solaris_feast.models.training import (
     encode,
     flops_per_pair,
@@ -61,6 +73,176 @@ class TrainingConfig(BaseModel):
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class TrainingData:
+    """The rows a training run fits on, their model inputs and labels.
+
+    Attributes:
+        dataset: The whole log; history of every row is read from it, cut before the row's time.
+        log: The rows to fit on (the training window).
+        featurizer: Built over ``dataset``.
+        batch: Inputs of ``log``'s rows.
+        labels: ``(N, T)`` labels of ``log``'s rows.
+    """
+
+    dataset: InteractionDataset
+    log: pd.DataFrame
+    featurizer: PairFeaturizer
+    batch: PairBatch
+    labels: torch.Tensor
+
+    @classmethod
+    def build(
+        cls,
+        dataset: InteractionDataset,
+        history_len: int,
+        window_start: pd.Timestamp | None = None,
+        window_end: pd.Timestamp | None = None,
+    ) -> TrainingData:
+        """Inputs for the rows of ``dataset`` in ``[window_start, window_end)``."""
+        log = dataset.interactions
+        keep = np.ones(len(log), dtype=bool)
+        if window_start is not None:
+            keep &= (log[EVENT_TIMESTAMP] >= window_start).to_numpy()
+        if window_end is not None:
+            keep &= (log[EVENT_TIMESTAMP] < window_end).to_numpy()
+        rows = log.loc[keep].reset_index(drop=True)
+        if rows.empty:
+            raise ValueError(
+                f"no interactions in the training window [{window_start}, {window_end}): "
+                "widen the window or check the log source"
+            )
+        featurizer = PairFeaturizer(dataset, history_len)
+        return cls(
+            dataset=dataset,
+            log=rows,
+            featurizer=featurizer,
+            batch=featurizer.for_log(rows),
+            labels=labels_of(rows, dataset.label_columns),
+        )
+
+    def card_fields(self) -> dict[str, Any]:
+        """Training window, data set and tasks, as recorded on every model card."""
+        ts = self.log[EVENT_TIMESTAMP]
+        return {
+            "train_window_start": ts.min().to_pydatetime(),
+            "train_window_end": ts.max().to_pydatetime(),
+            "dataset": self.dataset.name,
+            "tasks": self.dataset.label_columns,
+        }
+
+    def train_ne(self, probabilities: torch.Tensor) -> dict[str, float]:
+        ne = normalized_entropy(probabilities, self.labels)
+        return {f"train_ne_{t}": v for t, v in zip(self.dataset.label_columns, ne, strict=True)}
+
+
+Progress = Callable[[int, int], None] | None
+
+
+def fit_foundation(
+    data: TrainingData, models_dir: Path, config: TrainingConfig, progress: Progress = None
+) -> ModelCard:
+    """Train the FM on ``data`` and register it."""
+    mc = config.models
+    seed_everything(config.seed)
+    fm = FoundationModel(data.featurizer.schema, len(data.dataset.label_columns), mc.foundation)
+    train_foundation(
+        fm,
+        data.batch,
+        data.labels,
+        mc.fm_training.model_copy(update={"seed": config.seed}),
+        progress,
+    )
+    _, probabilities = foundation_outputs(fm, data.batch)
+    probe = data.batch.select(slice(0, 64))
+    return save_model(
+        fm,
+        "fm",
+        models_dir,
+        config={"model": mc.foundation.model_dump(), "schema": data.featurizer.schema.to_dict()},
+        metrics=data.train_ne(probabilities),
+        flops_per_pair=flops_per_pair(fm, lambda: fm(probe), len(probe)),
+        **data.card_fields(),
+    )
+
+
+def fit_compressor(
+    data: TrainingData,
+    models_dir: Path,
+    fm_card: ModelCard,
+    config: TrainingConfig,
+    progress: Progress = None,
+) -> ModelCard:
+    """Train the compressor, PCA-initialised, on the registered FM's representations of ``data``."""
+    mc = config.models
+    h, _ = foundation_outputs(_load(fm_card, models_dir, FoundationModel), data.batch)
+    pca = PCA(h, mc.compressor.code_dim)
+    seed_everything(config.seed)
+    comp_cfg = mc.compressor.model_copy(update={"input_dim": h.shape[1]})
+    compressor = EmbeddingCompressor(comp_cfg)
+    compressor.init_from_pca(pca)
+    train_compressor(
+        compressor, h, mc.compressor_training.model_copy(update={"seed": config.seed}), progress
+    )
+    with torch.inference_mode():
+        mse = float(((compressor(h) - h) ** 2).mean())
+    return save_model(
+        compressor,
+        "compressor",
+        models_dir,
+        parents=(fm_card.version,),
+        config={"model": comp_cfg.model_dump()},
+        metrics={"reconstruction_mse": mse, "pca_mse": pca.reconstruction_mse(h)},
+        **data.card_fields(),
+    )
+
+
+def fit_vertical(
+    data: TrainingData,
+    models_dir: Path,
+    compressor_card: ModelCard,
+    config: TrainingConfig,
+    progress: Progress = None,
+) -> ModelCard:
+    """Train the serving VM (the verifier) on the tier mix of the registered compressor's ``z``."""
+    mc = config.models
+    cards = {c.version: c for c in list_cards(models_dir)}
+    fm_card = parent_card(cards, compressor_card, "fm")
+    h, _ = foundation_outputs(_load(fm_card, models_dir, FoundationModel), data.batch)
+    z = encode(_load(compressor_card, models_dir, EmbeddingCompressor), h)
+    tier, z_mixed = tier_mix_inputs(data.log, z, config.tier_mix, config.seed)
+    vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
+    seed_everything(config.seed)
+    schema = data.featurizer.schema
+    vm = VerticalModel(schema, len(data.dataset.label_columns), vm_cfg)
+    train_vertical(
+        vm,
+        data.batch,
+        data.labels,
+        mc.vm_training.model_copy(update={"seed": config.seed}),
+        z=z_mixed,
+        tier=tier,
+        progress=progress,
+    )
+    probe = data.batch.select(slice(0, 64))
+    z_probe = torch.zeros(len(probe), vm_cfg.embedding_dim)
+    t_probe = torch.full((len(probe),), int(Tier.EXACT))
+    return save_model(
+        vm,
+        "vm",
+        models_dir,
+        parents=(compressor_card.version,),
+        config={
+            "model": vm_cfg.model_dump(),
+            "schema": schema.to_dict(),
+            "tier_mix": config.tier_mix.model_dump(),
+        },
+        metrics=data.train_ne(vertical_probabilities(vm, data.batch, z_mixed, tier)),
+        flops_per_pair=flops_per_pair(vm, lambda: vm(probe, z_probe, t_probe), len(probe)),
+        **data.card_fields(),
+    )
+
+
 def train_and_register(
     dataset: InteractionDataset,
     models_dir: Path,
@@ -69,102 +251,28 @@ def train_and_register(
 ) -> ModelBundle:
     """Train FM -> compressor -> VM on all of ``dataset``'s log and register their cards."""
     cfg = config or TrainingConfig()
-    mc = cfg.models
-    log = dataset.interactions
-    if log.empty:
-        raise ValueError("cannot train on an empty interaction log")
 
-    def hook(stage: str) -> Callable[[int, int], None] | None:
+    def hook(stage: str) -> Progress:
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
-    featurizer = PairFeaturizer(dataset, mc.history_len)
-    schema = featurizer.schema
-    batch = featurizer.for_log(log)
-    labels = labels_of(log, dataset.label_columns)
-    window = {
-        "train_window_start": log[EVENT_TIMESTAMP].min().to_pydatetime(),
-        "train_window_end": log[EVENT_TIMESTAMP].max().to_pydatetime(),
-        "dataset": dataset.name,
-        "tasks": dataset.label_columns,
-    }
-
-    seed_everything(cfg.seed)
-    fm = FoundationModel(schema, len(dataset.label_columns), mc.foundation)
-    train_foundation(
-        fm, batch, labels, mc.fm_training.model_copy(update={"seed": cfg.seed}), hook("train FM")
-    )
-    h, p_fm = foundation_outputs(fm, batch)
-    probe = batch.select(slice(0, 64))
-    fm_card = save_model(
-        fm,
-        "fm",
-        models_dir,
-        config={"model": mc.foundation.model_dump(), "schema": schema.to_dict()},
-        metrics={
-            f"train_ne_{t}": v
-            for t, v in zip(dataset.label_columns, normalized_entropy(p_fm, labels), strict=True)
-        },
-        flops_per_pair=flops_per_pair(fm, lambda: fm(probe), len(probe)),
-        **window,
-    )
-
-    pca = PCA(h, mc.compressor.code_dim)
-    seed_everything(cfg.seed)
-    comp_cfg = mc.compressor.model_copy(update={"input_dim": h.shape[1]})
-    compressor = EmbeddingCompressor(comp_cfg)
-    compressor.init_from_pca(pca)
-    train_compressor(
-        compressor,
-        h,
-        mc.compressor_training.model_copy(update={"seed": cfg.seed}),
-        hook("train compressor"),
-    )
-    with torch.inference_mode():
-        mse = float(((compressor(h) - h) ** 2).mean())
-    compressor_card = save_model(
-        compressor,
-        "compressor",
-        models_dir,
-        parents=(fm_card.version,),
-        config={"model": comp_cfg.model_dump()},
-        metrics={"reconstruction_mse": mse, "pca_mse": pca.reconstruction_mse(h)},
-        **window,
-    )
-
-    z = encode(compressor, h)
-    tier, z_mixed = tier_mix_inputs(log, z, cfg.tier_mix, cfg.seed)
-    vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
-    seed_everything(cfg.seed)
-    vm = VerticalModel(schema, len(dataset.label_columns), vm_cfg)
-    train_vertical(
-        vm,
-        batch,
-        labels,
-        mc.vm_training.model_copy(update={"seed": cfg.seed}),
-        z=z_mixed,
-        tier=tier,
-        progress=hook("train VM"),
-    )
-    p_vm = vertical_probabilities(vm, batch, z_mixed, tier)
-    z_probe = torch.zeros(len(probe), vm_cfg.embedding_dim)
-    t_probe = torch.full((len(probe),), int(Tier.EXACT))
-    vm_card = save_model(
-        vm,
-        "vm",
-        models_dir,
-        parents=(compressor_card.version,),
-        config={"model": vm_cfg.model_dump(), "tier_mix": cfg.tier_mix.model_dump()},
-        metrics={
-            f"train_ne_{t}": v
-            for t, v in zip(dataset.label_columns, normalized_entropy(p_vm, labels), strict=True)
-        },
-        flops_per_pair=flops_per_pair(vm, lambda: vm(probe, z_probe, t_probe), len(probe)),
-        **window,
-    )
+    data = TrainingData.build(dataset, cfg.models.history_len)
+    fm_card = fit_foundation(data, models_dir, cfg, hook("train FM"))
+    compressor_card = fit_compressor(data, models_dir, fm_card, cfg, hook("train compressor"))
+    vm_card = fit_vertical(data, models_dir, compressor_card, cfg, hook("train VM"))
     logger.info(
         "registered %s <- %s <- %s", vm_card.version, compressor_card.version, fm_card.version
     )
     return load_bundle(models_dir, vm_card.version)
+
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
+
+
+def _load(card: ModelCard, models_dir: Path, kind: type[ModuleT]) -> ModuleT:
+    module = load_model(card, models_dir)
+    if not isinstance(module, kind):
+        raise ConfigError(f"model card {card.version} is a {card.kind}, not a {kind.__name__}")
+    return module
 
 
 def tier_mix_inputs(

@@ -12,7 +12,7 @@ import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -77,7 +77,7 @@ def save_model(
     *,
     parents: tuple[str, ...] = (),
     config: dict[str, object],
-    **card_fields: object,
+    **card_fields: Any,
 ) -> ModelCard:
     """Write ``module``'s weights and its card into ``models_dir``; return the card."""
     models_dir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +154,34 @@ class ModelBundle:
         return {"fm": self.fm_card, "compressor": self.compressor_card, "vm": self.vm_card}
 
 
+def card_by_version(models_dir: Path, version: str) -> ModelCard:
+    """The card of ``version`` in ``models_dir``."""
+    path = models_dir / f"{version}{CARD_SUFFIX}"
+    if not path.is_file():
+        raise ConfigError(f"no model card {version} in {models_dir}")
+    return read_card(path)
+
+
+def load_model(card: ModelCard, models_dir: Path) -> nn.Module:
+    """Rebuild the module a card describes and load its sha-checked weights, in eval mode.
+
+    FM and VM cards carry the feature schema their embedding tables were sized for.
+    """
+    model = _dict(card.config, "model")
+    module: nn.Module
+    if card.kind == "fm":
+        schema = FeatureSchema.from_dict(_dict(card.config, "schema"))
+        module = FoundationModel(schema, len(card.tasks), FoundationConfig.model_validate(model))
+    elif card.kind == "compressor":
+        module = EmbeddingCompressor(CompressorConfig.model_validate(model))
+    else:
+        schema = FeatureSchema.from_dict(_dict(card.config, "schema"))
+        module = VerticalModel(schema, len(card.tasks), VerticalConfig.model_validate(model))
+    module.load_state_dict(verified_weights(card, models_dir))
+    module.eval()
+    return module
+
+
 def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
     """Load the newest VM (or ``vm_version``) with the compressor and FM it was trained on."""
     cards = {c.version: c for c in list_cards(models_dir)}
@@ -165,25 +193,24 @@ def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
             f"no VM model card in {models_dir}: train the models first (solaris train)"
         )
     vm_card = max(vms, key=lambda c: (c.created_at, c.version))
-    compressor_card = _parent(cards, vm_card, "compressor")
-    fm_card = _parent(cards, compressor_card, "fm")
-    schema = FeatureSchema.from_dict(_dict(fm_card.config, "schema"))
-    fm = FoundationModel(
-        schema, len(fm_card.tasks), FoundationConfig.model_validate(_dict(fm_card.config, "model"))
-    )
-    compressor = EmbeddingCompressor(
-        CompressorConfig.model_validate(_dict(compressor_card.config, "model"))
-    )
-    vm = VerticalModel(
-        schema, len(vm_card.tasks), VerticalConfig.model_validate(_dict(vm_card.config, "model"))
-    )
-    for module, card in ((fm, fm_card), (compressor, compressor_card), (vm, vm_card)):
-        module.load_state_dict(verified_weights(card, models_dir))
-        module.eval()
-    return ModelBundle(fm, compressor, vm, fm_card, compressor_card, vm_card, schema)
+    compressor_card = parent_card(cards, vm_card, "compressor")
+    fm_card = parent_card(cards, compressor_card, "fm")
+    fm = load_model(fm_card, models_dir)
+    compressor = load_model(compressor_card, models_dir)
+    vm = load_model(vm_card, models_dir)
+    if not (
+        isinstance(fm, FoundationModel)
+        and isinstance(compressor, EmbeddingCompressor)
+        and isinstance(vm, VerticalModel)
+    ):
+        raise ConfigError(
+            f"model cards of {vm_card.version} do not form an FM -> compressor -> VM chain"
+        )
+    return ModelBundle(fm, compressor, vm, fm_card, compressor_card, vm_card, fm.schema)
 
 
-def _parent(cards: dict[str, ModelCard], child: ModelCard, kind: ModelKind) -> ModelCard:
+def parent_card(cards: dict[str, ModelCard], child: ModelCard, kind: ModelKind) -> ModelCard:
+    """The ``kind`` card among ``child``'s parents."""
     for version in child.parents:
         card = cards.get(version)
         if card is not None and card.kind == kind:
