@@ -109,6 +109,7 @@ def plan_precompute(
     min_miss_score: float,
     *,
     model_version: str | None = None,
+    user_balanced: bool = False,
 ) -> Plan:
     """Pick at most ``budget_pairs`` pairs for the FM, misses first, then by verifier score.
 
@@ -128,6 +129,10 @@ def plan_precompute(
         min_miss_score: Queued misses scoring at least this go before every candidate.
         model_version: When given, stored rows of another ``model_version`` count as absent, so
             a model change re-plans everything.
+        user_balanced: Rank by each pair's place in its user's own ranking first (every user's
+            best pair, then every user's second best, ...), then by score. The global order
+            spends the budget on the users whose scores run high; the balanced one spreads it
+            over every user with candidates, which pays when it is unknown who comes back next.
 
     Complexity: ``O(P log P)`` for ``P`` candidate and miss rows (a few sorts of int64 keys).
     """
@@ -182,6 +187,16 @@ def plan_precompute(
     # key is sorted by (user, item): a stable sort on -score then a stable partition by tier gives
     # the order (tier, -score, user, item) without a multi-key lexsort.
     by_score = np.argsort(-score, kind="stable")
+    if user_balanced:
+        # Place of each pair in its user's ranking, then a stable sort on it: the order becomes
+        # (tier, place in the user's ranking, -score, user, item).
+        user_of = key // num_items
+        by_user = by_score[np.argsort(user_of[by_score], kind="stable")]
+        grouped_user = user_of[by_user]
+        starts = np.flatnonzero(np.r_[True, grouped_user[1:] != grouped_user[:-1]])
+        place = np.empty(len(key), dtype=np.int64)
+        place[by_user] = np.arange(len(key)) - np.repeat(starts, np.diff(np.r_[starts, len(key)]))
+        by_score = by_score[np.argsort(place[by_score], kind="stable")]
     order = np.concatenate([by_score[miss_priority[by_score]], by_score[~miss_priority[by_score]]])
     take, rest = order[:budget_pairs], order[budget_pairs:]
 

@@ -106,6 +106,9 @@ class SimulationConfig(BaseModel):
     """TTL of a similarity-filled embedding (the ``solaris_similar`` view's)."""
     refresh_margin_seconds: int = Field(default=3600, ge=0)
     """Exact embeddings expiring within this margin are planned again."""
+    user_balanced: bool = True
+    """Plan with :func:`plan_precompute`'s ``user_balanced`` order (every user's best pairs
+    first): who requests next is unknown, so the budget is spread over the users."""
     min_miss_rank: float = Field(default=0.5, ge=0, le=1)
     """A queued miss goes first when its planner score ranks at least this high in the pool
     (scores are turned into percentile ranks so one threshold fits every planner)."""
@@ -126,6 +129,16 @@ class SimulationConfig(BaseModel):
     """Where the replay's models are trained and registered; a temporary folder when unset.
     When it already holds models trained on this data set and ending before the replayed
     period, they are reused."""
+    ne_vm: Literal["registered", "replay_tuned"] = "replay_tuned"
+    """VM that scores NE: the registered one (trained on the training period's tier mix), or it
+    fine-tuned on what serving actually produced during the ``ne_tuning_steps`` steps after the
+    warm-up (their tiers and vectors, every replay's), which are then not scored."""
+    ne_tuning_steps: int = Field(default=6, ge=1)
+    """Steps whose served pairs tune the NE VM (``replay_tuned`` only)."""
+    ne_tuning_epochs: int = Field(default=2, gt=0)
+    """Passes over the tuning rows."""
+    ne_tuning_learning_rate: float = Field(default=1e-3, gt=0)
+    """Step size of the tuning."""
     fm_epochs: int | None = Field(default=None, gt=0)
     """Override the FM's training epochs (smaller is faster, for tests)."""
 
@@ -246,7 +259,6 @@ def simulate(
     train_ds, replay_ds = time_split(ds, cfg.train_fraction)
     if bundle is None:
         bundle = _train_models(train_ds, cfg, progress)
-    torch.set_grad_enabled(False)
     version = bundle.embedding_version
     candidate_cfg = cfg.candidates
     if candidate_cfg.category_column is None:
@@ -265,81 +277,116 @@ def simulate(
     first = replay_ds.interactions[EVENT_TIMESTAMP].min().ceil(step)
     last = log[EVENT_TIMESTAMP].max()
     total_steps = int((last - first) / step)
+    tuning_steps = cfg.ne_tuning_steps if cfg.ne_vm == "replay_tuned" else 0
+    first_scored = cfg.warmup_steps + tuning_steps
     if cfg.max_steps is not None:
-        total_steps = min(total_steps, cfg.warmup_steps + cfg.max_steps)
-    if total_steps <= cfg.warmup_steps:
+        total_steps = min(total_steps, first_scored + cfg.max_steps)
+    if total_steps <= first_scored:
         raise ValueError(
             f"the replayed period holds {total_steps} steps, not more than warmup_steps "
-            f"{cfg.warmup_steps}: lower train_fraction or warmup_steps"
+            f"{cfg.warmup_steps} + tuning steps {tuning_steps}: lower train_fraction, "
+            "warmup_steps or ne_tuning_steps"
         )
-    check_step = cfg.warmup_steps + (total_steps - cfg.warmup_steps) // 2
+    check_step = first_scored + (total_steps - first_scored) // 2
+    ne_vm = bundle.vm
+    tuning: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]] = []
     feast_check: dict[str, Any] | None = None
     baselines: dict[str, list[np.ndarray]] = {"vm_zero": [], "fm": [], "labels": []}
     candidate_recall: list[float] = []
     fm_rate: list[tuple[int, float]] = []
 
-    for k in range(total_steps):
-        start = first + k * step
-        t0 = time.perf_counter()
-        past = log.loc[log[EVENT_TIMESTAMP] < start]
-        requests = log.loc[(log[EVENT_TIMESTAMP] >= start) & (log[EVENT_TIMESTAMP] < start + step)]
-        requests = requests.drop_duplicates([USER_ID, ITEM_ID, EVENT_TIMESTAMP])
-        precompute_featurizer = PairFeaturizer(ds.with_interactions(past), history_len)
-        candidates = generate_candidates(past, start, candidate_cfg, items=ds.items)
-        t1 = time.perf_counter()
-        pool = _score_pool(
-            candidates, states, requests, past, start, bundle, precompute_featurizer, cfg.seed, k
-        )
-        the_step = _Step(
-            index=k,
-            start=start,
-            scored=k >= cfg.warmup_steps,
-            candidates=candidates,
-            requests=requests,
-            pool=pool,
-            candidates_seconds=t1 - t0,
-            verifier_seconds=time.perf_counter() - t1,
-        )
-        _precompute_step(the_step, states, cfg, bundle, precompute_featurizer, version, fm_rate)
-        if observer is not None:
-            observer(
-                k,
+    # Inference only, except where _tune_vm turns gradients back on; restored on the way out
+    # so a caller's (or a test session's) grad mode is left as it was.
+    grad_was_enabled = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+    try:
+        for k in range(total_steps):
+            start = first + k * step
+            t0 = time.perf_counter()
+            past = log.loc[log[EVENT_TIMESTAMP] < start]
+            requests = log.loc[
+                (log[EVENT_TIMESTAMP] >= start) & (log[EVENT_TIMESTAMP] < start + step)
+            ]
+            requests = requests.drop_duplicates([USER_ID, ITEM_ID, EVENT_TIMESTAMP])
+            precompute_featurizer = PairFeaturizer(ds.with_interactions(past), history_len)
+            candidates = generate_candidates(past, start, candidate_cfg, items=ds.items)
+            t1 = time.perf_counter()
+            pool = _score_pool(
+                candidates,
+                states,
+                requests,
+                past,
                 start,
-                {
-                    f"{s.planner}@{s.budget}/{s.space}": _as_pair_embeddings(s.exact, version)
-                    for s in states
-                },
+                bundle,
+                precompute_featurizer,
+                cfg.seed,
+                k,
             )
-        if the_step.scored and len(requests):
-            batch = serve_featurizer.for_log(requests)
-            labels = requests[ds.label_columns[0]].to_numpy(dtype=np.float64)
-            baselines["labels"].append(labels)
-            baselines["vm_zero"].append(_vm_main(bundle, batch, None, None))
-            baselines["fm"].append(_fm_main(bundle, batch))
-            in_pool = np.isin(
-                _pair_keys(requests[USER_ID].to_numpy(), requests[ITEM_ID].to_numpy()),
-                _pair_keys(pool[USER_ID].to_numpy(), pool[ITEM_ID].to_numpy()),
+            the_step = _Step(
+                index=k,
+                start=start,
+                scored=k >= first_scored,
+                candidates=candidates,
+                requests=requests,
+                pool=pool,
+                candidates_seconds=t1 - t0,
+                verifier_seconds=time.perf_counter() - t1,
             )
-            candidate_recall.append(float(in_pool.mean()))
-            for state in states:
-                _serve_step(the_step, state, cfg, bundle, batch)
-                if (
-                    cfg.feast_check
-                    and feast_check is None
-                    and k >= check_step
-                    and state.planner == cfg.planners[0]
-                ):
-                    feast_check = _check_against_feast(the_step, state, cfg, version)
-        else:
-            for state in states:
-                state.misses = _misses_after_serving(the_step, state, cfg)
-        if progress is not None:
-            progress("replay", k + 1, total_steps)
-        logger.info(
-            "replay step %d/%d at %s: %d requests", k + 1, total_steps, start, len(requests)
-        )
+            _precompute_step(the_step, states, cfg, bundle, precompute_featurizer, version, fm_rate)
+            if observer is not None:
+                observer(
+                    k,
+                    start,
+                    {
+                        f"{s.planner}@{s.budget}/{s.space}": _as_pair_embeddings(s.exact, version)
+                        for s in states
+                    },
+                )
+            if cfg.warmup_steps <= k < first_scored and len(requests):
+                batch = serve_featurizer.for_log(requests)
+                all_labels = requests[list(ds.label_columns)].to_numpy(dtype=np.float32)
+                for state in states:
+                    for name in (ABLATION_STEPS[0], ABLATION_STEPS[-1]):
+                        z, tiers = _served_inputs(the_step, state, cfg, name)
+                        tuning.append((batch, z, tiers, all_labels))
+                    state.misses = _misses_after_serving(the_step, state, cfg)
+                if k == first_scored - 1:
+                    ne_vm = _tune_vm(bundle, tuning, cfg)
+                    tuning = []
+            elif the_step.scored and len(requests):
+                batch = serve_featurizer.for_log(requests)
+                labels = requests[ds.label_columns[0]].to_numpy(dtype=np.float64)
+                baselines["labels"].append(labels)
+                baselines["vm_zero"].append(_vm_main(ne_vm, batch, None, None))
+                baselines["fm"].append(_fm_main(bundle, batch))
+                in_pool = np.isin(
+                    _pair_keys(requests[USER_ID].to_numpy(), requests[ITEM_ID].to_numpy()),
+                    _pair_keys(pool[USER_ID].to_numpy(), pool[ITEM_ID].to_numpy()),
+                )
+                candidate_recall.append(float(in_pool.mean()))
+                for state in states:
+                    _serve_step(the_step, state, cfg, ne_vm, batch)
+                    if (
+                        cfg.feast_check
+                        and feast_check is None
+                        and k >= check_step
+                        and state.planner == cfg.planners[0]
+                    ):
+                        feast_check = _check_against_feast(the_step, state, cfg, version)
+            else:
+                for state in states:
+                    state.misses = _misses_after_serving(the_step, state, cfg)
+            if progress is not None:
+                progress("replay", k + 1, total_steps)
+            logger.info(
+                "replay step %d/%d at %s: %d requests", k + 1, total_steps, start, len(requests)
+            )
 
-    return _records(states, baselines, candidate_recall, fm_rate, feast_check, cfg, total_steps)
+    finally:
+        torch.set_grad_enabled(grad_was_enabled)
+    return _records(
+        states, baselines, candidate_recall, fm_rate, feast_check, cfg, total_steps, first_scored
+    )
 
 
 def _train_models(
@@ -489,6 +536,7 @@ def _precompute_step(
             cfg.pair_ttl_seconds,
             cfg.refresh_margin_seconds,
             cfg.min_miss_rank,
+            user_balanced=cfg.user_balanced,
         )
         plans.append(plan)
         state.add_seconds("plan", time.perf_counter() - t0)
@@ -618,36 +666,87 @@ def _tiers_for(
     return tiers
 
 
+def _served_inputs(
+    the_step: _Step, state: _PlannerState, cfg: SimulationConfig, name: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """``z`` ``(N, d)`` and tiers ``(N,)`` the VM gets for the step's requests when the tiers
+    named by ``name`` (an ablation step) are on."""
+    exact, similar, user, _ = _resolve(the_step, state, cfg)
+    tiers = _tiers_for(name, exact, similar, user)
+    z = np.zeros((len(tiers), state.exact.vectors.shape[1]), dtype=np.float32)
+    for tier, store, rows in (
+        (Tier.EXACT, state.exact, exact),
+        (Tier.SIMILAR, state.similar, similar),
+        (Tier.USER_AGG, state.user, user),
+    ):
+        mask = tiers == int(tier)
+        if mask.any():
+            z[mask] = store.vectors[rows[mask]]
+    return z, tiers
+
+
 def _serve_step(
     the_step: _Step,
     state: _PlannerState,
     cfg: SimulationConfig,
-    bundle: ModelBundle,
+    vm: Any,
     batch: Any,
 ) -> None:
     import torch
 
-    exact, similar, user, _ = _resolve(the_step, state, cfg)
-    dim = int(bundle.compressor.config.code_dim)
     for name in ABLATION_STEPS:
-        tiers = _tiers_for(name, exact, similar, user)
-        z = np.zeros((len(tiers), dim), dtype=np.float32)
-        for tier, store, rows in (
-            (Tier.EXACT, state.exact, exact),
-            (Tier.SIMILAR, state.similar, similar),
-            (Tier.USER_AGG, state.user, user),
-        ):
-            mask = tiers == int(tier)
-            if mask.any():
-                z[mask] = store.vectors[rows[mask]]
-        probs = _vm_main(bundle, batch, torch.from_numpy(z), torch.from_numpy(tiers))
+        z, tiers = _served_inputs(the_step, state, cfg, name)
+        probs = _vm_main(vm, batch, torch.from_numpy(z), torch.from_numpy(tiers))
         state.probs.setdefault(name, []).append(probs)
         counts = np.bincount(tiers, minlength=len(Tier))
         state.tier_counts[name] = (
             state.tier_counts.get(name, np.zeros(len(Tier), np.int64)) + counts
         )
-    state.served += len(exact)
+    state.served += len(the_step.requests)
     state.misses = _misses_after_serving(the_step, state, cfg)
+
+
+def _tune_vm(
+    bundle: ModelBundle,
+    rows: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]],
+    cfg: SimulationConfig,
+) -> Any:
+    """A copy of the registered VM fine-tuned on served ``(features, z, tier, labels)`` rows, so
+    its trust in each tier matches what this replay's stores serve."""
+    import copy
+    from dataclasses import fields
+
+    import torch
+
+    from solaris_feast.features import PairBatch
+    from solaris_feast.models.training import TrainConfig, train_vertical
+
+    vm = copy.deepcopy(bundle.vm)
+    if not rows:
+        return vm
+    batch = PairBatch(
+        **{f.name: torch.cat([getattr(r[0], f.name) for r in rows]) for f in fields(PairBatch)}
+    )
+    z = torch.from_numpy(np.concatenate([r[1] for r in rows]))
+    tier = torch.from_numpy(np.concatenate([r[2] for r in rows]))
+    labels = torch.from_numpy(np.concatenate([r[3] for r in rows]))
+    with torch.enable_grad():
+        train_vertical(
+            vm,
+            batch,
+            labels,
+            TrainConfig(
+                epochs=cfg.ne_tuning_epochs,
+                batch_size=256,
+                learning_rate=cfg.ne_tuning_learning_rate,
+                seed=cfg.seed,
+            ),
+            z=z,
+            tier=tier,
+        )
+    vm.eval()
+    logger.info("NE VM tuned on %d served rows", len(labels))
+    return vm
 
 
 def _misses_after_serving(
@@ -659,12 +758,12 @@ def _misses_after_serving(
     return missed.drop_duplicates().reset_index(drop=True)
 
 
-def _vm_main(bundle: ModelBundle, batch: Any, z: Any, tier: Any) -> np.ndarray:
+def _vm_main(vm: Any, batch: Any, z: Any, tier: Any) -> np.ndarray:
     out = []
     for lo in range(0, len(batch), _INFERENCE_BATCH):
         sl = slice(lo, lo + _INFERENCE_BATCH)
         part = batch.select(sl)
-        probs = bundle.vm.predict_proba(
+        probs = vm.predict_proba(
             part, None if z is None else z[sl], None if tier is None else tier[sl]
         )
         out.append(probs[:, 0].numpy().astype(np.float64))
@@ -710,6 +809,7 @@ def _records(
     feast_check: dict[str, Any] | None,
     cfg: SimulationConfig,
     total_steps: int,
+    first_scored: int,
 ) -> list[dict[str, Any]]:
     if not baselines["labels"]:
         raise ValueError("no impressions were served in the scored steps: nothing to report")
@@ -760,8 +860,10 @@ def _records(
             )
             if overhead + scoring + fm_s
             else None,
-            "steps": total_steps - cfg.warmup_steps,
+            "steps": total_steps - first_scored,
             "warmup_steps": cfg.warmup_steps,
+            "ne_vm": cfg.ne_vm,
+            "ne_tuning_steps": first_scored - cfg.warmup_steps,
             "candidate_recall": round(float(np.mean(candidate_recall)), 4)
             if candidate_recall
             else None,

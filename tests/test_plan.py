@@ -88,6 +88,31 @@ def test_plan_keeps_budget_and_orders_misses_then_score_with_id_tie_break() -> N
     assert plan.uncovered["priority"].iloc[0] == 150
 
 
+def test_user_balanced_plan_takes_every_users_best_pair_first() -> None:
+    cand = _random_candidates(7)
+    misses = _random_candidates(8, rows=30)
+    plan = _plan(cand, misses, budget=120, threshold=0.6, user_balanced=True)
+    best: dict[tuple[int, int], list[float]] = {}
+    for frame, is_miss in ((cand, False), (misses, True)):
+        for u, i, s in frame[["user_id", "item_id", "verifier_score"]].itertuples(index=False):
+            entry = best.setdefault((int(u), int(i)), [-1.0, -np.inf])
+            entry[0] = max(entry[0], s)
+            if is_miss:
+                entry[1] = max(entry[1], s)
+    # Place of each pair in its user's ranking (score desc, item asc).
+    place = {}
+    for user in {u for u, _ in best}:
+        mine = sorted((k for k in best if k[0] == user), key=lambda k: (-best[k][0], k[1]))
+        place.update({k: n for n, k in enumerate(mine)})
+    ranked = sorted(
+        best,
+        key=lambda k: (0 if best[k][1] >= 0.6 else 1, place[k], -best[k][0], k[0], k[1]),
+    )
+    got = list(zip(plan.pairs["user_id"], plan.pairs["item_id"], strict=True))
+    assert got == ranked[:120]
+    assert len(plan.uncovered) == len(ranked) - 120
+
+
 def test_queued_miss_below_threshold_competes_by_score() -> None:
     cand = _scored([1, 2], [1, 1], [0.9, 0.8])
     misses = _scored([3, 4], [1, 1], [0.95, 0.2])

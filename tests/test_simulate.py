@@ -96,6 +96,7 @@ def _config(**update: object) -> SimulationConfig:
         max_steps=2,
         feast_check=False,
         compare_similarity_spaces=False,
+        ne_vm="registered",
     )
     return base.model_copy(update=update)
 
@@ -151,6 +152,8 @@ def test_records_report_tiers_ne_and_a_matching_feast_step(
         budgets=(0.2,),
         feast_check=True,
         compare_similarity_spaces=True,
+        ne_vm="replay_tuned",
+        ne_tuning_steps=1,
     )
     records = simulate(cfg, dataset=dataset, bundle=bundle)
     assert len(records) == 3 + 1  # + the verifier with the other user space
@@ -166,10 +169,11 @@ def test_records_report_tiers_ne_and_a_matching_feast_step(
         assert anys == sorted(anys)  # each tier can only add coverage
         assert {a["coverage"]["exact"] for a in r["ablation"]} == {c["exact"]}
         assert r["ablation"][-1]["ne"] == r["ne"] and np.isfinite(r["ne"])
-        assert (
-            r["fm_pairs"] <= r["mean_budget_pairs_per_step"] * (r["steps"] + r["warmup_steps"]) + 1
-        )
+        replayed_steps = r["steps"] + r["warmup_steps"] + r["ne_tuning_steps"]
+        assert r["fm_pairs"] <= r["mean_budget_pairs_per_step"] * replayed_steps + 1
         assert r["served_pairs"] > 0
+        # One step tunes the NE VM on served tiers; the scored steps come after it.
+        assert (r["ne_vm"], r["ne_tuning_steps"], r["steps"]) == ("replay_tuned", 1, 2)
     spaces = {r["similarity_space"] for r in records}
     assert spaces == {"fm_user", "aggregate"}
     checks = [r["feast_check"] for r in records if "feast_check" in r]
