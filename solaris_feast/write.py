@@ -19,7 +19,8 @@ pipeline and silently drops a row whose timestamp is not newer than the stored o
 wrong with that: a recomputation with the same ``computed_at`` (a fixed model, a retried shard)
 is lost, and two writers can interleave between the read and the write. Here each chunk of rows
 is one Lua script: Redis runs it atomically, comparing the stored ``_ts:<view>`` with the new one
-and writing when the new one is not older (ties go to the later write). On SQLite one
+and writing when the new one is not older (ties go to the later write). Up to ``atomic_rows``
+rows go in one MULTI/EXEC transaction, so a crash mid-batch stores all of it or none. On SQLite one
 ``INSERT ... ON CONFLICT DO UPDATE ... WHERE excluded.event_ts >= event_ts`` does the same; Feast's
 own SQLite writer overwrites unconditionally, so an older late write would win there. The bytes
 written are Feast's own (same keys, fields and ``ValueProto`` encodings), so
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_ROWS = 256
+DEFAULT_ATOMIC_ROWS = 1024
+"""Rows per Redis transaction: a batch up to this size is all-or-nothing online."""
 NANOS_PER_SECOND = 1_000_000_000
 
 # Newest-wins write of a chunk of rows. ARGV: ts field, number of features F, key TTL (0 = none),
@@ -170,7 +173,11 @@ class EmbeddingWriter:
         view_name: ``solaris_pair``, ``solaris_user`` or ``solaris_similar`` (or your own names).
         offline: write the parquet log.
         online: write the online store.
-        chunk_rows: rows per atomic Redis script call.
+        chunk_rows: rows per Redis script call.
+        atomic_rows: rows per Redis transaction (MULTI/EXEC). A batch of at most this many rows
+            is written all-or-nothing: a crash mid-batch leaves none of it and readers never see
+            part of it. Bigger batches are written as several such transactions, because Redis
+            answers no reader while one runs.
     """
 
     def __init__(
@@ -181,15 +188,19 @@ class EmbeddingWriter:
         offline: bool = True,
         online: bool = True,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        atomic_rows: int = DEFAULT_ATOMIC_ROWS,
     ) -> None:
-        if chunk_rows <= 0:
-            raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+        if chunk_rows <= 0 or atomic_rows <= 0:
+            raise ValueError(
+                f"chunk_rows and atomic_rows must be positive, got {chunk_rows}, {atomic_rows}"
+            )
         self.store = store
         self.view: FeatureView = store.get_feature_view(view_name)
         self.view_name = view_name
         self.offline = offline
         self.online = online
         self.chunk_rows = chunk_rows
+        self.atomic_rows = atomic_rows
         self.project = store.config.project
         self.join_keys = list(self.view.join_keys)
         self.feature_kinds = {f.name: _feature_kind(f.dtype) for f in self.view.features}
@@ -490,23 +501,27 @@ class EmbeddingWriter:
         applied = 0
         if is_redis_cluster(self.store):
             return self._write_redis_cluster(keys, rows, ts_ns, head, ts_cache)
-        # One MULTI/EXEC around the batch's scripts: Redis queues them until EXEC, so a crash or
-        # a dropped connection mid-batch leaves nothing of it, and a reader never sees half of
-        # it (the whole batch lands between two of its reads).
-        with self._redis.pipeline(transaction=True) as pipe:
-            for start in range(0, len(keys), self.chunk_rows):
-                stop = min(start + self.chunk_rows, len(keys))
-                args: list[Any] = list(head)
-                for i in range(start, stop):
-                    nanos = int(ts_ns[i])
-                    if nanos not in ts_cache:
-                        ts_cache[nanos] = Timestamp(
-                            seconds=nanos // NANOS_PER_SECOND, nanos=nanos % NANOS_PER_SECOND
-                        ).SerializeToString()
-                    args.append(ts_cache[nanos])
-                    args.extend(rows[i])
-                self._script(keys=[k + project for k in keys[start:stop]], args=args, client=pipe)
-            applied = sum(int(r) for r in pipe.execute())
+        # MULTI/EXEC around up to atomic_rows rows of scripts: Redis queues them until EXEC, so
+        # a crash or a dropped connection mid-transaction leaves nothing of it, and no reader
+        # sees part of it. Redis serves nobody while an EXEC runs (about 3-10 us a row here),
+        # so a bigger batch goes in several transactions, each all-or-nothing.
+        for lo in range(0, len(keys), self.atomic_rows):
+            hi = min(lo + self.atomic_rows, len(keys))
+            with self._redis.pipeline(transaction=True) as pipe:
+                for start in range(lo, hi, self.chunk_rows):
+                    stop = min(start + self.chunk_rows, hi)
+                    args: list[Any] = list(head)
+                    for i in range(start, stop):
+                        nanos = int(ts_ns[i])
+                        if nanos not in ts_cache:
+                            ts_cache[nanos] = Timestamp(
+                                seconds=nanos // NANOS_PER_SECOND, nanos=nanos % NANOS_PER_SECOND
+                            ).SerializeToString()
+                        args.append(ts_cache[nanos])
+                        args.extend(rows[i])
+                    keys_here = [k + project for k in keys[start:stop]]
+                    self._script(keys=keys_here, args=args, client=pipe)
+                applied += sum(int(r) for r in pipe.execute())
         return applied
 
     def _write_redis_cluster(
