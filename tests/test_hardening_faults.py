@@ -34,7 +34,7 @@ from solaris_feast.miss_queue import MissQueue
 from solaris_feast.serve import SolarisRetriever
 from solaris_feast.store_config import open_store
 from solaris_feast.tiers import Tier
-from solaris_feast.write import EmbeddingWriter
+from solaris_feast.write import DEFAULT_ATOMIC_ROWS, EmbeddingWriter
 
 DEADLINE_MS = 50.0
 # Wall-clock slack over the deadline for a loaded 2-core machine (thread scheduling, GC).
@@ -126,16 +126,21 @@ def _pair_keys(client: redis.Redis, project: str) -> int:
     return sum(1 for _ in client.scan_iter(match=f"*{project}", count=1000))
 
 
+@pytest.mark.parametrize(
+    ("rows", "atomic_rows"),
+    [(1000, DEFAULT_ATOMIC_ROWS), (1500, 500)],
+    ids=["one-transaction", "three-transactions"],
+)
 def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(
-    tmp_path: Path, feast_project: str
+    tmp_path: Path, feast_project: str, rows: int, atomic_rows: int
 ) -> None:
-    """Redis receives the first part of a 1500-row batch, executes what it got, and is killed.
+    """Redis receives the first half of a batch's bytes, executes what it got, and is killed.
 
     A proxy holds back the batch's tail, so the kill lands mid-batch every run. Redis fsyncs
     every write to its append-only file, so after the restart the store shows exactly what Redis
-    executed before dying. Per-batch atomicity means: nothing of the batch, then all of it.
+    executed before dying: none of a batch of up to ``atomic_rows`` rows, and whole
+    ``atomic_rows`` slices of a bigger one, never part of a slice. Then a retry completes it.
     """
-    rows = 1500
     rng = np.random.default_rng(2)
     vectors = rng.standard_normal((rows, DIM)).astype(np.float32)
     items = np.arange(rows, dtype=np.int64)
@@ -153,7 +158,12 @@ def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(
                 redis_url=f"redis://127.0.0.1:{PROXY_PORT}/0",
             )
             store.apply(solaris_definitions().all())
-            writer = EmbeddingWriter(store, "solaris_pair", offline=True, chunk_rows=64)
+
+            def writer() -> EmbeddingWriter:
+                return EmbeddingWriter(
+                    store, "solaris_pair", offline=True, chunk_rows=64, atomic_rows=atomic_rows
+                )
+
             failure: list[BaseException] = []
 
             def crash_when_cut() -> None:
@@ -164,21 +174,26 @@ def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(
 
             killer = threading.Thread(target=crash_when_cut, daemon=True)
             killer.start()
+            first = writer()
             try:
-                writer.write(batch)
+                first.write(batch)
             except (redis.ConnectionError, RetryableStoreError) as exc:
                 failure.append(exc)
             killer.join(timeout=25)
             assert proxy.cut.is_set(), "the batch never crossed the cut: make the batch larger"
             assert failure, "the write must fail when Redis dies under it"
-            writer.close()
+            first.close()
 
             server.start()
-            assert _pair_keys(direct, feast_project) == 0, "half a batch survived the crash"
+            survivors = _pair_keys(direct, feast_project)
+            if rows <= atomic_rows:
+                assert survivors == 0, f"{survivors} rows of a {rows}-row batch survived"
+            else:
+                assert survivors % atomic_rows == 0 and survivors < rows, survivors
 
             # The retry: a new writer, as a retried Airflow task would make.
             proxy.heal()
-            retry = EmbeddingWriter(store, "solaris_pair", offline=True, chunk_rows=64)
+            retry = writer()
             report = retry.write(batch)
             retry.close()
         finally:
