@@ -348,15 +348,6 @@ def train_vertical_stage(run: Mapping[str, Any], compressor_version: str) -> dic
     return _remember(spec, "vm", card)
 
 
-def _parent_version(card: ModelCard, kind: str) -> str:
-    from solaris_feast.errors import ConfigError
-
-    for version in card.parents:
-        if version.startswith(f"{kind}-"):
-            return version
-    raise ConfigError(f"model card {card.version} names no {kind} parent ({card.parents})")
-
-
 # -- precompute -----------------------------------------------------------------------------------
 
 
@@ -367,18 +358,19 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     same models finds its earlier files; a new model version starts a full re-plan.
     """
     from solaris_feast.errors import ConfigError
-    from solaris_feast.models.registry import list_cards
+    from solaris_feast.models.registry import list_cards, parent_card
 
     cfg = PrecomputeSettings.model_validate(dict(settings))
     now, key = run_time(**interval)
     models_dir = Path(cfg.models_dir)
-    vms = [c for c in list_cards(models_dir) if c.kind == "vm"] if models_dir.is_dir() else []
+    cards = {c.version: c for c in list_cards(models_dir)} if models_dir.is_dir() else {}
+    vms = [c for c in cards.values() if c.kind == "vm"]
     if not vms:
         raise ConfigError(
             f"no VM model card in {models_dir}: run the solaris_training DAG (or solaris train)"
         )
     vm = max(vms, key=lambda c: (c.created_at, c.version))
-    compressor_version = _parent_version(vm, "compressor")
+    compressor_version = parent_card(cards, vm, "compressor").version
     runs_dir = Path(cfg.runs_dir) if cfg.runs_dir else Path(cfg.feature_repo) / RUNS_SUBDIR
     run_dir = runs_dir / key / vm.version
     run_dir.mkdir(parents=True, exist_ok=True)
