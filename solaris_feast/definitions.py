@@ -90,16 +90,17 @@ class SolarisFeastConfig(BaseModel):
     """Lineage tag: version of the VM used as verifier when planning the precompute."""
     pair_producing_dag: str = "solaris_precompute"
     """Lineage tag: the Airflow DAG that writes the pair view."""
-    user_producing_dag: str = "solaris_aggregate"
-    """Lineage tag: the Airflow DAG that writes the user view."""
-    similar_producing_dag: str = "solaris_similarity_fill"
-    """Lineage tag: the Airflow DAG that writes the similar view."""
+    user_producing_dag: str = "solaris_precompute"
+    """Lineage tag: the Airflow DAG that writes the user view (``dags/solaris_precompute.py``
+    aggregates users in the same run that writes the pairs)."""
+    similar_producing_dag: str = "solaris_precompute"
+    """Lineage tag: the Airflow DAG that writes the similar view (the same run fills it)."""
     pair_schedule: str = "@hourly"
     """Lineage tag: cron or preset schedule of the pair DAG."""
     user_schedule: str = "@hourly"
-    """Lineage tag: schedule of the user aggregate DAG."""
+    """Lineage tag: schedule of the DAG that writes the user view."""
     similar_schedule: str = "@hourly"
-    """Lineage tag: schedule of the similarity fill DAG."""
+    """Lineage tag: schedule of the DAG that writes the similar view."""
 
     @model_validator(mode="after")
     def _names_are_distinct(self) -> SolarisFeastConfig:

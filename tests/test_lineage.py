@@ -122,6 +122,10 @@ class Cards:
             "fm_version": self.fm,
             "compressor_version": self.compressor,
             "verifier_version": self.vm,
+            # The DAG folder of write_dags has one DAG per view; the factories' default names
+            # the one real DAG that writes all three (solaris_precompute).
+            "user_producing_dag": "solaris_aggregate",
+            "similar_producing_dag": "solaris_similarity_fill",
         }
         return SolarisFeastConfig(**{**versions, **overrides})
 
@@ -577,7 +581,7 @@ def test_producing_dag_is_found_by_the_asset_when_the_tag_names_no_dag(tmp_path:
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / "solaris_precompute.py").write_text(DAG_PRELUDE + ONE_DAG_WRITES_ALL)
-    # The factories' default DAG names for the user and similar views are not in this folder.
+    # The tags name the user and similar DAGs of write_dags, which are not in this folder.
     repo = make_repo(tmp_path, cards.config(user_ttl_seconds=1800))
     report = build_lineage(repo, cards.models, dags, now=NOW)
     for name in VIEWS:
