@@ -287,3 +287,38 @@ def test_miss_queue_redelivers_what_a_dead_consumer_read_and_never_acked(
     # Acknowledged pairs open a new round: the same miss is queued again.
     assert serving.record(1, [0], VERSION) == 1
     assert project_snapshot(client, feast_project)  # keys exist; fixture teardown deletes them
+
+
+def test_a_consumer_that_dies_after_writing_causes_no_duplicate_rows(
+    tmp_path: Path, feast_project: str, redis_url: str
+) -> None:
+    """At-least-once delivery plus idempotent writes: the pairs a dead worker wrote but never
+    acknowledged are delivered again, and writing them again adds no row online or offline."""
+    client = redis.Redis.from_url(redis_url)
+    MissQueue(feast_project, redis=client).record(4, list(range(8)), VERSION)
+    store = open_store(feast_project, tmp_path / "repo", online="redis", redis_url=redis_url)
+    store.apply(solaris_definitions().all())
+    planned_at = pd.Timestamp.now(tz="UTC").floor("s")
+
+    def embed_and_write(taken: pd.DataFrame) -> None:
+        items = taken.item_id.to_numpy()
+        vectors = np.stack([np.full(DIM, 4000 + item, dtype=np.float32) for item in items])
+        EmbeddingWriter(store, "solaris_pair", offline=True).write(
+            pair_frame(4, items, vectors, computed_at=planned_at)
+        )
+
+    doomed = MissQueue(feast_project, redis=redis.Redis.from_url(redis_url))
+    taken = doomed.read_group("precompute", "worker-c", max_pairs=100, min_idle_ms=200)
+    embed_and_write(taken)  # ... and dies before ack
+    time.sleep(0.25)
+    heir = MissQueue(feast_project, redis=redis.Redis.from_url(redis_url))
+    again = heir.read_group("precompute", "worker-d", max_pairs=100, min_idle_ms=200)
+    assert pairs_of(again) == pairs_of(taken) == [(4, i) for i in range(8)]
+    embed_and_write(again)
+    assert heir.ack("precompute", again) == 8
+    assert heir.pending() == 0
+
+    files = list(Path(tmp_path / "repo" / "data" / "offline").rglob("*.parquet"))
+    offline = pd.concat(pq.read_table(p).to_pandas() for p in files)
+    assert len(files) == 1 and len(offline) == 8
+    assert _pair_keys(client, feast_project) == 8
