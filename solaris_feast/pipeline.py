@@ -144,6 +144,8 @@ class PrecomputeRun(BaseModel):
     """Folder of this run's files."""
     vm_version: str
     """The verifier (VM) version; its card names the compressor and the FM."""
+    fm_version: str
+    """The FM behind the compressor."""
     embedding_version: str
     """The compressor's version, stored beside every vector as ``model_version``."""
 
@@ -370,7 +372,8 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
             f"no VM model card in {models_dir}: run the solaris_training DAG (or solaris train)"
         )
     vm = max(vms, key=lambda c: (c.created_at, c.version))
-    compressor_version = parent_card(cards, vm, "compressor").version
+    compressor = parent_card(cards, vm, "compressor")
+    compressor_version = compressor.version
     runs_dir = Path(cfg.runs_dir) if cfg.runs_dir else Path(cfg.feature_repo) / RUNS_SUBDIR
     run_dir = runs_dir / key / vm.version
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -381,6 +384,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
         interval_key=key,
         run_dir=str(run_dir),
         vm_version=vm.version,
+        fm_version=parent_card(cards, compressor, "fm").version,
         embedding_version=compressor_version,
     )
     if not manifest.is_file():
@@ -784,6 +788,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     }
     _write_atomic(run_dir / "coverage.json", json.dumps(report, indent=2))
     acknowledged = _acknowledge_misses(spec, store)
+    retagged = tag_views_with_versions(store, spec)
     logger.info(
         "coverage %s: exact=%.3f similar=%.3f user=%.3f zero=%.3f over %d pairs (%s)",
         spec.interval_key,
@@ -798,8 +803,34 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         "coverage": coverage,
         "pairs": total,
         "misses_acknowledged": acknowledged,
+        "views_retagged": retagged,
         "path": str(run_dir / "coverage.json"),
     }
+
+
+def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[str]:
+    """Set the views' ``solaris.*_version`` tags to the models of this run's vectors.
+
+    Lineage review traces a served vector through these tags to the FM, compressor and verifier
+    cards; they change (one registry update) only when a run writes with new models.
+    """
+    from solaris_feast.definitions import TAG_PREFIX
+
+    wanted = {
+        f"{TAG_PREFIX}fm_version": spec.fm_version,
+        f"{TAG_PREFIX}compressor_version": spec.embedding_version,
+        f"{TAG_PREFIX}verifier_version": spec.vm_version,
+    }
+    changed: list[Any] = []  # FeatureStore.apply takes a list of any Feast object
+    for name in (PAIR_VIEW, USER_VIEW, SIMILAR_VIEW):
+        view = store.get_feature_view(name)
+        if any(view.tags.get(k) != v for k, v in wanted.items()):
+            view.tags.update(wanted)
+            changed.append(view)
+    if changed:
+        store.apply(changed)
+        logger.info("views %s now tagged %s", [v.name for v in changed], wanted)
+    return [v.name for v in changed]
 
 
 # -- offline store reads ----------------------------------------------------------------------

@@ -352,6 +352,10 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     )
     assert min(coverage["coverage"][t] for t in ("exact", "similar", "user")) > 0
     assert sum(coverage["coverage"].values()) == pytest.approx(1.0)
+    for view in open_store(repo).list_feature_views():
+        assert view.tags["solaris.fm_version"] == bundle.fm_card.version
+        assert view.tags["solaris.compressor_version"] == bundle.embedding_version
+        assert view.tags["solaris.verifier_version"] == bundle.vm_card.version
     counts = offline_rows(repo)
     assert counts["solaris_pair"] == BUDGET_PAIRS
     assert counts["solaris_user"] > 0 and counts["solaris_similar"] > 0
