@@ -1,9 +1,10 @@
 """Soak: N concurrent serving clients for a bounded time while a precompute writer rewrites rows.
 
 Each client is its own process (forked after the heavy imports, so no GIL is shared) with its own
-:class:`~solaris_feast.serve.SolarisRetriever`; it fetches 1 user x ``--candidates`` items in a
-loop for ``--seconds``. Meanwhile a writer process rewrites pair embeddings of random users in
-batches through :class:`~solaris_feast.write.EmbeddingWriter`, as a precompute run would.
+:class:`~solaris_feast.serve.SolarisRetriever`; it fetches 1 user x ``--candidates`` items at
+``--rate`` fetches/s (open loop; ``--rate 0`` = as fast as it can) for ``--seconds``.
+Meanwhile a writer process rewrites pair embeddings of random users in batches through
+:class:`~solaris_feast.write.EmbeddingWriter`, as a precompute run would.
 
 Reported: fetch throughput, p50/p99/max latency, errors (store failures, deadline misses and
 exceptions; must all be 0), tier shares, writer rows/s, each client's RSS growth from the end of
@@ -112,6 +113,13 @@ def serve_client(index: int, args: dict[str, Any], start_at: float, results: Any
     while (now := time.monotonic()) < end:
         if rss_after_warmup is None and now >= start_at + WARMUP_SECONDS:
             rss_after_warmup = rss_mb()
+        if args["interval_s"]:
+            # Open-loop pacing: a client sends at its rate whether or not the last one was slow,
+            # so a slow read shows up in the latencies instead of lowering the load.
+            next_at = start_at + len(latencies) * args["interval_s"]
+            if next_at > now:
+                time.sleep(min(next_at - now, end - now))
+                continue
         user = int(rng.integers(0, args["users"]))
         began = time.perf_counter()
         try:
@@ -195,6 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "deadline_ms": args.deadline_ms,
             "write_batch": args.write_batch,
             "write_pause_s": args.write_pause_s,
+            "interval_s": 1.0 / args.rate if args.rate > 0 else 0.0,
         }
         # Forked after the imports above: every process starts warm, none shares a GIL.
         context = mp.get_context("fork")
@@ -234,6 +243,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "candidates_per_fetch": args.candidates,
         "users": args.users,
         "deadline_ms": args.deadline_ms,
+        "target_fetches_per_s_per_client": args.rate if args.rate > 0 else None,
         "fetches": int(latencies.size),
         "fetches_per_s": latencies.size / args.seconds,
         "candidates_per_s": latencies.size * args.candidates / args.seconds,
@@ -270,6 +280,12 @@ def table(result: dict[str, Any]) -> str:
     machine = result["machine"]
     rows = [
         ("serving clients (processes)", f"{result['clients']}"),
+        (
+            "offered load per client",
+            "unpaced (saturation)"
+            if result["target_fetches_per_s_per_client"] is None
+            else f"{result['target_fetches_per_s_per_client']:.0f} fetches/s",
+        ),
         ("duration", f"{result['seconds']:.0f} s"),
         ("candidates per fetch", f"{result['candidates_per_fetch']}"),
         ("fetches", f"{result['fetches']}"),
@@ -317,7 +333,15 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=100)
     parser.add_argument("--users", type=int, default=200)
     parser.add_argument("--deadline-ms", type=float, default=50.0)
-    parser.add_argument("--write-batch", type=int, default=600, help="rows per writer batch")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=50.0,
+        help="fetches/s each client sends (paced); 0 = as fast as it can (saturation)",
+    )
+    # 4096: the precompute's FM batch (solaris_feast.precompute.DEFAULT_BATCH_SIZE), written as
+    # one EmbeddingWriter.write call; kept literal so the soak needs no precompute import.
+    parser.add_argument("--write-batch", type=int, default=4096, help="rows per writer batch")
     parser.add_argument("--write-pause-s", type=float, default=0.05, help="pause between batches")
     parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/soak.json"))
