@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from solaris_feast.definitions import CREATED_TIMESTAMP_COLUMN, EVENT_TIMESTAMP_COLUMN
-from solaris_feast.errors import ConfigError, WriteBatchError
+from solaris_feast.errors import ConfigError, RetryableStoreError, WriteBatchError
 from solaris_feast.store_config import (
     EntityKeyLayout,
     FloatListCodec,
@@ -488,6 +488,7 @@ class EmbeddingWriter:
     def _write_redis(
         self, keys: list[bytes], names: list[str], rows: list[list[bytes]], ts_ns: np.ndarray
     ) -> int:
+        import redis
         from google.protobuf.timestamp_pb2 import Timestamp
 
         if self._redis is None:
@@ -521,7 +522,14 @@ class EmbeddingWriter:
                         args.extend(rows[i])
                     keys_here = [k + project for k in keys[start:stop]]
                     self._script(keys=keys_here, args=args, client=pipe)
-                applied += sum(int(r) for r in pipe.execute())
+                try:
+                    applied += sum(int(r) for r in pipe.execute())
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    raise RetryableStoreError(
+                        f"{self.view_name}: Redis failed while writing rows {lo}-{hi - 1} of "
+                        f"{len(keys)} ({exc!r}); rows before {lo} are stored, none of rows "
+                        f"{lo}-{hi - 1}; write the batch again (rewrites are idempotent)"
+                    ) from exc
         return applied
 
     def _write_redis_cluster(
