@@ -1,14 +1,22 @@
 """The SOLARIS definitions of this repo, made by the solaris_feast factories.
 
-Change names, dimension, TTLs or lineage tags through ``SolarisFeastConfig``; ``feast apply``
-registers every object bound at module level below.
+``feast apply`` registers every object bound at module level below. The lineage tags
+(``solaris.fm_version``, ``solaris.compressor_version``, ``solaris.verifier_version``) and the
+embedding dimension come from the newest VM's model chain in ``SOLARIS_MODELS_DIR`` (default
+``<repo>/../models``), read as JSON; without cards they are ``unversioned``. TTLs can be set with
+``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS`` and ``SOLARIS_SIMILAR_TTL_SECONDS``.
+Run ``feast apply`` again after training so the tags name the models in service. Anything else
+(names, dimension, DAG names) changes through ``SolarisFeastConfig``.
 """
 
 from __future__ import annotations
 
-from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
+from pathlib import Path
 
-solaris = solaris_definitions(SolarisFeastConfig())
+from solaris_feast.definitions import solaris_definitions
+from solaris_feast.model_versions import models_dir_for_repo, versioned_feast_config
+
+solaris = solaris_definitions(versioned_feast_config(models_dir_for_repo(Path(__file__).parent)))
 
 user = solaris.user
 item = solaris.item

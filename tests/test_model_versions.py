@@ -1,0 +1,192 @@
+"""Lineage tags of the feature repo come from the model cards, read as JSON (no torch)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from solaris_feast.definitions import SolarisFeastConfig
+from solaris_feast.errors import ConfigError
+from solaris_feast.lineage import parse_dag_file
+from solaris_feast.model_versions import (
+    MODELS_DIR_ENV,
+    PAIR_TTL_ENV,
+    SCHEDULE_ENV,
+    models_dir_for_repo,
+    newest_chain,
+    newest_embedding_version,
+    versioned_feast_config,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+REPO = ROOT / "feature_repo"
+
+
+def write_card(
+    models: Path,
+    version: str,
+    kind: str,
+    created_at: str,
+    parents: tuple[str, ...] = (),
+    config: dict[str, object] | None = None,
+) -> None:
+    """A card shaped as ``save_model`` writes it (the weights are never read here)."""
+    models.mkdir(parents=True, exist_ok=True)
+    card = {
+        "version": version,
+        "kind": kind,
+        "parents": list(parents),
+        "created_at": created_at,
+        "config": config or {},
+        "weights_file": f"{version}.safetensors",
+        "weights_sha256": "0" * 64,
+    }
+    (models / f"{version}.card.json").write_text(json.dumps(card))
+
+
+def two_chains(models: Path) -> None:
+    """An old chain, a newer one with code_dim 8, and a still newer compressor with no VM yet."""
+    write_card(models, "fm-a", "fm", "2026-01-01T00:00:00Z")
+    write_card(models, "compressor-a", "compressor", "2026-01-01T01:00:00Z", ("fm-a",))
+    write_card(models, "vm-a", "vm", "2026-01-01T02:00:00Z", ("compressor-a",))
+    write_card(models, "fm-b", "fm", "2026-02-01T00:00:00Z")
+    write_card(
+        models,
+        "compressor-b",
+        "compressor",
+        "2026-02-01T01:00:00Z",
+        ("fm-b",),
+        {"model": {"input_dim": 128, "code_dim": 8, "hidden_dim": 16}},
+    )
+    write_card(models, "vm-b", "vm", "2026-02-01T02:00:00Z", ("compressor-b",))
+    write_card(models, "compressor-c", "compressor", "2026-03-01T00:00:00Z", ("fm-b",))
+    (models / "metrics.json").write_text("{}")  # not a card: ignored
+
+
+def test_tags_follow_the_newest_vm_chain_not_the_newest_compressor(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    two_chains(models)
+    chain = newest_chain(models)
+    assert chain is not None and chain.vm is not None
+    assert (chain.fm.version, chain.compressor.version, chain.vm.version) == (
+        "fm-b",
+        "compressor-b",
+        "vm-b",
+    )
+    # Serving loads the newest VM's compressor: that is the version stored with embeddings.
+    assert newest_embedding_version(models) == "compressor-b"
+    config = versioned_feast_config(models, environ={})
+    assert (config.fm_version, config.compressor_version, config.verifier_version) == (
+        "fm-b",
+        "compressor-b",
+        "vm-b",
+    )
+    assert config.embedding_dim == 8
+
+
+def test_without_cards_everything_is_unversioned(tmp_path: Path) -> None:
+    assert newest_chain(tmp_path / "missing") is None
+    assert newest_embedding_version(tmp_path) is None
+    config = versioned_feast_config(tmp_path / "missing", environ={})
+    assert config == SolarisFeastConfig()
+    assert config.compressor_version == "unversioned" and config.embedding_dim == 32
+
+
+def test_compressor_without_vm_is_served_unverified(tmp_path: Path) -> None:
+    write_card(tmp_path, "fm-a", "fm", "2026-01-01T00:00:00Z")
+    write_card(tmp_path, "compressor-a", "compressor", "2026-01-01T01:00:00Z", ("fm-a",))
+    config = versioned_feast_config(tmp_path, environ={})
+    assert (config.fm_version, config.compressor_version, config.verifier_version) == (
+        "fm-a",
+        "compressor-a",
+        "unversioned",
+    )
+
+
+def test_missing_parent_card_and_bad_ttl_are_config_errors(tmp_path: Path) -> None:
+    write_card(tmp_path, "vm-x", "vm", "2026-01-01T00:00:00Z", ("compressor-gone",))
+    with pytest.raises(ConfigError, match="compressor-gone"):
+        versioned_feast_config(tmp_path, environ={})
+    with pytest.raises(ConfigError, match=PAIR_TTL_ENV):
+        versioned_feast_config(tmp_path / "none", environ={PAIR_TTL_ENV: "6h"})
+    (tmp_path / "vm-x.card.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not readable JSON"):
+        newest_chain(tmp_path)
+
+
+def test_environment_sets_ttls_schedule_and_models_folder(tmp_path: Path) -> None:
+    env = {PAIR_TTL_ENV: "7200", SCHEDULE_ENV: "*/30 * * * *"}
+    config = versioned_feast_config(tmp_path, environ=env)
+    assert (config.pair_ttl_seconds, config.user_ttl_seconds) == (7200, 24 * 3600)
+    assert config.pair_schedule == config.similar_schedule == "*/30 * * * *"
+    assert models_dir_for_repo(tmp_path / "repo", environ={}) == tmp_path / "models"
+    assert models_dir_for_repo(tmp_path, environ={MODELS_DIR_ENV: "/x/m"}) == Path("/x/m")
+
+
+def test_feast_apply_tags_views_with_the_model_chain(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from click.testing import CliRunner
+    from feast import FeatureStore
+    from feast.cli.cli import cli as feast_cli
+
+    repo = tmp_path / "feature_repo"
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns("data", "__pycache__"))
+    two_chains(tmp_path / "cards")
+    monkeypatch.setenv(MODELS_DIR_ENV, str(tmp_path / "cards"))
+    monkeypatch.setenv(PAIR_TTL_ENV, "5400")
+    # feast apply imports solaris_repo by module name: drop a copy an earlier apply imported.
+    monkeypatch.delitem(sys.modules, "solaris_repo", raising=False)
+    monkeypatch.syspath_prepend(str(repo))
+    done = CliRunner().invoke(feast_cli, ["--chdir", str(repo), "apply"])
+    monkeypatch.delitem(sys.modules, "solaris_repo", raising=False)
+    assert done.exit_code == 0, (done.output[-2000:], done.exception)
+
+    views = {v.name: v for v in FeatureStore(repo_path=str(repo)).list_feature_views()}
+    assert set(views) == {"solaris_pair", "solaris_user", "solaris_similar"}
+    for view in views.values():
+        assert view.tags["solaris.fm_version"] == "fm-b"
+        assert view.tags["solaris.compressor_version"] == "compressor-b"
+        assert view.tags["solaris.verifier_version"] == "vm-b"
+        assert view.tags["solaris.embedding_dim"] == "8"
+        assert view.tags["solaris.producing_dag"] == "solaris_precompute"
+    assert views["solaris_pair"].ttl is not None
+    assert views["solaris_pair"].ttl.total_seconds() == 5400
+    assert views["solaris_pair"].tags["solaris.ttl_seconds"] == "5400"
+
+
+def test_default_producing_dags_declare_the_views_they_are_tagged_with() -> None:
+    dags = {d.dag_id: d for d in parse_dag_file(ROOT / "dags" / "solaris_precompute.py")}
+    config = SolarisFeastConfig()
+    for view, dag_id in (
+        (config.pair_view_name, config.pair_producing_dag),
+        (config.user_view_name, config.user_producing_dag),
+        (config.similar_view_name, config.similar_producing_dag),
+    ):
+        assert dag_id in dags, (view, dag_id)
+        assert view in dags[dag_id].outlets, (view, dags[dag_id].outlets)
+
+
+def test_reading_the_chain_imports_no_torch(tmp_path: Path) -> None:
+    # Feast itself imports torch when it is installed, so the check is on our part of the path:
+    # reading cards and building the config must not need the model registry (or torch).
+    two_chains(tmp_path)
+    code = (
+        "import sys; from pathlib import Path; "
+        "from solaris_feast.model_versions import versioned_feast_config as v; "
+        "print(v(Path(sys.argv[1]), environ={}).compressor_version, "
+        "'torch' in sys.modules, 'solaris_feast.models.registry' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.split() == ["compressor-b", "False", "False"]
