@@ -13,12 +13,21 @@ import os
 import pickle
 import secrets
 import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
-from test_hardening_support import DIM, THROWAWAY_PORT, VERSION, owned_redis, pair_frame
+from test_hardening_support import (
+    DIM,
+    THROWAWAY_PORT,
+    VERSION,
+    owned_redis,
+    pair_frame,
+    wait_until,
+)
 
 from solaris_feast.definitions import solaris_definitions
 from solaris_feast.errors import ArtifactIntegrityError
@@ -61,6 +70,95 @@ def test_rediss_url_becomes_a_tls_connection_with_credentials_from_the_url_only(
     for bad in ("http://cache:6379", "redis://cache:6379/zero"):
         with pytest.raises(ValueError, match="REDIS_URL"):
             redis_connection_string(bad)
+
+
+TLS_PORT = 17006
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[tuple[int, str, Path]]:
+    """A redis-server that speaks only TLS, with a password; yields (port, password, CA file)."""
+    certs = tmp_path / "tls"
+    certs.mkdir()
+    subprocess.run(
+        [
+            "openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+            "-keyout", str(certs / "key.pem"), "-out", str(certs / "cert.pem"),
+            "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )  # fmt: skip
+    password = f"tls-{secrets.token_hex(12)}"
+    proc = subprocess.Popen(
+        [
+            "redis-server", "--port", "0", "--tls-port", str(TLS_PORT), "--bind", "127.0.0.1",
+            "--tls-cert-file", str(certs / "cert.pem"), "--tls-key-file", str(certs / "key.pem"),
+            "--tls-auth-clients", "no", "--requirepass", password, "--save", "",
+            "--appendonly", "no", "--dir", str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        client = redis.Redis(
+            host="127.0.0.1",
+            port=TLS_PORT,
+            ssl=True,
+            ssl_ca_certs=str(certs / "cert.pem"),
+            password=password,
+        )
+
+        def answers() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.ConnectionError:
+                return False
+
+        assert wait_until(answers, timeout_s=10), "the TLS redis-server did not answer"
+        client.close()
+        yield TLS_PORT, password, certs / "cert.pem"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_rediss_url_from_the_environment_serves_over_verified_tls(
+    feast_project: str,  # first: its teardown must see the real REDIS_URL again
+    tls_redis: tuple[int, str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port, password, ca_file = tls_redis
+    # Python's default TLS context trusts SSL_CERT_FILE: how a deployment adds a private CA.
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    monkeypatch.setenv("REDIS_URL", f"rediss://:{password}@127.0.0.1:{port}/0")
+    store = open_store(feast_project, tmp_path / "repo", online="redis")  # URL from the env
+    store.apply(solaris_definitions().all())
+    vectors = np.random.default_rng(3).standard_normal((4, DIM)).astype(np.float32)
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(
+        pair_frame(5, [0, 1, 2, 3], vectors)
+    )
+    retriever = SolarisRetriever(store, VERSION, deadline_ms=2000, record_misses=False)
+    served = retriever.fetch(5, [0, 1, 2, 3])
+    retriever.close()
+    assert not served.error and (served.tiers == Tier.EXACT).all()
+    np.testing.assert_array_equal(served.embeddings, vectors)
+
+    # The port speaks nothing but TLS, and the certificate is verified, not just accepted.
+    with pytest.raises(redis.ConnectionError):
+        redis.Redis(host="127.0.0.1", port=port, password=password, socket_timeout=1).ping()
+    monkeypatch.delenv("SSL_CERT_FILE")
+    unverified = SolarisRetriever(store, VERSION, deadline_ms=2000, record_misses=False)
+    assert unverified.fetch(5, [0]).error
+    unverified.close()
+    leaks = [
+        p
+        for p in (tmp_path / "repo").rglob("*")
+        if p.is_file() and password.encode() in p.read_bytes()
+    ]
+    assert not leaks
 
 
 def test_redis_password_reaches_no_file_and_no_log_line(

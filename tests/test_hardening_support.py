@@ -2,7 +2,8 @@
 cuts a connection mid-batch, a snapshot of everything a project stores, and batch builders.
 
 Ports are this suite's own (17000-17010): 17000 the proxy, 17001-17003 a Redis Cluster, 17005 a
-single throwaway Redis. Every server started here is stopped by the caller in ``finally``.
+single throwaway Redis, 17006 a TLS-only Redis (test_hardening_security). Every server started
+here is stopped by the caller in ``finally``.
 """
 
 from __future__ import annotations
