@@ -55,6 +55,7 @@ FAIL_SHARD_ONCE_ENV = "SOLARIS_FAIL_SHARD_ONCE"
 PAIR_VIEW = "solaris_pair"
 USER_VIEW = "solaris_user"
 SIMILAR_VIEW = "solaris_similar"
+RESOLVED_VIEW = "solaris_resolved"
 RUNS_SUBDIR = Path("data") / "precompute_runs"
 MISS_QUEUE_GROUP = "solaris_precompute"
 """Redis consumer group of the precompute runs on the miss queue."""
@@ -83,6 +84,9 @@ class LogSource(BaseModel):
     """Shift the log's timestamps so its newest event lies just before the run's time: a recorded
     log then behaves like a live one (the TTLs of serving are counted against the wall clock).
     Off for a log that is already live."""
+    holdout_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    """Latest share of a recorded log's time span kept from the run: those impressions come
+    *after* the run's time, to be served and scored by a replay (``solaris demo``)."""
 
 
 class PrecomputeSettings(LogSource):
@@ -219,15 +223,38 @@ def load_log(source: LogSource, now: datetime) -> InteractionDataset:
     from solaris_feast.data.schema import EVENT_TIMESTAMP
     from solaris_feast.datasets import load_dataset
 
+    dataset = aligned_log(source, now)
+    log = dataset.interactions
+    log = log.loc[log[EVENT_TIMESTAMP] < pd.Timestamp(now)].reset_index(drop=True)
+    return dataset.with_interactions(log)
+
+
+def aligned_log(source: LogSource, now: datetime) -> InteractionDataset:
+    """The whole recorded log, shifted so that its held-out tail starts at ``now``.
+
+    With ``holdout_fraction`` 0 its newest event lies one second before ``now``; otherwise the
+    first held-out event lies at or after ``now``, and the held-out impressions are the future a
+    replay serves.
+    """
+    import pandas as pd
+
+    from solaris_feast.data.schema import EVENT_TIMESTAMP
+    from solaris_feast.datasets import load_dataset
+
     dataset = load_dataset(source.dataset, source.dataset_size, source.dataset_seed)
     log = dataset.interactions
+    if not source.align_log_to_run or log.empty:
+        return dataset
+    ts = log[EVENT_TIMESTAMP]
     at = pd.Timestamp(now)
-    if source.align_log_to_run and len(log):
-        # Newest event one second before `now`; whole seconds keep the shift exact.
-        shift = (at - pd.Timedelta(seconds=1) - log[EVENT_TIMESTAMP].max()).floor("s")
-        log = log.assign(**{EVENT_TIMESTAMP: log[EVENT_TIMESTAMP] + shift})
-    log = log.loc[log[EVENT_TIMESTAMP] < at].reset_index(drop=True)
-    return dataset.with_interactions(log)
+    if source.holdout_fraction > 0:
+        cut = ts.min() + (ts.max() - ts.min()) * (1.0 - source.holdout_fraction)
+        past_end = ts[ts < cut].max()
+    else:
+        past_end = ts.max()
+    # Newest past event one second before `now`; whole seconds keep the shift exact.
+    shift = (at - pd.Timedelta(seconds=1) - past_end).floor("s")
+    return dataset.with_interactions(log.assign(**{EVENT_TIMESTAMP: ts + shift}))
 
 
 # -- training: FM, then compressor, then VM -----------------------------------------------------
@@ -827,6 +854,14 @@ def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[st
         if any(view.tags.get(k) != v for k, v in wanted.items()):
             view.tags.update(wanted)
             changed.append(view)
+    # The resolved on-demand view reads the three views: it carries the compressor's version.
+    compressor_tag = f"{TAG_PREFIX}compressor_version"
+    for resolved in store.list_on_demand_feature_views():
+        if resolved.name == RESOLVED_VIEW and resolved.tags.get(compressor_tag) != (
+            spec.embedding_version
+        ):
+            resolved.tags[compressor_tag] = spec.embedding_version
+            changed.append(resolved)
     if changed:
         store.apply(changed)
         logger.info("views %s now tagged %s", [v.name for v in changed], wanted)

@@ -322,6 +322,7 @@ def test_training_dag_registers_an_fm_compressor_vm_chain(trained: Trained) -> N
 def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempotently(
     trained: Trained, feast_project: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from solaris_feast.lineage import build_lineage
     from solaris_feast.models.registry import load_bundle
     from solaris_feast.serve import SolarisRetriever
     from solaris_feast.tiers import Tier
@@ -356,6 +357,9 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
         assert view.tags["solaris.fm_version"] == bundle.fm_card.version
         assert view.tags["solaris.compressor_version"] == bundle.embedding_version
         assert view.tags["solaris.verifier_version"] == bundle.vm_card.version
+    # The lineage review traces every view to this DAG and these models, and finds no problem.
+    review = build_lineage(repo, models, DAGS_FOLDER)
+    assert [f for f in review.findings if f.severity == "error"] == []
     counts = offline_rows(repo)
     assert counts["solaris_pair"] == BUDGET_PAIRS
     assert counts["solaris_user"] > 0 and counts["solaris_similar"] > 0
@@ -375,14 +379,27 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     retriever = SolarisRetriever(
         open_store(repo), bundle.embedding_version, record_misses=False, deadline_ms=5000
     )
-    fetched = retriever.fetch(
-        user, [int(exact_row["item_id"]), int(similar_row["item_id"]), bare_item]
-    )
+    items = [int(exact_row["item_id"]), int(similar_row["item_id"]), bare_item]
+    fetched = retriever.fetch(user, items)
     retriever.close()
     assert fetched.error is False
     assert fetched.tiers.tolist() == [Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG]
     for got, row in zip(fetched.embeddings, (exact_row, similar_row, user_row), strict=True):
         np.testing.assert_allclose(got, np.asarray(row["embedding"]), rtol=1e-6)
+    # Plain Feast agrees through the resolved view, re-applied with its new version tag.
+    native = (
+        open_store(repo)
+        .get_online_features(
+            features=["solaris_resolved:resolved_tier"],
+            entity_rows=[
+                {"user_id": user, "item_id": i, "solaris_model_version": bundle.embedding_version}
+                for i in items
+            ],
+            full_feature_names=True,
+        )
+        .to_dict()
+    )
+    assert native["solaris_resolved__resolved_tier"] == [Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG]
 
     # A re-run of the same interval plans the same pairs and adds no offline row.
     second = run_dag("solaris_precompute", hour, precompute_conf(repo, models))
