@@ -221,7 +221,6 @@ def load_log(source: LogSource, now: datetime) -> InteractionDataset:
     import pandas as pd
 
     from solaris_feast.data.schema import EVENT_TIMESTAMP
-    from solaris_feast.datasets import load_dataset
 
     dataset = aligned_log(source, now)
     log = dataset.interactions
