@@ -1,0 +1,690 @@
+"""``solaris status``: what the online store holds now, and what serving would get from it.
+
+Read straight from the online store, within a budget of keys:
+
+- rows per stored view (pair, similar, user), how many are fresh or expired by the view's TTL in
+  the registry, and how many carry the expected model version (the embedding version of the
+  newest VM's chain in the model cards, unless given);
+- a freshness histogram of the stored embeddings (age since ``computed_at``);
+- the miss-queue depth (pairs waiting for the next precompute round);
+- coverage by tier: the stored (user, item) pairs of a sample of users are fetched through the
+  real :class:`~solaris_feast.serve.SolarisRetriever` (misses not recorded), so the shares are
+  what serving answers, TTL, version and fallback order included.
+
+SQLite is read from Feast's tables; Redis with ``SCAN ... COUNT`` over the keys that end with
+the project name (Feast's layout), never ``KEYS``, and stops after ``max_keys`` keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import sqlite3
+import struct
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import numpy as np
+import typer
+
+from solaris_feast.definitions import SolarisFeastConfig
+from solaris_feast.errors import ConfigError, SolarisError
+from solaris_feast.store_config import (
+    online_field,
+    online_kind,
+    sqlite_path,
+    sqlite_table,
+    timestamp_field,
+)
+from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+logger = logging.getLogger(__name__)
+
+AGE_BUCKETS: tuple[tuple[str, float], ...] = (
+    ("<1h", 3600.0),
+    ("1-3h", 3 * 3600.0),
+    ("3-6h", 6 * 3600.0),
+    ("6-12h", 12 * 3600.0),
+    ("12-24h", 24 * 3600.0),
+    (">24h", math.inf),
+)
+"""Freshness buckets: a label and the exclusive upper bound of the age in seconds."""
+DEFAULT_MAX_KEYS = 100_000
+"""Stored rows (SQLite) or Redis keys read at most; past it the report says ``truncated``."""
+DEFAULT_MAX_USERS = 200
+"""Users whose stored pairs are fetched through the retriever for the coverage."""
+DEFAULT_SCAN_COUNT = 1000
+"""``COUNT`` hint of each Redis ``SCAN`` call: keys the server looks at per call."""
+COVERAGE_DEADLINE_MS = 10_000.0
+"""Deadline of the coverage fetches: a status run measures the data, not the latency."""
+MAX_ITEMS_PER_FETCH = 1000
+_READ_BATCH = 500
+_TIER_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
+
+
+@dataclass(frozen=True)
+class StoredRow:
+    """One stored row of one view, as much of it as the status needs.
+
+    Attributes:
+        tier: the view's tier.
+        user_id: the user of the row.
+        item_id: the item, None for the user view.
+        model_version: the stored ``model_version``; None when absent or unreadable.
+        computed_at: the stored ``computed_at`` in unix seconds; None when absent.
+    """
+
+    tier: Tier
+    user_id: int
+    item_id: int | None
+    model_version: str | None
+    computed_at: float | None
+
+
+def age_bucket(age_seconds: float) -> str:
+    """The :data:`AGE_BUCKETS` label of an age (a negative age, from clock skew, is fresh)."""
+    for label, upper in AGE_BUCKETS:
+        if age_seconds < upper:
+            return label
+    return AGE_BUCKETS[-1][0]
+
+
+class _KeyDecoder:
+    """Join key values out of Feast's serialized entity keys (version 3, int64 keys)."""
+
+    def __init__(self, join_keys: Sequence[str], serialization_version: int) -> None:
+        from feast.infra.key_encoding_utils import serialize_entity_key_prefix
+
+        if serialization_version < 3:
+            raise ConfigError(
+                f"entity_key_serialization_version {serialization_version} is not supported; "
+                "set entity_key_serialization_version: 3 in feature_store.yaml"
+            )
+        self.names = sorted(join_keys)
+        self.prefix = serialize_entity_key_prefix(self.names, serialization_version)
+        # Per value: <I value type> <I length 8> <q value>.
+        self.length = len(self.prefix) + 16 * len(self.names)
+
+    def decode(self, key: bytes) -> dict[str, int] | None:
+        if len(key) != self.length or not key.startswith(self.prefix):
+            return None
+        values = {}
+        offset = len(self.prefix)
+        for name in self.names:
+            _, size = struct.unpack_from("<II", key, offset)
+            if size != 8:
+                return None
+            values[name] = struct.unpack_from("<q", key, offset + 8)[0]
+            offset += 16
+        return values
+
+
+class _ValueReader:
+    """Stored ``ValueProto`` bytes to Python values, caching repeated versions."""
+
+    def __init__(self) -> None:
+        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+        self._proto = ValueProto()
+        self._versions: dict[bytes, str | None] = {}
+
+    def version(self, raw: bytes | None) -> str | None:
+        if not raw:
+            return None
+        if raw not in self._versions:
+            self._proto.ParseFromString(raw)
+            text = self._proto.string_val if self._proto.WhichOneof("val") == "string_val" else ""
+            self._versions[raw] = text or None
+        return self._versions[raw]
+
+    def timestamp(self, raw: bytes | None) -> float | None:
+        if not raw:
+            return None
+        self._proto.ParseFromString(raw)
+        if self._proto.WhichOneof("val") != "unix_timestamp_val":
+            return None
+        return float(self._proto.unix_timestamp_val)
+
+
+@dataclass(frozen=True)
+class _Scan:
+    rows: list[StoredRow]
+    keys_read: int
+    truncated: bool
+
+
+def _read_sqlite(
+    store: FeatureStore, views: dict[Tier, str], max_keys: int, reader: _ValueReader
+) -> _Scan:
+    path = Path(sqlite_path(store))
+    if not path.is_file():
+        return _Scan([], 0, False)
+    version = store.config.entity_key_serialization_version
+    decoders = {
+        Tier.EXACT: _KeyDecoder(["user_id", "item_id"], version),
+        Tier.SIMILAR: _KeyDecoder(["user_id", "item_id"], version),
+        Tier.USER_AGG: _KeyDecoder(["user_id"], version),
+    }
+    rows: list[StoredRow] = []
+    truncated = False
+    keys_read = 0
+    # Read-only: a status check must never create or lock the serving database for writing.
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
+    try:
+        for tier in _TIER_ORDER:
+            table = sqlite_table(store.config.project, views[tier]).replace('"', '""')
+            budget = max_keys - keys_read
+            try:
+                (total,) = conn.execute(
+                    f'SELECT COUNT(DISTINCT entity_key) FROM "{table}"'
+                ).fetchone()
+                found = conn.execute(
+                    f'SELECT entity_key, feature_name, value FROM "{table}" '
+                    "WHERE feature_name IN ('model_version', 'computed_at') AND entity_key IN "
+                    f'(SELECT DISTINCT entity_key FROM "{table}" ORDER BY entity_key LIMIT ?)',
+                    (max(budget, 0),),
+                ).fetchall()
+            except sqlite3.OperationalError as exc:
+                if "no such table" not in str(exc):
+                    raise
+                continue  # applied after the last write, or never written
+            truncated = truncated or total > budget
+            by_key: dict[bytes, dict[str, bytes]] = {}
+            for key, feature, value in found:
+                by_key.setdefault(bytes(key), {})[feature] = value
+            keys_read += len(by_key)
+            for key, values in by_key.items():
+                row = _row(tier, decoders[tier].decode(key), values.get("model_version"),
+                           values.get("computed_at"), reader)  # fmt: skip
+                if row is not None:
+                    rows.append(row)
+    finally:
+        conn.close()
+    return _Scan(rows, keys_read, truncated)
+
+
+def _row(
+    tier: Tier,
+    keys: dict[str, int] | None,
+    version: bytes | None,
+    computed_at: bytes | None,
+    reader: _ValueReader,
+) -> StoredRow | None:
+    if keys is None:
+        return None
+    return StoredRow(
+        tier=tier,
+        user_id=keys["user_id"],
+        item_id=keys.get("item_id"),
+        model_version=reader.version(version),
+        computed_at=reader.timestamp(computed_at),
+    )
+
+
+def _glob_escape(raw: bytes) -> bytes:
+    out = bytearray()
+    for byte in raw:
+        if byte in b"*?[]\\":
+            out += b"\\"
+        out.append(byte)
+    return bytes(out)
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _read_redis(
+    store: FeatureStore,
+    views: dict[Tier, str],
+    max_keys: int,
+    scan_count: int,
+    reader: _ValueReader,
+) -> _Scan:
+    from solaris_feast.store_config import redis_client
+
+    client = redis_client(store, timeout_seconds=10.0)
+    version = store.config.entity_key_serialization_version
+    pair_decoder = _KeyDecoder(["user_id", "item_id"], version)
+    user_decoder = _KeyDecoder(["user_id"], version)
+    project = store.config.project.encode()
+    pair_keys: list[tuple[bytes, dict[str, int]]] = []
+    user_keys: list[tuple[bytes, dict[str, int]]] = []
+    keys_read = 0
+    truncated = False
+    try:
+        # Feast's keys are <serialized entity key><project>; the miss queue's keys do not end
+        # with the project name, and the exact length check drops other projects' suffixes.
+        for key in client.scan_iter(match=b"*" + _glob_escape(project), count=scan_count):
+            if keys_read >= max_keys:
+                truncated = True
+                break
+            keys_read += 1
+            body = key[: -len(project)]
+            decoded = pair_decoder.decode(body)
+            if decoded is not None:
+                pair_keys.append((key, decoded))
+                continue
+            decoded = user_decoder.decode(body)
+            if decoded is not None:
+                user_keys.append((key, decoded))
+        rows: list[StoredRow] = []
+        # Pair and similar live in the same (user, item) hash: one HMGET reads both.
+        pair_tiers = (Tier.EXACT, Tier.SIMILAR)
+        pair_fields = [
+            field
+            for tier in pair_tiers
+            for field in (
+                timestamp_field(views[tier]),
+                online_field(views[tier], "model_version"),
+                online_field(views[tier], "computed_at"),
+            )
+        ]
+        user_view = views[Tier.USER_AGG]
+        user_fields = [
+            timestamp_field(user_view),
+            online_field(user_view, "model_version"),
+            online_field(user_view, "computed_at"),
+        ]
+        for keys, fields, tiers in (
+            (pair_keys, pair_fields, pair_tiers),
+            (user_keys, user_fields, (Tier.USER_AGG,)),
+        ):
+            for batch in _chunks(keys, _READ_BATCH):
+                pipe = client.pipeline(transaction=False)
+                for key, _ in batch:
+                    pipe.hmget(key, fields)
+                for (_, decoded), values in zip(batch, pipe.execute(), strict=True):
+                    for i, tier in enumerate(tiers):
+                        written, version_raw, computed_raw = values[3 * i : 3 * i + 3]
+                        if written is None and version_raw is None:
+                            continue  # this view was never written for the key
+                        row = _row(tier, decoded, version_raw, computed_raw, reader)
+                        if row is not None:
+                            rows.append(row)
+    finally:
+        client.close()
+    return _Scan(rows, keys_read, truncated)
+
+
+def _view_summary(
+    name: str,
+    tier: Tier,
+    ttl_seconds: float,
+    rows: list[StoredRow],
+    expected: str | None,
+    now: float,
+) -> dict[str, Any]:
+    histogram = dict.fromkeys((label for label, _ in AGE_BUCKETS), 0)
+    fresh = expired = undated = current = fresh_current = 0
+    versions: Counter[str] = Counter()
+    for row in rows:
+        versions[row.model_version or "<none>"] += 1
+        is_current = expected is not None and row.model_version == expected
+        current += is_current
+        if row.computed_at is None:
+            undated += 1
+            continue
+        age = now - row.computed_at
+        histogram[age_bucket(age)] += 1
+        # The retriever serves a value whose age is at most the TTL.
+        if max(age, 0.0) <= ttl_seconds:
+            fresh += 1
+            fresh_current += is_current
+        else:
+            expired += 1
+    return {
+        "name": name,
+        "tier": tier.name,
+        "ttl_seconds": ttl_seconds,
+        "rows": len(rows),
+        "fresh": fresh,
+        "expired": expired,
+        "without_computed_at": undated,
+        "expected_version": current,
+        "other_version": len(rows) - current,
+        "fresh_expected_version": fresh_current,
+        "versions": dict(sorted(versions.items())),
+        "age_histogram": histogram,
+    }
+
+
+def _coverage(
+    store: FeatureStore,
+    rows: list[StoredRow],
+    expected: str,
+    views: SolarisFeastConfig,
+    max_users: int,
+    seed: int,
+) -> dict[str, Any]:
+    from solaris_feast.serve import SolarisRetriever
+
+    pairs: dict[int, set[int]] = {}
+    for row in rows:
+        if row.item_id is not None:
+            pairs.setdefault(row.user_id, set()).add(row.item_id)
+    users = sorted(pairs)
+    sampled = users
+    if len(users) > max_users:
+        chosen = np.random.default_rng(seed).choice(len(users), size=max_users, replace=False)
+        sampled = [users[i] for i in sorted(chosen.tolist())]
+    counts = np.zeros(len(Tier), dtype=np.int64)
+    errors = 0
+    retriever = SolarisRetriever(
+        store,
+        expected,
+        deadline_ms=COVERAGE_DEADLINE_MS,
+        record_misses=False,  # a status check must not queue work for the precompute
+        views=views,
+    )
+    try:
+        for user in sampled:
+            for chunk in _chunks(sorted(pairs[user]), MAX_ITEMS_PER_FETCH):
+                result = retriever.fetch(user, np.asarray(chunk, dtype=np.int64))
+                if result.error:
+                    errors += len(chunk)
+                counts += np.bincount(result.tiers.astype(np.int64), minlength=len(Tier))
+    finally:
+        retriever.close()
+    total = int(counts.sum())
+    tiers = sorted(Tier, reverse=True)
+    return {
+        "users": len(users),
+        "users_sampled": len(sampled),
+        "pairs": total,
+        "errors": errors,
+        "counts": {t.name: int(counts[t]) for t in tiers},
+        "shares": {t.name: (float(counts[t]) / total if total else 0.0) for t in tiers},
+    }
+
+
+def store_status(
+    store: FeatureStore,
+    expected_model_version: str | None = None,
+    *,
+    models_dir: Path | None = None,
+    views: SolarisFeastConfig | None = None,
+    max_keys: int = DEFAULT_MAX_KEYS,
+    max_users: int = DEFAULT_MAX_USERS,
+    scan_count: int = DEFAULT_SCAN_COUNT,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Rows, freshness, versions, miss-queue depth and tier coverage of a SOLARIS online store.
+
+    Args:
+        store: a Feast store whose registry holds the SOLARIS views (SQLite or Redis online).
+        expected_model_version: the embedding version serving expects. None: the newest VM's
+            compressor version in ``models_dir``'s cards, else the most common stored version.
+        models_dir: folder of ``<version>.card.json`` model cards (read as JSON).
+        views: the view names; TTLs come from the registry.
+        max_keys: stored rows (SQLite) or Redis keys read at most.
+        max_users: users whose stored pairs are fetched for the coverage (a seeded sample).
+        scan_count: ``COUNT`` of each Redis ``SCAN``.
+        seed: seed of the user sample.
+
+    Returns:
+        A JSON-ready dict: ``views`` (one summary per view), ``freshness_histogram``,
+        ``miss_queue_depth``, ``coverage`` (``counts`` and ``shares`` per tier name),
+        ``expected_model_version`` and its ``expected_version_source``, and ``scan``.
+    """
+    from solaris_feast.miss_queue import MissQueue
+    from solaris_feast.model_versions import newest_embedding_version
+
+    if max_keys <= 0 or max_users <= 0 or scan_count <= 0:
+        raise ValueError(
+            f"max_keys, max_users and scan_count must be positive, got "
+            f"{max_keys}, {max_users}, {scan_count}"
+        )
+    names = views or SolarisFeastConfig()
+    view_names = names.view_name_by_tier()
+    ttl_seconds: dict[Tier, float] = {}
+    for tier, name in view_names.items():
+        ttl = store.get_feature_view(name).ttl
+        if ttl is None or ttl.total_seconds() <= 0:
+            raise ConfigError(f"feature view {name} needs a positive ttl")
+        ttl_seconds[tier] = ttl.total_seconds()
+
+    kind = online_kind(store)
+    reader = _ValueReader()
+    if kind == "redis":
+        scan = _read_redis(store, view_names, max_keys, scan_count, reader)
+    else:
+        scan = _read_sqlite(store, view_names, max_keys, reader)
+    now = time.time()
+
+    source = "given"
+    expected = expected_model_version
+    if expected is None and models_dir is not None:
+        expected = newest_embedding_version(models_dir)
+        source = "model cards"
+    if expected is None:
+        stored = Counter(r.model_version for r in scan.rows if r.model_version)
+        expected = stored.most_common(1)[0][0] if stored else None
+        source = "most common stored version" if expected else "none"
+
+    summaries = [
+        _view_summary(
+            view_names[tier],
+            tier,
+            ttl_seconds[tier],
+            [r for r in scan.rows if r.tier == tier],
+            expected,
+            now,
+        )
+        for tier in _TIER_ORDER
+    ]
+    histogram = dict.fromkeys((label for label, _ in AGE_BUCKETS), 0)
+    for summary in summaries:
+        for label, count in summary["age_histogram"].items():
+            histogram[label] += count
+
+    queue = MissQueue.for_store(store)
+    depth = queue.pending()
+
+    coverage = (
+        _coverage(store, scan.rows, expected, names, max_users, seed)
+        if expected is not None
+        else None
+    )
+    return {
+        "project": store.config.project,
+        "online_store": kind,
+        "checked_at": datetime.fromtimestamp(now, UTC).isoformat(),
+        "expected_model_version": expected,
+        "expected_version_source": source,
+        "views": summaries,
+        "freshness_histogram": histogram,
+        "miss_queue_depth": depth,
+        "coverage": coverage,
+        "scan": {"max_keys": max_keys, "keys_read": scan.keys_read, "truncated": scan.truncated},
+    }
+
+
+# -- presentation ------------------------------------------------------------------------------
+
+
+def _duration(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:.0f}h"
+    if seconds % 60 == 0:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds:.0f}s"
+
+
+def render_status(status: dict[str, Any], console: Any = None) -> None:
+    """Print the status as rich tables."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    out = console or Console()
+    out.print(
+        f"[bold]SOLARIS status[/bold] project [cyan]{status['project']}[/cyan] "
+        f"({status['online_store']}), {status['checked_at']}"
+    )
+    out.print(
+        f"expected model version: [cyan]{status['expected_model_version'] or 'none'}[/cyan] "
+        f"({status['expected_version_source']})"
+    )
+    views = Table(title="Stored rows per view", box=box.SIMPLE_HEAVY)
+    views.add_column("view", no_wrap=True)
+    # Short headers: the table fits an 80-column terminal.
+    for column in ("TTL", "rows", "fresh", "expired", "expected", "other", "servable"):
+        views.add_column(column, justify="right")
+    for v in status["views"]:
+        views.add_row(
+            v["name"],
+            _duration(v["ttl_seconds"]),
+            str(v["rows"]),
+            str(v["fresh"]),
+            str(v["expired"]),
+            str(v["expected_version"]),
+            str(v["other_version"]),
+            str(v["fresh_expected_version"]),
+        )
+    out.print(views)
+    out.print(
+        "expected / other: rows of the expected model version or another; servable: fresh "
+        "and of the expected version"
+    )
+
+    freshness = Table(title="Freshness of stored embeddings (age since computed_at)")
+    freshness.add_column("age")
+    for v in status["views"]:
+        freshness.add_column(v["name"], justify="right")
+    freshness.add_column("all", justify="right")
+    for label in status["freshness_histogram"]:
+        freshness.add_row(
+            label,
+            *(str(v["age_histogram"][label]) for v in status["views"]),
+            str(status["freshness_histogram"][label]),
+        )
+    out.print(freshness)
+
+    coverage = status["coverage"]
+    if coverage is None:
+        out.print("coverage by tier: no expected model version (no cards, nothing stored)")
+    else:
+        table = Table(
+            title="Coverage by tier, as served",
+            caption=f"{coverage['pairs']} stored pairs of {coverage['users_sampled']} of "
+            f"{coverage['users']} users",
+        )
+        table.add_column("tier")
+        table.add_column("pairs", justify="right")
+        table.add_column("share", justify="right")
+        for name, count in coverage["counts"].items():
+            table.add_row(name, str(count), f"{coverage['shares'][name]:.1%}")
+        out.print(table)
+        if coverage["errors"]:
+            out.print(f"[red]{coverage['errors']} pairs failed to read (counted as ZERO)[/red]")
+    out.print(f"miss-queue depth: [bold]{status['miss_queue_depth']}[/bold]")
+    scan = status["scan"]
+    if scan["truncated"]:
+        out.print(
+            f"[yellow]read {scan['keys_read']} keys, the --max-keys budget: counts cover "
+            "only part of the store[/yellow]"
+        )
+
+
+def plot_freshness(status: dict[str, Any], path: Path) -> Path:
+    """PNG bar chart of the freshness histogram, one stacked bar segment per view."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(status["freshness_histogram"])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = np.zeros(len(labels))
+    for view in status["views"]:
+        heights = np.array([view["age_histogram"][label] for label in labels], dtype=float)
+        ax.bar(labels, heights, bottom=bottom, label=view["name"])
+        bottom += heights
+    ax.set_xlabel("age since computed_at")
+    ax.set_ylabel("stored embeddings")
+    ax.set_title(f"Freshness of stored SOLARIS embeddings ({status['project']})")
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
+    """The Feast store of a repo folder, from ``feature_store.yaml`` or another config file
+    (relative paths resolve against the repo); a Redis config's connection comes from
+    ``SOLARIS_REDIS_CONNECTION``, derived from ``REDIS_URL`` when unset."""
+    import os
+
+    from solaris_feast.store_config import REDIS_CONNECTION_ENV, export_redis_connection
+
+    yaml_file = config or repo / "feature_store.yaml"
+    if config is not None and not yaml_file.is_absolute() and not yaml_file.is_file():
+        yaml_file = repo / yaml_file
+    if not yaml_file.is_file():
+        raise ConfigError(
+            f"{repo} is not a Feast repo ({yaml_file} not found); pass --repo pointing at the "
+            "folder you run `feast apply` in, or --config naming its yaml"
+        )
+    if REDIS_CONNECTION_ENV not in os.environ:
+        export_redis_connection()  # a SQLite config ignores it
+    from feast import FeatureStore
+
+    return FeatureStore(repo_path=str(repo), fs_yaml_file=yaml_file)
+
+
+def status_cli(
+    repo: Annotated[
+        Path, typer.Option("--repo", help="Feast repo folder (holds feature_store.yaml).")
+    ] = Path("feature_repo"),
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", help="Feast config other than <repo>/feature_store.yaml."),
+    ] = None,
+    models: Annotated[Path, typer.Option("--models", help="Folder of model cards (JSON).")] = Path(
+        "models"
+    ),
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the status as JSON here.")
+    ] = None,
+    plot: Annotated[
+        Path | None, typer.Option("--plot", help="Write the freshness histogram as a PNG here.")
+    ] = None,
+    model_version: Annotated[
+        str | None,
+        typer.Option("--model-version", help="Expected embedding version (default: from cards)."),
+    ] = None,
+    max_users: Annotated[
+        int, typer.Option("--max-users", min=1, help="Users sampled for the coverage.")
+    ] = DEFAULT_MAX_USERS,
+    max_keys: Annotated[
+        int, typer.Option("--max-keys", min=1, help="Stored keys read at most.")
+    ] = DEFAULT_MAX_KEYS,
+) -> None:
+    """Coverage by tier, miss-queue depth and freshness of the stored SOLARIS embeddings."""
+    try:
+        store = open_repo_store(repo, config)
+        status = store_status(
+            store, model_version, models_dir=models, max_keys=max_keys, max_users=max_users
+        )
+    except SolarisError as exc:
+        typer.echo(f"solaris status: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    render_status(status)
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(status, indent=2) + "\n")
+    if plot is not None:
+        plot_freshness(status, plot)

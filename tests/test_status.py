@@ -1,0 +1,221 @@
+"""``solaris status`` on real stores: rows, freshness, versions, queue depth and tier coverage."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
+from solaris_feast.miss_queue import MissQueue
+from solaris_feast.status import AGE_BUCKETS, age_bucket, status_cli, store_status
+from solaris_feast.store_config import REDIS_CONNECTION_ENV, OnlineKind, open_store
+from solaris_feast.write import EmbeddingWriter
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+DIM = 4
+VERSION = "compressor-status-v1"
+OLD = "compressor-status-v0"
+H = 3600.0
+
+# (view, user, item, version, age in hours). TTLs: pair and similar 6 h, user 24 h.
+ROWS = [
+    ("solaris_pair", 1, 10, VERSION, 10 / 60),  # EXACT
+    ("solaris_pair", 1, 11, VERSION, 2.0),  # EXACT
+    ("solaris_pair", 1, 12, VERSION, 7.0),  # expired -> the similar row below
+    ("solaris_similar", 1, 12, VERSION, 4.0),  # SIMILAR
+    ("solaris_pair", 2, 20, OLD, 0.5),  # another version -> the user aggregate
+    ("solaris_user", 2, None, VERSION, 5.0),  # USER_AGG
+    ("solaris_pair", 3, 30, VERSION, 30.0),  # expired, user aggregate expired -> ZERO
+    ("solaris_similar", 3, 31, OLD, 1.5),  # another version -> ZERO
+    ("solaris_user", 3, None, VERSION, 25.0),  # expired
+]
+
+
+@dataclass(frozen=True)
+class Written:
+    repo: Path
+    kind: OnlineKind
+    project: str
+
+
+def write_rows(store: FeatureStore, now: pd.Timestamp) -> None:
+    for view in ("solaris_pair", "solaris_similar", "solaris_user"):
+        rows = [r for r in ROWS if r[0] == view]
+        frame = pd.DataFrame(
+            {
+                "user_id": pd.array([r[1] for r in rows], dtype="int64"),
+                "embedding": [[float(r[1]), 0.5, 0.25, 1.0] for r in rows],
+                "model_version": [r[3] for r in rows],
+                "computed_at": pd.Series(
+                    [now - pd.Timedelta(hours=r[4]) for r in rows], dtype="datetime64[ns, UTC]"
+                ),
+            }
+        )
+        if view != "solaris_user":
+            frame.insert(1, "item_id", pd.array([r[2] for r in rows], dtype="int64"))
+        if view == "solaris_user":
+            frame["pair_count"] = pd.array([3] * len(rows), dtype="int64")
+        if view == "solaris_similar":
+            frame["neighbour_count"] = pd.array([5] * len(rows), dtype="int64")
+            frame["mean_distance"] = [0.1] * len(rows)
+        writer = EmbeddingWriter(store, view, offline=False)
+        try:
+            assert writer.write(frame).online_applied == len(rows)
+        finally:
+            writer.close()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def written(
+    request: pytest.FixtureRequest, tmp_path: Path, feast_project: str
+) -> Iterator[Written]:
+    kind: OnlineKind = request.param
+    store = open_store(feast_project, tmp_path, online=kind)
+    store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=DIM)).all())
+    write_rows(store, pd.Timestamp.now(tz="UTC"))
+    queue = MissQueue.for_store(store)
+    assert queue.record(1, [98, 99], VERSION) == 2
+    assert queue.record(2, [97], VERSION) == 1
+    yield Written(tmp_path, kind, feast_project)
+
+
+def open_written(w: Written) -> FeatureStore:
+    return open_store(w.project, w.repo, online=w.kind)
+
+
+def write_cards(models: Path) -> None:
+    """FM -> compressor -> VM cards naming VERSION as the compressor (weights never read)."""
+    models.mkdir()
+    for version, kind, parents in (
+        ("fm-status", "fm", []),
+        (VERSION, "compressor", ["fm-status"]),
+        ("vm-status", "vm", [VERSION]),
+    ):
+        card = {
+            "version": version,
+            "kind": kind,
+            "parents": parents,
+            "created_at": "2026-01-01T00:00:00Z",
+            "weights_file": f"{version}.safetensors",
+            "weights_sha256": "0" * 64,
+        }
+        (models / f"{version}.card.json").write_text(json.dumps(card))
+
+
+def test_age_buckets_have_exclusive_upper_bounds() -> None:
+    assert [label for label, _ in AGE_BUCKETS] == ["<1h", "1-3h", "3-6h", "6-12h", "12-24h", ">24h"]
+    assert age_bucket(-5) == "<1h"
+    assert age_bucket(H - 1) == "<1h" and age_bucket(H) == "1-3h"
+    assert age_bucket(24 * H - 1) == "12-24h" and age_bucket(24 * H) == ">24h"
+
+
+def test_status_counts_rows_freshness_versions_queue_and_served_tiers(
+    written: Written, tmp_path: Path
+) -> None:
+    store = open_written(written)
+    models = tmp_path / "models"
+    write_cards(models)
+    status = store_status(store, models_dir=models)
+
+    assert status["online_store"] == written.kind
+    assert status["expected_model_version"] == VERSION
+    assert status["expected_version_source"] == "model cards"
+    views = {v["name"]: v for v in status["views"]}
+    counts = {
+        name: (v["rows"], v["fresh"], v["expired"], v["expected_version"], v["other_version"])
+        for name, v in views.items()
+    }
+    assert counts == {
+        "solaris_pair": (5, 3, 2, 4, 1),
+        "solaris_similar": (2, 2, 0, 1, 1),
+        "solaris_user": (2, 1, 1, 2, 0),
+    }
+    assert views["solaris_pair"]["fresh_expected_version"] == 2
+    assert views["solaris_pair"]["versions"] == {OLD: 1, VERSION: 4}
+    assert views["solaris_pair"]["ttl_seconds"] == 6 * H
+    assert views["solaris_pair"]["age_histogram"] == {
+        "<1h": 2, "1-3h": 1, "3-6h": 0, "6-12h": 1, "12-24h": 0, ">24h": 1,
+    }  # fmt: skip
+    assert status["freshness_histogram"] == {
+        "<1h": 2, "1-3h": 2, "3-6h": 2, "6-12h": 1, "12-24h": 0, ">24h": 2,
+    }  # fmt: skip
+    assert status["miss_queue_depth"] == 3
+
+    coverage = status["coverage"]
+    assert (coverage["users"], coverage["users_sampled"], coverage["pairs"]) == (3, 3, 6)
+    assert coverage["errors"] == 0
+    assert coverage["counts"] == {"EXACT": 2, "SIMILAR": 1, "USER_AGG": 1, "ZERO": 2}
+    assert coverage["shares"]["EXACT"] == pytest.approx(2 / 6)
+    assert coverage["shares"]["ZERO"] == pytest.approx(2 / 6)
+    assert status["scan"]["truncated"] is False
+    # The retriever ran with record_misses=False: the status queued nothing.
+    assert MissQueue.for_store(store).pending() == 3
+
+    # Another expected version: the old rows are the current ones now.
+    old = store_status(store, OLD)
+    assert old["expected_version_source"] == "given"
+    assert {v["name"]: v["expected_version"] for v in old["views"]} == {
+        "solaris_pair": 1,
+        "solaris_similar": 1,
+        "solaris_user": 0,
+    }
+    # Pair (2, 20) is fresh in OLD; (3, 31) is OLD in the similar view; nothing else serves.
+    assert old["coverage"]["counts"] == {"EXACT": 1, "SIMILAR": 1, "USER_AGG": 0, "ZERO": 4}
+
+    # A key budget smaller than the store: partial counts, and the report says so.
+    small = store_status(store, VERSION, max_keys=3, max_users=1)
+    assert small["scan"]["truncated"] is True
+    assert small["scan"]["keys_read"] == 3
+    assert sum(v["rows"] for v in small["views"]) <= 4  # a Redis pair key holds two views
+    assert small["coverage"]["users_sampled"] <= 1
+
+
+def test_status_command_prints_tables_and_writes_json_and_plot(
+    written: Written, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repo = written.repo
+    online = (
+        "online_store:\n  type: sqlite\n  path: data/online.db\n"
+        if written.kind == "sqlite"
+        else "online_store:\n  type: redis\n  connection_string: ${" + REDIS_CONNECTION_ENV + "}\n"
+    )
+    config = repo / "status_store.yaml"
+    config.write_text(
+        f"project: {written.project}\nprovider: local\nregistry: data/registry.db\n{online}"
+        "offline_store:\n  type: file\nentity_key_serialization_version: 3\n"
+    )
+    # The Redis connection is derived from REDIS_URL when the variable is unset.
+    monkeypatch.delenv(REDIS_CONNECTION_ENV, raising=False)
+    app = typer.Typer()
+    app.command("status")(status_cli)
+    app.command("noop")(lambda: None)  # a second command, so "status" stays a sub-command
+    out, png = repo / "status.json", repo / "fresh.png"
+    args = ["status", "--repo", str(repo), "--config", config.name, "--models", str(repo / "none")]
+    result = CliRunner().invoke(
+        app, [*args, "--model-version", VERSION, "--json", str(out), "--plot", str(png)]
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "Coverage by tier" in result.output and "miss-queue depth: 3" in result.output
+    status = json.loads(out.read_text())
+    assert status["coverage"]["counts"] == {"EXACT": 2, "SIMILAR": 1, "USER_AGG": 1, "ZERO": 2}
+    assert status["freshness_histogram"][">24h"] == 2
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # Without cards or a version the most common stored version is expected.
+    result = CliRunner().invoke(app, [*args, "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["expected_version_source"] == "most common stored version"
+
+    missing = CliRunner().invoke(app, ["status", "--repo", str(repo / "nowhere")])
+    assert missing.exit_code == 2
+    assert "not a Feast repo" in missing.output
