@@ -796,10 +796,12 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     coverage = {
         names[t]: (float(np.count_nonzero(tiers == int(t))) / total if total else 0.0) for t in Tier
     }
-    shards = sorted(
-        (json.loads(p.read_text()) for p in run_dir.glob("shard-*.json")),
-        key=lambda r: int(r["shard"]),
-    )
+    # This run's shard count: a re-run with fewer shards leaves older reports beside them.
+    shards = [
+        json.loads((run_dir / f"shard-{i}.json").read_text())
+        for i in range(spec.settings.shards)
+        if (run_dir / f"shard-{i}.json").is_file()
+    ]
     report = {
         "interval": spec.interval_key,
         "now": pd.Timestamp(spec.now).isoformat(),

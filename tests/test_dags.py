@@ -187,7 +187,7 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
 TRAINING_CONF = {
     "dataset": "synthetic",
     "dataset_size": "tiny",
-    "train_window_hours": 12,
+    "train_window_hours": 6,
     "fm_epochs": 1,
     "compressor_epochs": 1,
     "vm_epochs": 1,
@@ -316,7 +316,7 @@ def test_training_dag_registers_an_fm_compressor_vm_chain(trained: Trained) -> N
     start, end = bundle.fm_card.train_window_start, bundle.fm_card.train_window_end
     assert start is not None and end is not None
     window = end - start
-    assert timedelta(hours=11) < window <= timedelta(hours=12)
+    assert timedelta(hours=5) < window <= timedelta(hours=6)
 
 
 def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempotently(
