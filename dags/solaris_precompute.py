@@ -72,6 +72,9 @@ PARAMS = {
     ),
     "refresh_margin_seconds": Param(1800, type="integer", minimum=0),
     "min_miss_score": Param(0.05, type="number", minimum=0, maximum=1),
+    "user_balanced_plan": Param(
+        False, type="boolean", description="Spread the budget over users, not by global score"
+    ),
     "max_drained_misses": Param(100_000, type="integer", minimum=0),
     "aggregate_window_seconds": Param(86_400, type="integer", minimum=1),
     "fill_targets": Param(50_000, type="integer", minimum=0),

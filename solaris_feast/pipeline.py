@@ -113,6 +113,9 @@ class PrecomputeSettings(LogSource):
     """A stored vector that expires within this margin is computed again."""
     min_miss_score: float = Field(0.05, ge=0.0, le=1.0)
     """Queued misses scoring at least this go before every candidate."""
+    user_balanced_plan: bool = False
+    """Spread the budget over users (each user's best pair first, then second best, ...)
+    instead of taking the globally highest scores."""
     max_drained_misses: int = Field(100_000, ge=0)
     """Most queued misses taken off the queue per run."""
     aggregate_window_seconds: int = Field(86_400, gt=0)
@@ -576,6 +579,7 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         min(cfg.refresh_margin_seconds, ttl - 1),
         cfg.min_miss_score,
         model_version=spec.embedding_version,
+        user_balanced=cfg.user_balanced_plan,
     )
     # Written to a staging folder and renamed: shards never read half a plan.
     staging = plan_dir.with_name(f".plan.{uuid.uuid4().hex}.tmp")

@@ -479,6 +479,7 @@ def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
         feature_store_yaml=yaml_name(redis=True),
         min_miss_score=0.0,
         budget_pairs=100,
+        user_balanced_plan=True,
     )
     run_dag("solaris_precompute", last_hour(), conf)
     [run_dir] = run_dirs(repo)
