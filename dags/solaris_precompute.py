@@ -166,6 +166,7 @@ def solaris_precompute() -> None:
         return pipeline.publish_coverage(run)
 
     # XComArgs stand in for the values at parse time; typed Any so the wiring reads as calls.
+    # Upstream reports passed but unused (misses, candidates, users, filled) only order tasks.
     run: Any = start()
     misses: Any = drain_miss_queue(run)
     candidates: Any = generate_candidates(run, misses)
