@@ -67,7 +67,7 @@ def evaluate_transfer_command(
         json_path.write_text(json.dumps(record, indent=2))
         typer.echo(f"JSON report: {json_path}")
     if plot is not None:
-        _plot_sweep(record, plot)
+        plot_transfer_sweep(record, plot)
         typer.echo(f"plot: {plot}")
 
 
@@ -99,12 +99,17 @@ def demo_command(
     online_store: Annotated[
         str, typer.Option("--online-store", help="sqlite or redis.")
     ] = "sqlite",
+    budget: Annotated[
+        float, typer.Option(min=0.0, max=1.0, help="FM budget, share of candidate pairs.")
+    ] = 0.1,
+    transfer: Annotated[bool, typer.Option(help="Run the transfer evaluation first.")] = True,
     progress: Annotated[bool, typer.Option(help="Progress bars.")] = True,
 ) -> None:
     """The SOLARIS loop on embedded defaults (synthetic data, SQLite, local files)."""
-    from solaris_feast.demo import run_demo
+    from solaris_feast.demo import DemoSettings, run_demo
 
-    summary = run_demo(out, size=size, online_store=online_store, progress=progress)
+    settings = DemoSettings(size=size, budget_fraction=budget, transfer=transfer)
+    summary = run_demo(out, online_store=online_store, progress=progress, settings=settings)
     typer.echo(summary)
 
 
@@ -133,7 +138,8 @@ def format_transfer_table(record: dict[str, object]) -> str:
     return "\n".join(lines)
 
 
-def _plot_sweep(record: dict[str, object], path: Path) -> None:
+def plot_transfer_sweep(record: dict[str, object], path: Path) -> None:
+    """PNG of the report's NE against coverage, with the VM alone and the FM as references."""
     from solaris_feast.plots import plot_ne_against_coverage
 
     ne = record["ne"]

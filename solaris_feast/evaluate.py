@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from solaris_feast.data.schema import InteractionDataset, time_split
+from solaris_feast.data.schema import InteractionDataset, earliest_rows, time_split
 from solaris_feast.features import PairFeaturizer, labels_of
 from solaris_feast.models.compressor import PCA, CompressorConfig, EmbeddingCompressor
 from solaris_feast.models.foundation import FoundationConfig, FoundationModel
@@ -60,6 +60,11 @@ class TransferConfig(BaseModel):
 
     train_fraction: float = Field(0.8, gt=0, lt=1)
     """Share of the log's time span used for training; the rest evaluates."""
+    fm_fraction: float = Field(0.75, gt=0, le=1)
+    """Share of the training span (the earliest) the FM and compressor train on. The VM sees
+    ``z`` only on the later rows, where the FM is out of sample, as in production, where the FM
+    was trained before the VM's data was logged. On the FM's own training rows ``z`` carries
+    memorised labels, and a VM trained on it learns to over-trust ``z``."""
     history_len: int = Field(32, gt=0)
     """History events the FM reads per pair."""
     foundation: FoundationConfig = FoundationConfig()
@@ -193,16 +198,22 @@ def _evaluate_seed(
     )
     y_train, y_test = labels_of(train.interactions, tasks), labels_of(test.interactions, tasks)
     schema = featurizer.schema
+    fm_rows = earliest_rows(train.interactions, cfg.fm_fraction)
+    fm_index = torch.from_numpy(np.flatnonzero(fm_rows))
 
     seed_everything(seed)
     fm = FoundationModel(schema, len(tasks), cfg.foundation)
     train_foundation(
-        fm, train_batch, y_train, cfg.fm_training.model_copy(update={"seed": seed}), hook("FM")
+        fm,
+        train_batch.select(fm_index),
+        y_train[fm_index],
+        cfg.fm_training.model_copy(update={"seed": seed}),
+        hook("FM"),
     )
     h_train, p_train = foundation_outputs(fm, train_batch)
     h_test, p_test = foundation_outputs(fm, test_batch)
 
-    pca = PCA(h_train, cfg.compressor.code_dim)
+    pca = PCA(h_train[fm_index], cfg.compressor.code_dim)
     seed_everything(seed)
     compressor = EmbeddingCompressor(
         cfg.compressor.model_copy(update={"input_dim": h_train.shape[1]})
@@ -210,7 +221,7 @@ def _evaluate_seed(
     compressor.init_from_pca(pca)
     train_compressor(
         compressor,
-        h_train,
+        h_train[fm_index],
         cfg.compressor_training.model_copy(update={"seed": seed}),
         hook("compressor"),
     )
@@ -245,7 +256,7 @@ def _evaluate_seed(
     coverage_ne: list[float] = []
     rng = np.random.default_rng([seed, 7])
     for c in cfg.coverages:
-        tier_train = _tiers_at_coverage(rng, len(train_batch), c)
+        tier_train = _tiers_at_coverage(rng, len(train_batch), c, ~fm_rows)
         tier_test = _tiers_at_coverage(rng, len(test_batch), c)
         seed_everything(seed)
         vm_c = VerticalModel(schema, len(tasks), vm_cfg)
@@ -267,7 +278,7 @@ def _evaluate_seed(
     if "vm_solaris" not in ne:
         seed_everything(seed)
         vm_s = VerticalModel(schema, len(tasks), vm_cfg)
-        full_train = torch.full((len(train_batch),), int(Tier.EXACT))
+        full_train = _tiers_at_coverage(rng, len(train_batch), 1.0, ~fm_rows)
         full_test = torch.full((len(test_batch),), int(Tier.EXACT))
         train_vertical(
             vm_s,
@@ -302,9 +313,13 @@ def _evaluate_seed(
     return result
 
 
-def _tiers_at_coverage(rng: np.random.Generator, n: int, coverage: float) -> torch.Tensor:
-    """EXACT on a random ``coverage`` share of rows, ZERO elsewhere."""
+def _tiers_at_coverage(
+    rng: np.random.Generator, n: int, coverage: float, eligible: np.ndarray | None = None
+) -> torch.Tensor:
+    """EXACT on a random ``coverage`` share of the ``eligible`` rows, ZERO elsewhere."""
     exact = rng.random(n) < coverage
+    if eligible is not None:
+        exact &= eligible
     return torch.from_numpy(np.where(exact, int(Tier.EXACT), int(Tier.ZERO)).astype(np.int64))
 
 

@@ -41,3 +41,28 @@ def plot_ne_against_coverage(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def plot_tier_mix(mix: Any, path: Path, title: str = "Tier mix of served pairs over time") -> Path:
+    """Stacked bars of the share of each tier per hour. ``mix`` is a DataFrame indexed by hour
+    with one column per tier value (shares summing to 1 per row)."""
+    from solaris_feast.tiers import Tier
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    bottom = None
+    for tier in (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG, Tier.ZERO):
+        if int(tier) not in mix.columns:
+            continue
+        values = mix[int(tier)].to_numpy()
+        ax.bar(mix.index.to_numpy(), values, bottom=bottom, label=tier.name.lower())
+        bottom = values if bottom is None else bottom + values
+    ax.set_xlabel("hours after the precompute round")
+    ax.set_ylabel("share of served pairs")
+    ax.set_title(title)
+    ax.legend()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

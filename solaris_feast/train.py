@@ -20,7 +20,13 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
+from solaris_feast.data.schema import (
+    EVENT_TIMESTAMP,
+    ITEM_ID,
+    USER_ID,
+    InteractionDataset,
+    earliest_rows,
+)
 from solaris_feast.errors import ConfigError
 from solaris_feast.evaluate import TransferConfig
 from solaris_feast.features import PairBatch, PairFeaturizer, labels_of
@@ -83,6 +89,8 @@ class TrainingData:
         featurizer: Built over ``dataset``.
         batch: Inputs of ``log``'s rows.
         labels: ``(N, T)`` labels of ``log``'s rows.
+        fm_rows: ``(N,)`` bool, the earliest rows, which the FM and compressor train on; the VM
+            sees ``z`` only on the rest, where the FM is out of sample.
     """
 
     dataset: InteractionDataset
@@ -90,6 +98,11 @@ class TrainingData:
     featurizer: PairFeaturizer
     batch: PairBatch
     labels: torch.Tensor
+    fm_rows: np.ndarray
+
+    @property
+    def fm_index(self) -> torch.Tensor:
+        return torch.from_numpy(np.flatnonzero(self.fm_rows))
 
     @classmethod
     def build(
@@ -98,6 +111,7 @@ class TrainingData:
         history_len: int,
         window_start: pd.Timestamp | None = None,
         window_end: pd.Timestamp | None = None,
+        fm_fraction: float = 0.75,
     ) -> TrainingData:
         """Inputs for the rows of ``dataset`` in ``[window_start, window_end)``."""
         log = dataset.interactions
@@ -119,6 +133,7 @@ class TrainingData:
             featurizer=featurizer,
             batch=featurizer.for_log(rows),
             labels=labels_of(rows, dataset.label_columns),
+            fm_rows=earliest_rows(rows, fm_fraction),
         )
 
     def card_fields(self) -> dict[str, Any]:
@@ -175,7 +190,9 @@ def fit_compressor(
 ) -> ModelCard:
     """Train the compressor, PCA-initialised, on the registered FM's representations of ``data``."""
     mc = config.models
-    h, _ = foundation_outputs(_load(fm_card, models_dir, FoundationModel), data.batch)
+    h, _ = foundation_outputs(
+        _load(fm_card, models_dir, FoundationModel), data.batch.select(data.fm_index)
+    )
     pca = PCA(h, mc.compressor.code_dim)
     seed_everything(config.seed)
     comp_cfg = mc.compressor.model_copy(update={"input_dim": h.shape[1]})
@@ -210,7 +227,7 @@ def fit_vertical(
     fm_card = parent_card(cards, compressor_card, "fm")
     h, _ = foundation_outputs(_load(fm_card, models_dir, FoundationModel), data.batch)
     z = encode(_load(compressor_card, models_dir, EmbeddingCompressor), h)
-    tier, z_mixed = tier_mix_inputs(data.log, z, config.tier_mix, config.seed)
+    tier, z_mixed = tier_mix_inputs(data.log, z, config.tier_mix, config.seed, ~data.fm_rows)
     vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
     seed_everything(config.seed)
     schema = data.featurizer.schema
@@ -255,7 +272,7 @@ def train_and_register(
     def hook(stage: str) -> Progress:
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
-    data = TrainingData.build(dataset, cfg.models.history_len)
+    data = TrainingData.build(dataset, cfg.models.history_len, fm_fraction=cfg.models.fm_fraction)
     fm_card = fit_foundation(data, models_dir, cfg, hook("train FM"))
     compressor_card = fit_compressor(data, models_dir, fm_card, cfg, hook("train compressor"))
     vm_card = fit_vertical(data, models_dir, compressor_card, cfg, hook("train VM"))
@@ -276,7 +293,11 @@ def _load(card: ModelCard, models_dir: Path, kind: type[ModuleT]) -> ModuleT:
 
 
 def tier_mix_inputs(
-    log: pd.DataFrame, z: torch.Tensor, mix: TierMix, seed: int
+    log: pd.DataFrame,
+    z: torch.Tensor,
+    mix: TierMix,
+    seed: int,
+    eligible: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiers ``(N,)`` and inputs ``(N, d)`` for training on the serving tier mix.
 
@@ -293,6 +314,10 @@ def tier_mix_inputs(
     tiers[draw < edges[2]] = int(Tier.USER_AGG)
     tiers[draw < edges[1]] = int(Tier.SIMILAR)
     tiers[draw < edges[0]] = int(Tier.EXACT)
+    if eligible is not None:
+        # Rows the FM trained on: its embedding there is in-sample, so the VM must not learn
+        # from it (see TransferConfig.fm_fraction).
+        tiers[~eligible] = int(Tier.ZERO)
     zn = z.numpy()
     out = np.zeros_like(zn)
     out[tiers == int(Tier.EXACT)] = zn[tiers == int(Tier.EXACT)]

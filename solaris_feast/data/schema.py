@@ -154,3 +154,14 @@ def time_split(
             f"time split at {cut} leaves an empty side ({len(train)}/{len(test)} rows)"
         )
     return dataset.with_interactions(train), dataset.with_interactions(test)
+
+
+def earliest_rows(log: pd.DataFrame, fraction: float) -> np.ndarray:
+    """Mask of the rows in the earliest ``fraction`` of ``log``'s time span (all when >= 1)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
+    if fraction >= 1.0 or log.empty:
+        return np.ones(len(log), dtype=bool)
+    ts = log[EVENT_TIMESTAMP]
+    cut = ts.min() + (ts.max() - ts.min()) * fraction
+    return (ts < cut).to_numpy()
