@@ -177,7 +177,7 @@ def _read_sqlite(
     rows: list[StoredRow] = []
     truncated = False
     keys_read = 0
-    # Read-only: a status check must never create or lock the serving database for writing.
+    # Read-only: reading the status must never write to or lock Feast's serving tables.
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
     try:
         for tier in _TIER_ORDER:
@@ -196,15 +196,17 @@ def _read_sqlite(
             except sqlite3.OperationalError as exc:
                 if "no such table" not in str(exc):
                     raise
-                continue  # applied after the last write, or never written
+                continue  # `feast apply` makes the table: without it nothing is stored
             truncated = truncated or total > budget
             by_key: dict[bytes, dict[str, bytes]] = {}
             for key, feature, value in found:
                 by_key.setdefault(bytes(key), {})[feature] = value
             keys_read += len(by_key)
             for key, values in by_key.items():
-                row = _row(tier, decoders[tier].decode(key), values.get("model_version"),
-                           values.get("computed_at"), reader)  # fmt: skip
+                decoded = decoders[tier].decode(key)
+                row = _row(
+                    tier, decoded, values.get("model_version"), values.get("computed_at"), reader
+                )
                 if row is not None:
                     rows.append(row)
     finally:
@@ -448,8 +450,16 @@ def store_status(
     names = views or SolarisFeastConfig()
     view_names = names.view_name_by_tier()
     ttl_seconds: dict[Tier, float] = {}
+    from feast.errors import FeatureViewNotFoundException
+
     for tier, name in view_names.items():
-        ttl = store.get_feature_view(name).ttl
+        try:
+            ttl = store.get_feature_view(name).ttl
+        except FeatureViewNotFoundException as exc:
+            raise ConfigError(
+                f"feature view {name} is not in the registry of project "
+                f"{store.config.project!r}; run `feast apply` in the feature repo first"
+            ) from exc
         if ttl is None or ttl.total_seconds() <= 0:
             raise ConfigError(f"feature view {name} needs a positive ttl")
         ttl_seconds[tier] = ttl.total_seconds()

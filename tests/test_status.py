@@ -219,3 +219,10 @@ def test_status_command_prints_tables_and_writes_json_and_plot(
     missing = CliRunner().invoke(app, ["status", "--repo", str(repo / "nowhere")])
     assert missing.exit_code == 2
     assert "not a Feast repo" in missing.output
+
+    unapplied = repo / "unapplied"
+    unapplied.mkdir()
+    (unapplied / "feature_store.yaml").write_text(config.read_text().replace(written.project, "x"))
+    result = CliRunner().invoke(app, ["status", "--repo", str(unapplied)])
+    assert result.exit_code == 2
+    assert "run `feast apply`" in result.output
