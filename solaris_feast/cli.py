@@ -12,6 +12,7 @@ import typer
 
 from solaris_feast.bench import bench_app
 from solaris_feast.lineage import lineage_cli
+from solaris_feast.status import status_cli
 
 app = typer.Typer(
     help="SOLARIS for Feast: precomputed FM embeddings, served with layered fallback.",
@@ -22,6 +23,7 @@ evaluate_app = typer.Typer(help="Offline evaluations.", no_args_is_help=True)
 app.add_typer(evaluate_app, name="evaluate")
 app.add_typer(bench_app, name="bench")
 app.command("lineage")(lineage_cli)
+app.command("status")(status_cli)
 
 DatasetOption = Annotated[str, typer.Option("--dataset", help="synthetic or movielens.")]
 SizeOption = Annotated[

@@ -165,7 +165,7 @@ def test_registry_round_trip_and_tampered_weights_are_refused(
         "vm",
         tmp_path,
         parents=(comp_card.version,),
-        config={"model": vm.config.model_dump()},
+        config={"model": vm.config.model_dump(), "schema": f.schema.to_dict()},
         tasks=("click", "conversion"),
     )
     bundle = load_bundle(tmp_path)
