@@ -79,7 +79,7 @@ PARAMS = {
     "aggregate_window_seconds": Param(86_400, type="integer", minimum=1),
     "fill_targets": Param(50_000, type="integer", minimum=0),
     "similar_neighbours": Param(10, type="integer", minimum=1),
-    "batch_size": Param(4096, type="integer", minimum=1),
+    "batch_size": Param(1024, type="integer", minimum=1),
 }
 
 

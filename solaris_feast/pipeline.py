@@ -125,8 +125,9 @@ class PrecomputeSettings(LogSource):
     besides the queued misses."""
     similar_neighbours: int = Field(10, gt=0)
     """k of the similarity fill."""
-    batch_size: int = Field(4096, gt=0)
-    """Pairs per FM forward pass and per write."""
+    batch_size: int = Field(1024, gt=0)
+    """Pairs per FM forward pass and per write; up to the writer's ``atomic_rows`` (1024) a
+    write is all-or-nothing on Redis."""
 
     @model_validator(mode="after")
     def _margin_below_ttl(self) -> PrecomputeSettings:
