@@ -29,8 +29,9 @@ def plot_ne_against_coverage(
     ax.plot(
         [p["coverage"] for p in sweep], [p["ne"] for p in sweep], marker="o", label="VM + SOLARIS z"
     )
-    for name, value in (references or {}).items():
-        ax.axhline(value, linestyle="--", linewidth=1, label=name)
+    colours = ("tab:red", "tab:green", "tab:purple", "tab:orange")
+    for (name, value), colour in zip((references or {}).items(), colours, strict=False):
+        ax.axhline(value, linestyle="--", linewidth=1, color=colour, label=f"{name} ({value:.4f})")
     ax.set_xlabel("coverage (share of pairs with the exact embedding)")
     ax.set_ylabel("normalized entropy (lower is better)")
     ax.set_title(title)
