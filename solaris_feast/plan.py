@@ -11,8 +11,10 @@ zero embedding) decides where the expensive one (the FM) is spent. Priority, wit
 A pair whose stored exact embedding stays fresh for longer than ``refresh_margin_seconds`` is
 skipped (computing it again would spend budget on nothing); one that expires within the margin,
 or has expired, is planned again as a refresh. Ties are broken by ``user_id`` then ``item_id``, so
-the same inputs always give the same plan. :func:`shard` cuts a plan into disjoint parts for
-parallel workers, keeping each user's pairs in one shard.
+the same inputs always give the same plan. With ``user_balanced`` the score order is taken per
+user first (every user's best pair, then every user's second best, ...), which spreads the
+budget when it is unknown which users request next. :func:`shard` cuts a plan into disjoint
+parts for parallel workers, keeping each user's pairs in one shard.
 """
 
 from __future__ import annotations

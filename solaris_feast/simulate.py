@@ -345,10 +345,19 @@ def simulate(
             if cfg.warmup_steps <= k < first_scored and len(requests):
                 batch = serve_featurizer.for_log(requests)
                 all_labels = requests[list(ds.label_columns)].to_numpy(dtype=np.float32)
+                # Each served impression enters the tuning set once, with the (z, tier) of one
+                # replay and ablation step taken in turn: repeating it for every replay would
+                # fit the VM to these few hours of impressions many times over.
+                served = [
+                    _served_inputs(the_step, state, cfg, name)
+                    for state in states
+                    for name in (ABLATION_STEPS[0], ABLATION_STEPS[-1])
+                ]
+                pick = np.arange(len(requests)) % len(served)
+                z = np.stack([served[p][0][r] for r, p in enumerate(pick)])
+                tiers = np.array([served[p][1][r] for r, p in enumerate(pick)], dtype=np.int64)
+                tuning.append((batch, z, tiers, all_labels))
                 for state in states:
-                    for name in (ABLATION_STEPS[0], ABLATION_STEPS[-1]):
-                        z, tiers = _served_inputs(the_step, state, cfg, name)
-                        tuning.append((batch, z, tiers, all_labels))
                     state.misses = _misses_after_serving(the_step, state, cfg)
                 if k == first_scored - 1:
                     ne_vm = _tune_vm(bundle, tuning, cfg)
@@ -711,8 +720,9 @@ def _tune_vm(
     rows: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]],
     cfg: SimulationConfig,
 ) -> Any:
-    """A copy of the registered VM fine-tuned on served ``(features, z, tier, labels)`` rows, so
-    its trust in each tier matches what this replay's stores serve."""
+    """A copy of the registered VM whose tier embedding and MLP are fine-tuned on served
+    ``(features, z, tier, labels)`` rows, so its trust in each tier matches what this replay's
+    stores serve."""
     import copy
     from dataclasses import fields
 
@@ -724,6 +734,10 @@ def _tune_vm(
     vm = copy.deepcopy(bundle.vm)
     if not rows:
         return vm
+    # Only the tier embedding and the MLP move: the id and attribute embeddings keep what the
+    # training period taught them instead of memorizing a few hours of impressions.
+    for name, parameter in vm.named_parameters():
+        parameter.requires_grad_(name.startswith(("tier.", "mlp.")))
     batch = PairBatch(
         **{f.name: torch.cat([getattr(r[0], f.name) for r in rows]) for f in fields(PairBatch)}
     )
