@@ -2,7 +2,7 @@
 and fill (issue 4 target: non-FM overhead <= 25 % of the run).
 
 One run as the hourly DAG does it, on the synthetic ``demo`` log, through the real write path
-(SQLite online store and the parquet offline log in a temporary Feast repo): candidates ->
+(SQLite or Redis online store and the parquet offline log in a temporary Feast repo): candidates ->
 verifier scores -> plan (10 % of candidate pairs) -> FM + compressor + pair writes -> user
 aggregate + writes -> similarity fill + writes. Models have the default sizes; their weights are
 seeded, not trained (``--models DIR`` loads trained ones), which changes no timing.
@@ -38,6 +38,9 @@ from solaris_feast.precompute import run_precompute
 from solaris_feast.similarity import SimilarityConfig, build_user_index, similarity_fill
 from solaris_feast.store_config import open_store
 from solaris_feast.write import EmbeddingWriter
+
+PROJECT = "solaris_pre_bench_precompute"
+"""Feast project of the run; on Redis its keys are deleted afterwards."""
 
 
 class TeeSink:
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         bundle = (
             load_bundle(Path(args.models)) if args.models else seeded_bundle(featurizer, root / "m")
         )
-        store = open_store("solaris_bench_precompute", root / "repo", online="sqlite")
+        store = open_store(PROJECT, root / "repo", online=args.online)
         store.apply(solaris_definitions().all())
         version = bundle.embedding_version
 
@@ -195,6 +198,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "cpu_count": os.cpu_count(),
         "machine": platform.machine(),
         "trained_models": bool(args.models),
+        "online_store": args.online,
     }
 
 
@@ -206,9 +210,19 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4096)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", default=None, help="load trained models from this folder")
+    parser.add_argument("--online", choices=("sqlite", "redis"), default="sqlite")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/precompute.json"))
     args = parser.parse_args()
-    report = run(args)
+    try:
+        report = run(args)
+    finally:
+        if args.online == "redis":
+            import redis
+
+            client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+            keys = list(client.scan_iter(match=f"*{PROJECT}*", count=1000))
+            if keys:
+                client.delete(*keys)
     print(json.dumps(report, indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")
