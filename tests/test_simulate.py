@@ -123,7 +123,7 @@ def test_replay_steps_see_no_future_data(dataset: InteractionDataset, bundle: Mo
 
         return record
 
-    cfg = _config(planners=("verifier", "random"))
+    cfg = _config(planners=("verifier",))
     simulate(cfg, dataset=dataset, bundle=bundle, observer=observer("original"))
     cut = starts[2]  # everything from the start of step 2 on is rewritten
     simulate(cfg, dataset=_altered_after(dataset, cut), bundle=bundle, observer=observer("altered"))
@@ -148,7 +148,7 @@ def test_records_report_tiers_ne_and_a_matching_feast_step(
     dataset: InteractionDataset, bundle: ModelBundle, tmp_path: Path
 ) -> None:
     cfg = _config(
-        planners=("verifier", "random", "oracle"),
+        planners=("verifier", "oracle"),
         budgets=(0.2,),
         feast_check=True,
         compare_similarity_spaces=True,
@@ -156,7 +156,7 @@ def test_records_report_tiers_ne_and_a_matching_feast_step(
         ne_tuning_steps=1,
     )
     records = simulate(cfg, dataset=dataset, bundle=bundle)
-    assert len(records) == 3 + 1  # + the verifier with the other user space
+    assert len(records) == 2 + 1  # + the verifier with the other user space
     for r in records:
         c = r["coverage"]
         # Shares are rounded to 5 decimals in the records.
