@@ -301,12 +301,16 @@ def tier_mix_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiers ``(N,)`` and inputs ``(N, d)`` for training on the serving tier mix.
 
-    USER_AGG rows get the mean of that user's exact embeddings; SIMILAR rows the mean of other
-    rows' embeddings of the same item (what a neighbour fill averages); ZERO rows a zero vector.
+    USER_AGG rows get the mean of the user's *other* exact embeddings, SIMILAR rows the mean of
+    other rows' embeddings of the same item (what a neighbour fill averages), ZERO rows a zero
+    vector. Only ``eligible`` rows (where the FM is out of sample) get a tier or feed a mean, and
+    a row never feeds its own mean: either would hand the VM the row's label through ``z``,
+    which serving never does, and the VM would learn to over-trust the enrichment tiers.
     """
     if mix.exact + mix.similar + mix.user_agg > 1.0 + 1e-9:
         raise ValueError("tier mix shares must add up to at most 1")
     n = len(log)
+    usable = np.ones(n, dtype=bool) if eligible is None else np.asarray(eligible, dtype=bool)
     rng = np.random.default_rng([seed, 11])
     draw = rng.random(n)
     tiers = np.full(n, int(Tier.ZERO), dtype=np.int64)
@@ -314,20 +318,22 @@ def tier_mix_inputs(
     tiers[draw < edges[2]] = int(Tier.USER_AGG)
     tiers[draw < edges[1]] = int(Tier.SIMILAR)
     tiers[draw < edges[0]] = int(Tier.EXACT)
-    if eligible is not None:
-        # Rows the FM trained on: its embedding there is in-sample, so the VM must not learn
-        # from it (see TransferConfig.fm_fraction).
-        tiers[~eligible] = int(Tier.ZERO)
-    zn = z.numpy()
-    out = np.zeros_like(zn)
-    out[tiers == int(Tier.EXACT)] = zn[tiers == int(Tier.EXACT)]
+    tiers[~usable] = int(Tier.ZERO)
+    zn = z.numpy().astype(np.float64)
+    out = np.zeros(zn.shape, dtype=np.float32)
+    exact = tiers == int(Tier.EXACT)
+    out[exact] = zn[exact]
     for tier, key in ((Tier.USER_AGG, USER_ID), (Tier.SIMILAR, ITEM_ID)):
-        ids = log[key].to_numpy()
-        _, inverse = np.unique(ids, return_inverse=True)
-        sums = np.zeros((inverse.max() + 1, zn.shape[1]), dtype=np.float64)
-        np.add.at(sums, inverse, zn)
-        counts = np.bincount(inverse).astype(np.float64)[:, None]
-        means = (sums / counts).astype(np.float32)
-        rows = tiers == int(tier)
-        out[rows] = means[inverse[rows]]
+        _, inverse = np.unique(log[key].to_numpy(), return_inverse=True)
+        groups = int(inverse.max()) + 1 if n else 0
+        sums = np.zeros((groups, zn.shape[1]))
+        np.add.at(sums, inverse[usable], zn[usable])
+        counts = np.bincount(inverse[usable], minlength=groups).astype(np.float64)
+        rows = np.flatnonzero(tiers == int(tier))
+        others = counts[inverse[rows]] - 1.0  # every tiered row is usable, so it is in its sum
+        has_others = others > 0
+        rows, others = rows[has_others], others[has_others]
+        out[rows] = ((sums[inverse[rows]] - zn[rows]) / others[:, None]).astype(np.float32)
+        lonely = np.flatnonzero(tiers == int(tier))[~has_others]
+        tiers[lonely] = int(Tier.ZERO)
     return torch.from_numpy(tiers), torch.from_numpy(out)
