@@ -335,11 +335,24 @@ def _score(full: InteractionDataset, served: _Served, bundle: Any) -> list[str]:
     task = full.label_columns[0]
     tr = transfer_ratio(ne_vm[0], ne_served[0], ne_fm[0])
     served.ne = {"vm": ne_vm[0], "served": ne_served[0], "fm": ne_fm[0]}
-    return [
+    lines = [
         f"NE ({task}) of served impressions: VM without embedding {ne_vm[0]:.4f}, "
         f"VM with served embeddings {ne_served[0]:.4f}, FM {ne_fm[0]:.4f}; "
         f"share of the FM's gain delivered at this coverage (TR) {tr:.2f}",
     ]
+    p_served = vertical_probabilities(bundle.vm, batch, z, tier)
+    p_vm = vertical_probabilities(bundle.vm, batch)
+    per_tier = []
+    for t in Tier:
+        rows = torch.from_numpy(np.flatnonzero(served.tiers == t))
+        if len(rows) >= 20 and 0 < float(labels[rows, 0].mean()) < 1:
+            with_z = normalized_entropy(p_served[rows], labels[rows])[0]
+            without = normalized_entropy(p_vm[rows], labels[rows])[0]
+            fm_t = normalized_entropy(p_fm[rows], labels[rows])[0]
+            per_tier.append(f"{t.name.lower()} {with_z:.4f}/{without:.4f}/{fm_t:.4f}")
+    if per_tier:
+        lines.append("NE per tier (with z / without / FM): " + ", ".join(per_tier))
+    return lines
 
 
 def _review(out: Path, repo: Path, yaml_name: str, models_dir: Path, served: _Served) -> list[str]:
