@@ -12,6 +12,7 @@ import typer
 
 from solaris_feast.bench import bench_app
 from solaris_feast.lineage import lineage_cli
+from solaris_feast.simulate import simulate_command
 from solaris_feast.status import status_cli
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ app.add_typer(evaluate_app, name="evaluate")
 app.add_typer(bench_app, name="bench")
 app.command("lineage")(lineage_cli)
 app.command("status")(status_cli)
+app.command("simulate")(simulate_command)
 
 DatasetOption = Annotated[str, typer.Option("--dataset", help="synthetic or movielens.")]
 SizeOption = Annotated[
