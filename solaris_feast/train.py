@@ -301,11 +301,12 @@ def tier_mix_inputs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiers ``(N,)`` and inputs ``(N, d)`` for training on the serving tier mix.
 
-    USER_AGG rows get the mean of the user's *other* exact embeddings, SIMILAR rows the mean of
-    other rows' embeddings of the same item (what a neighbour fill averages), ZERO rows a zero
-    vector. Only ``eligible`` rows (where the FM is out of sample) get a tier or feed a mean, and
-    a row never feeds its own mean: either would hand the VM the row's label through ``z``,
-    which serving never does, and the VM would learn to over-trust the enrichment tiers.
+    USER_AGG rows get the mean of the user's exact embeddings from strictly earlier rows, SIMILAR
+    rows the mean of other users' earlier embeddings of the same item (what a neighbour fill
+    averages), ZERO rows a zero vector. Only ``eligible`` rows (where the FM is out of sample)
+    get a tier or feed a mean. "Earlier" matters: a later row's ``z`` was computed from a
+    history holding this row's label, so a mean over later rows hands the VM the label, serving
+    never does, and the VM would learn to over-trust the enrichment tiers.
     """
     if mix.exact + mix.similar + mix.user_agg > 1.0 + 1e-9:
         raise ValueError("tier mix shares must add up to at most 1")
@@ -323,17 +324,52 @@ def tier_mix_inputs(
     out = np.zeros(zn.shape, dtype=np.float32)
     exact = tiers == int(Tier.EXACT)
     out[exact] = zn[exact]
-    for tier, key in ((Tier.USER_AGG, USER_ID), (Tier.SIMILAR, ITEM_ID)):
-        _, inverse = np.unique(log[key].to_numpy(), return_inverse=True)
-        groups = int(inverse.max()) + 1 if n else 0
-        sums = np.zeros((groups, zn.shape[1]))
-        np.add.at(sums, inverse[usable], zn[usable])
-        counts = np.bincount(inverse[usable], minlength=groups).astype(np.float64)
-        rows = np.flatnonzero(tiers == int(tier))
-        others = counts[inverse[rows]] - 1.0  # every tiered row is usable, so it is in its sum
-        has_others = others > 0
-        rows, others = rows[has_others], others[has_others]
-        out[rows] = ((sums[inverse[rows]] - zn[rows]) / others[:, None]).astype(np.float32)
-        lonely = np.flatnonzero(tiers == int(tier))[~has_others]
-        tiers[lonely] = int(Tier.ZERO)
+    seconds = log[EVENT_TIMESTAMP].astype("int64").to_numpy() if n else np.zeros(0, np.int64)
+    users = log[USER_ID].to_numpy(np.int64)
+    items = log[ITEM_ID].to_numpy(np.int64)
+    user_sums, user_counts = _sums_of_earlier_rows(users, seconds, zn, usable)
+    item_sums, item_counts = _sums_of_earlier_rows(items, seconds, zn, usable)
+    # A neighbour fill averages *other* users' vectors of the item: drop the user's own rows.
+    pair_keys = users * (int(items.max()) + 1 if n else 1) + items
+    pair_sums, pair_counts = _sums_of_earlier_rows(pair_keys, seconds, zn, usable)
+    for tier, sums, counts in (
+        (Tier.USER_AGG, user_sums, user_counts),
+        (Tier.SIMILAR, item_sums - pair_sums, item_counts - pair_counts),
+    ):
+        rows = tiers == int(tier)
+        covered = rows & (counts > 0)
+        out[covered] = (sums[covered] / counts[covered, None]).astype(np.float32)
+        tiers[rows & (counts <= 0)] = int(Tier.ZERO)
     return torch.from_numpy(tiers), torch.from_numpy(out)
+
+
+def _sums_of_earlier_rows(
+    keys: np.ndarray, times: np.ndarray, vectors: np.ndarray, usable: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per row, the sum of ``vectors`` over usable rows with the same key and a strictly earlier
+    time, and how many there are; vectorized with prefix sums over ``(key, time)`` order."""
+    n = len(keys)
+    order = np.lexsort((times, keys))
+    k, t = keys[order], times[order]
+    weight = usable[order].astype(np.float64)
+    sums = np.cumsum(vectors[order] * weight[:, None], axis=0)
+    counts = np.cumsum(weight)
+    index = np.arange(n)
+    new_key = np.r_[True, k[1:] != k[:-1]] if n else np.zeros(0, dtype=bool)
+    new_time = new_key | (np.r_[True, t[1:] != t[:-1]] if n else np.zeros(0, dtype=bool))
+    key_start = np.maximum.accumulate(np.where(new_key, index, 0)) if n else index
+    time_start = np.maximum.accumulate(np.where(new_time, index, 0)) if n else index
+
+    def before(prefix: np.ndarray, at: np.ndarray) -> np.ndarray:
+        # Prefix sum of the rows before position `at` (zero at the very start).
+        taken = prefix[np.maximum(at - 1, 0)]
+        mask = (at > 0).reshape((-1,) + (1,) * (prefix.ndim - 1))
+        return np.where(mask, taken, 0.0)
+
+    total = before(sums, time_start) - before(sums, key_start)
+    count = before(counts, time_start) - before(counts, key_start)
+    out_sums = np.empty_like(total)
+    out_sums[order] = total
+    out_counts = np.empty_like(count)
+    out_counts[order] = count
+    return out_sums, out_counts

@@ -11,30 +11,54 @@ from solaris_feast.data.schema import EVENT_TIMESTAMP, earliest_rows
 from solaris_feast.tiers import Tier
 from solaris_feast.train import TierMix, tier_mix_inputs
 
-LOG = pd.DataFrame({"user_id": [0, 0, 0, 1, 1, 2], "item_id": [5, 6, 5, 5, 6, 7]})
-Z = torch.arange(12, dtype=torch.float32).reshape(6, 2)
+T0 = pd.Timestamp("2026-11-01T00:00:00Z")
+LOG = pd.DataFrame(
+    {
+        "user_id": [0, 0, 0, 1, 1, 2, 0],
+        "item_id": [5, 6, 5, 5, 6, 7, 5],
+        # Rows 1 and 2 share a time: neither may see the other. Row 6 repeats user 0's item 5.
+        EVENT_TIMESTAMP: [T0 + pd.Timedelta(minutes=m) for m in (0, 5, 5, 1, 9, 3, 12)],
+    }
+)
+Z = torch.arange(14, dtype=torch.float32).reshape(7, 2)
 
 
-def test_user_aggregate_is_the_mean_of_the_users_other_rows() -> None:
-    tiers, inputs = tier_mix_inputs(LOG, Z, TierMix(exact=0.0, similar=0.0, user_agg=1.0), 0)
-    # Brute-force leave-one-out means per user.
-    for row in range(len(LOG)):
-        same = [r for r in range(len(LOG)) if LOG.user_id[r] == LOG.user_id[row] and r != row]
-        if same:
-            assert tiers[row] == Tier.USER_AGG
-            assert torch.allclose(inputs[row], Z[same].mean(0))
-        else:  # a user with one row has nothing to aggregate
-            assert tiers[row] == Tier.ZERO and not inputs[row].any()
+def _earlier(row: int, key: str, usable: np.ndarray) -> list[int]:
+    return [
+        r
+        for r in range(len(LOG))
+        if usable[r]
+        and LOG[key][r] == LOG[key][row]
+        and LOG[EVENT_TIMESTAMP][r] < LOG[EVENT_TIMESTAMP][row]
+        # the similarity fill averages other users' vectors of the item
+        and (key == "user_id" or LOG["user_id"][r] != LOG["user_id"][row])
+    ]
 
 
-def test_similar_fill_uses_other_rows_of_the_item_and_only_eligible_ones() -> None:
-    eligible = np.array([True, True, True, True, False, True])
-    tiers, inputs = tier_mix_inputs(
-        LOG, Z, TierMix(exact=0.0, similar=1.0, user_agg=0.0), 0, eligible
+@pytest.mark.parametrize(("tier", "key"), [(Tier.USER_AGG, "user_id"), (Tier.SIMILAR, "item_id")])
+def test_enrichment_tiers_average_strictly_earlier_rows_only(tier: Tier, key: str) -> None:
+    """Brute-force reference: a later row's z was computed from a history holding this row's
+    label, so only strictly earlier rows may feed the mean."""
+    mix = TierMix(
+        exact=0.0,
+        similar=1.0 if tier == Tier.SIMILAR else 0.0,
+        user_agg=1.0 if tier == Tier.USER_AGG else 0.0,
     )
-    assert torch.allclose(inputs[0], Z[[2, 3]].mean(0))
-    assert tiers[4] == Tier.ZERO  # not eligible itself
-    assert tiers[1] == Tier.ZERO  # its only other row of item 6 is not eligible
+    for usable in (np.ones(7, dtype=bool), np.array([True, True, True, True, False, True, True])):
+        tiers, inputs = tier_mix_inputs(LOG, Z, mix, 0, usable)
+        for row in range(len(LOG)):
+            earlier = _earlier(row, key, usable)
+            if usable[row] and earlier:
+                assert tiers[row] == tier
+                assert torch.allclose(inputs[row], Z[earlier].mean(0))
+            else:
+                assert tiers[row] == Tier.ZERO and not inputs[row].any()
+
+
+def test_rows_of_the_same_time_do_not_see_each_other() -> None:
+    tiers, _ = tier_mix_inputs(LOG, Z, TierMix(exact=0.0, similar=0.0, user_agg=1.0), 0)
+    # Row 1 (user 0, 00:05) sees only row 0 (00:00), not row 2 (also 00:05).
+    assert tiers[1] == Tier.USER_AGG and tiers[0] == Tier.ZERO
 
 
 def test_exact_rows_carry_their_own_embedding_and_shares_are_checked() -> None:
