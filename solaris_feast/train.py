@@ -76,6 +76,10 @@ class TrainingConfig(BaseModel):
 
     models: TransferConfig = TransferConfig()
     tier_mix: TierMix = TierMix()
+    precompute_interval_seconds: int = Field(3600, ge=0)
+    """How often the precompute runs (the DAG's schedule). The serving VM is trained on ``z``
+    computed as of the last round before each impression, as stale as serving will see it;
+    0 computes ``z`` as of the impression itself."""
     seed: int = 0
 
 
@@ -225,7 +229,9 @@ def fit_vertical(
     mc = config.models
     cards = {c.version: c for c in list_cards(models_dir)}
     fm_card = parent_card(cards, compressor_card, "fm")
-    h, _ = foundation_outputs(_load(fm_card, models_dir, FoundationModel), data.batch)
+    h, _ = foundation_outputs(
+        _load(fm_card, models_dir, FoundationModel), _as_of_rounds(data, config)
+    )
     z = encode(_load(compressor_card, models_dir, EmbeddingCompressor), h)
     tier, z_mixed = tier_mix_inputs(data.log, z, config.tier_mix, config.seed, ~data.fm_rows)
     vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
@@ -280,6 +286,17 @@ def train_and_register(
         "registered %s <- %s <- %s", vm_card.version, compressor_card.version, fm_card.version
     )
     return load_bundle(models_dir, vm_card.version)
+
+
+def _as_of_rounds(data: TrainingData, config: TrainingConfig) -> PairBatch:
+    """Inputs of ``data``'s rows as of the last precompute round before each row."""
+    interval = config.precompute_interval_seconds
+    if interval == 0:
+        return data.batch
+    times = data.log[EVENT_TIMESTAMP].dt.floor(f"{interval}s")
+    return data.featurizer.batch(
+        data.log[USER_ID].to_numpy(np.int64), data.log[ITEM_ID].to_numpy(np.int64), times
+    )
 
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
