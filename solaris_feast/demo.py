@@ -16,7 +16,6 @@ Everything lands in one output folder.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -170,11 +169,9 @@ def _transfer(
 def _feature_repo(out: Path, online_store: str, models_dir: Path) -> tuple[Path, str]:
     """A fresh copy of the project's Feast config, with the SOLARIS views applied and tagged
     with the versions of the models just registered."""
-    from feast import FeatureStore
-
     from solaris_feast.definitions import solaris_definitions
     from solaris_feast.model_versions import versioned_feast_config
-    from solaris_feast.store_config import REDIS_CONNECTION_ENV, export_redis_connection
+    from solaris_feast.store_config import open_repo_store
 
     template = Path(__file__).resolve().parent.parent / "feature_repo"
     repo = out / "feature_repo"
@@ -186,9 +183,7 @@ def _feature_repo(out: Path, online_store: str, models_dir: Path) -> tuple[Path,
         elif name != ".feastignore":
             raise FileNotFoundError(f"{template / name} is missing: the demo copies it")
     yaml_name = "feature_store.yaml" if online_store == "sqlite" else "feature_store.redis.yaml"
-    if online_store == "redis" and REDIS_CONNECTION_ENV not in os.environ:
-        export_redis_connection()
-    store = FeatureStore(repo_path=str(repo), fs_yaml_file=repo / yaml_name)
+    store = open_repo_store(repo, repo / yaml_name)
     store.apply(solaris_definitions(versioned_feast_config(models_dir)).all())
     return repo, yaml_name
 
@@ -250,10 +245,9 @@ class _Served:
 def _serve(
     repo: Path, yaml_name: str, version: str, full: InteractionDataset, now: datetime
 ) -> _Served:
-    from feast import FeatureStore
-
     from solaris_feast.definitions import MODEL_VERSION_REQUEST_FIELD
     from solaris_feast.serve import SolarisRetriever
+    from solaris_feast.store_config import open_repo_store
 
     log = full.interactions
     start = pd.Timestamp(now)
@@ -261,7 +255,7 @@ def _serve(
         (log[EVENT_TIMESTAMP] >= start)
         & (log[EVENT_TIMESTAMP] < start + pd.Timedelta(hours=SERVE_HOURS))
     ].reset_index(drop=True)
-    store = FeatureStore(repo_path=str(repo), fs_yaml_file=repo / yaml_name)
+    store = open_repo_store(repo, repo / yaml_name)
     retriever = SolarisRetriever(store, version, deadline_ms=500.0, record_misses=True)
     dim = retriever.dim
     embeddings = np.zeros((len(future), dim), dtype=np.float32)

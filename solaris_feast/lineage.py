@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import typer
 
 if TYPE_CHECKING:
-    from feast import FeatureStore
+    pass
 
 logger = logging.getLogger(__name__)
 
@@ -995,22 +995,6 @@ def _source_lineage(source: Any) -> SourceLineage:
     return SourceLineage(source.name, type(source).__name__)
 
 
-def _open_store(repo: Path, feature_store_yaml: Path | None = None) -> FeatureStore:
-    from solaris_feast.errors import ConfigError
-
-    yaml_file = feature_store_yaml or repo / "feature_store.yaml"
-    if not yaml_file.is_absolute() and feature_store_yaml is not None and not yaml_file.is_file():
-        yaml_file = repo / yaml_file
-    if not yaml_file.is_file():
-        raise ConfigError(
-            f"{repo} is not a Feast repo ({yaml_file.name} not found at {yaml_file}); pass "
-            "--repo pointing at the folder you run `feast apply` in"
-        )
-    from feast import FeatureStore
-
-    return FeatureStore(repo_path=str(repo), fs_yaml_file=yaml_file)
-
-
 # Tier names as the precompute run's coverage.json spells them, by the views' tier tag.
 COVERAGE_KEYS_BY_TIER = {
     "EXACT": ("exact",),
@@ -1083,7 +1067,9 @@ def build_lineage(
     """
     repo = Path(repo)
     now = now or datetime.now(UTC)
-    store = _open_store(repo, feature_store_yaml)
+    from solaris_feast.store_config import open_repo_store
+
+    store = open_repo_store(repo, feature_store_yaml)
     dags, findings = read_dags(Path(dags_dir))
     cards, card_findings = read_model_cards(Path(models_dir))
     findings += card_findings

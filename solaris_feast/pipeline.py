@@ -424,16 +424,10 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
 
 
 def _open_store(settings: PrecomputeSettings) -> FeatureStore:
-    from feast import FeatureStore
+    from solaris_feast.store_config import open_repo_store
 
-    from solaris_feast.store_config import REDIS_CONNECTION_ENV, export_redis_connection
-
-    # feature_store.redis.yaml reads its connection from the environment; derive it from
-    # REDIS_URL when the deployment did not set it (a SQLite config ignores it).
-    if REDIS_CONNECTION_ENV not in os.environ:
-        export_redis_connection()
     repo = Path(settings.feature_repo).resolve()
-    return FeatureStore(repo_path=str(repo), fs_yaml_file=repo / settings.feature_store_yaml)
+    return open_repo_store(repo, repo / settings.feature_store_yaml)
 
 
 def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from solaris_feast.errors import ConfigError, SolarisError
 from solaris_feast.store_config import (
     online_field,
     online_kind,
+    open_repo_store,
     sqlite_path,
     sqlite_table,
     timestamp_field,
@@ -630,29 +631,6 @@ def plot_freshness(status: dict[str, Any], path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
-
-
-def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
-    """The Feast store of a repo folder, from ``feature_store.yaml`` or another config file
-    (relative paths resolve against the repo); a Redis config's connection comes from
-    ``SOLARIS_REDIS_CONNECTION``, derived from ``REDIS_URL`` when unset."""
-    import os
-
-    from solaris_feast.store_config import REDIS_CONNECTION_ENV, export_redis_connection
-
-    yaml_file = config or repo / "feature_store.yaml"
-    if config is not None and not yaml_file.is_absolute() and not yaml_file.is_file():
-        yaml_file = repo / yaml_file
-    if not yaml_file.is_file():
-        raise ConfigError(
-            f"{repo} is not a Feast repo ({yaml_file} not found); pass --repo pointing at the "
-            "folder you run `feast apply` in, or --config naming its yaml"
-        )
-    if REDIS_CONNECTION_ENV not in os.environ:
-        export_redis_connection()  # a SQLite config ignores it
-    from feast import FeatureStore
-
-    return FeatureStore(repo_path=str(repo), fs_yaml_file=yaml_file)
 
 
 def status_cli(

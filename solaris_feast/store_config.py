@@ -307,3 +307,23 @@ def redis_client(store: FeatureStore, timeout_seconds: float | None = None) -> A
         retry=Retry(NoBackoff(), 0),
         **kwargs,
     )
+
+
+def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
+    """The Feast store of a repo folder, from ``feature_store.yaml`` or another config file
+    (a relative ``config`` resolves against the repo); a Redis config's connection comes from
+    ``SOLARIS_REDIS_CONNECTION``, derived from ``REDIS_URL`` when unset."""
+    from feast import FeatureStore
+
+    repo = Path(repo)
+    yaml_file = Path(config) if config is not None else repo / "feature_store.yaml"
+    if config is not None and not yaml_file.is_absolute() and not yaml_file.is_file():
+        yaml_file = repo / yaml_file
+    if not yaml_file.is_file():
+        raise ConfigError(
+            f"{repo} is not a Feast repo ({yaml_file} not found); pass --repo pointing at the "
+            "folder you run `feast apply` in, or --config naming its yaml"
+        )
+    if REDIS_CONNECTION_ENV not in os.environ:
+        export_redis_connection()  # a SQLite config ignores it
+    return FeatureStore(repo_path=str(repo), fs_yaml_file=yaml_file)
