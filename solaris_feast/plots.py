@@ -7,13 +7,23 @@ from pathlib import Path
 from typing import Any
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the headless Agg backend (servers and CI have no display)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (folders created) and release it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    pyplot().close(fig)
+    return path
 
 
 def plot_ne_against_coverage(
@@ -24,7 +34,7 @@ def plot_ne_against_coverage(
 ) -> Path:
     """Line of NE (main task) against the share of pairs with an exact embedding; optional
     horizontal reference lines (for instance the VM alone and the FM)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(
         [p["coverage"] for p in sweep], [p["ne"] for p in sweep], marker="o", label="VM + SOLARIS z"
@@ -37,11 +47,7 @@ def plot_ne_against_coverage(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_tier_mix(mix: Any, path: Path, title: str = "Tier mix of served pairs over time") -> Path:
@@ -49,7 +55,7 @@ def plot_tier_mix(mix: Any, path: Path, title: str = "Tier mix of served pairs o
     with one column per tier value (shares summing to 1 per row)."""
     from solaris_feast.tiers import Tier
 
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     bottom = None
     for tier in (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG, Tier.ZERO):
@@ -62,8 +68,4 @@ def plot_tier_mix(mix: Any, path: Path, title: str = "Tier mix of served pairs o
     ax.set_ylabel("share of served pairs")
     ax.set_title(title)
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -1006,10 +1006,9 @@ def write_report(
 
 
 def _plot(records: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
+    from solaris_feast.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     main = [r for r in records if r["similarity_space"] == records[0]["similarity_space"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
@@ -1030,10 +1029,7 @@ def _plot(records: list[dict[str, Any]], path: Path) -> None:
     right.set_title("NE of the VM on served pairs")
     left.legend(fontsize=7)
     right.legend(fontsize=7)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def format_summary(records: list[dict[str, Any]]) -> str:

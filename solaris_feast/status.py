@@ -610,10 +610,9 @@ def render_status(status: dict[str, Any], console: Any = None) -> None:
 
 def plot_freshness(status: dict[str, Any], path: Path) -> Path:
     """PNG bar chart of the freshness histogram, one stacked bar segment per view."""
-    import matplotlib
+    from solaris_feast.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = list(status["freshness_histogram"])
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -626,11 +625,7 @@ def plot_freshness(status: dict[str, Any], path: Path) -> Path:
     ax.set_ylabel("stored embeddings")
     ax.set_title(f"Freshness of stored SOLARIS embeddings ({status['project']})")
     ax.legend()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=100)
 
 
 def status_cli(
