@@ -390,20 +390,18 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     same models finds its earlier files; a new model version starts a full re-plan.
     """
     from solaris_feast.errors import ConfigError
-    from solaris_feast.models.registry import list_cards, parent_card
+    from solaris_feast.model_versions import newest_chain
 
     cfg = PrecomputeSettings.model_validate(dict(settings))
     now, key = run_time(**interval)
     models_dir = Path(cfg.models_dir)
-    cards = {c.version: c for c in list_cards(models_dir)} if models_dir.is_dir() else {}
-    vms = [c for c in cards.values() if c.kind == "vm"]
-    if not vms:
+    chain = newest_chain(models_dir) if models_dir.is_dir() else None
+    if chain is None or chain.vm is None:
         raise ConfigError(
             f"no VM model card in {models_dir}: run the solaris_training DAG (or solaris train)"
         )
-    vm = max(vms, key=lambda c: (c.created_at, c.version))
-    compressor = parent_card(cards, vm, "compressor")
-    compressor_version = compressor.version
+    vm = chain.vm
+    compressor_version = chain.embedding_version
     runs_dir = Path(cfg.runs_dir) if cfg.runs_dir else Path(cfg.feature_repo) / RUNS_SUBDIR
     run_dir = runs_dir / key / vm.version
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -414,7 +412,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
         interval_key=key,
         run_dir=str(run_dir),
         vm_version=vm.version,
-        fm_version=parent_card(cards, compressor, "fm").version,
+        fm_version=chain.fm.version,
         embedding_version=compressor_version,
     )
     if not manifest.is_file():
