@@ -75,6 +75,12 @@ PARAMS = {
     "user_balanced_plan": Param(
         False, type="boolean", description="Spread the budget over users, not by global score"
     ),
+    "retrieval_weight": Param(
+        1.0,
+        type="number",
+        minimum=0,
+        description="Exponent of the retrieval score in the plan score; 0: the VM's score alone",
+    ),
     "max_drained_misses": Param(100_000, type="integer", minimum=0),
     "aggregate_window_seconds": Param(86_400, type="integer", minimum=1),
     "fill_targets": Param(50_000, type="integer", minimum=0),

@@ -116,6 +116,10 @@ class PrecomputeSettings(LogSource):
     user_balanced_plan: bool = False
     """Spread the budget over users (each user's best pair first, then second best, ...)
     instead of taking the globally highest scores."""
+    retrieval_weight: float = Field(1.0, ge=0.0)
+    """Candidates are planned by ``verifier x (candidate_score / user's best) ** weight``
+    (:func:`solaris_feast.plan.request_score`); 0 plans by the VM's score alone, as does a
+    candidate table without a ``candidate_score`` column."""
     max_drained_misses: int = Field(100_000, ge=0)
     """Most queued misses taken off the queue per run."""
     aggregate_window_seconds: int = Field(86_400, gt=0)
@@ -535,7 +539,14 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """
     import pandas as pd
 
-    from solaris_feast.plan import plan_precompute, read_plan, write_plan
+    from solaris_feast.candidates import CANDIDATE_SCORE
+    from solaris_feast.plan import (
+        VERIFIER_SCORE,
+        plan_precompute,
+        read_plan,
+        request_score,
+        write_plan,
+    )
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
@@ -552,6 +563,13 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     known = (misses["user_id"] < dataset.num_users) & (misses["item_id"] < dataset.num_items)
     misses = misses.loc[known, ["user_id", "item_id"]].drop_duplicates()
     scored_candidates = _verifier_scores(bundle, dataset, candidates, spec.now)
+    if CANDIDATE_SCORE in candidates.columns:
+        scored_candidates[VERIFIER_SCORE] = request_score(
+            scored_candidates["user_id"].to_numpy(),
+            scored_candidates[VERIFIER_SCORE].to_numpy(),
+            candidates[CANDIDATE_SCORE].to_numpy(dtype="float64"),
+            cfg.retrieval_weight,
+        )
     scored_misses = _verifier_scores(bundle, dataset, misses, spec.now) if len(misses) else None
     store = _open_store(cfg)
     ttl = _pair_ttl_seconds(spec, store)

@@ -8,6 +8,13 @@ zero embedding) decides where the expensive one (the FM) is spent. Priority, wit
    ``min_miss_score``, highest score first;
 2. every other candidate or queued miss, highest score first.
 
+The score a candidate is planned by is :func:`request_score`: the verifier's probability times
+the candidate generator's retrieval score (relative to the user's best candidate). A pair is
+requested when retrieval proposes it *and* the ranker keeps it; the VM knows the second factor
+only. Measured in the replay (:mod:`solaris_feast.simulate`), the VM's score alone picks requested
+pairs no better than chance, because how often an item is retrieved (its popularity) varies far
+more than how well it ranks; the retrieval score carries most of the signal.
+
 A pair whose stored exact embedding stays fresh for longer than ``refresh_margin_seconds`` is
 skipped (computing it again would spend budget on nothing); one that expires within the margin,
 or has expired, is planned again as a refresh. Ties are broken by ``user_id`` then ``item_id``, so
@@ -227,6 +234,49 @@ def plan_precompute(
         stats.over_budget,
     )
     return Plan(pairs=pairs, uncovered=uncovered, stats=stats, planned_at=now)
+
+
+def request_score(
+    users: np.ndarray,
+    verifier_score: np.ndarray,
+    retrieval_score: np.ndarray | None,
+    retrieval_weight: float = 1.0,
+) -> np.ndarray:
+    """Planning score of candidate pairs: ``verifier x (retrieval / user's best) ** weight``.
+
+    Args:
+        users: ``(P,)`` user id of each pair.
+        verifier_score: ``(P,)`` the VM's probability with no embedding.
+        retrieval_score: ``(P,)`` the candidate generator's score (>= 0, higher = retrieved
+            more surely), ``None`` or NaN for pairs with none (a queued miss that is no longer
+            a candidate: having just been requested, it counts as retrieved for sure).
+        retrieval_weight: 0 plans by the verifier alone; 1 (default) weighs both equally.
+
+    Returns:
+        ``(P,)`` float64 scores in ``[0, max verifier]``; dividing by the user's best retrieval
+        score keeps users of few and of many co-occurrences comparable in a global order.
+    """
+    verifier = np.asarray(verifier_score, dtype=np.float64)
+    if retrieval_weight < 0:
+        raise ValueError(f"retrieval_weight must be >= 0, got {retrieval_weight}")
+    if retrieval_score is None or retrieval_weight == 0 or len(verifier) == 0:
+        return verifier.copy()
+    retrieval = np.asarray(retrieval_score, dtype=np.float64)
+    if retrieval.shape != verifier.shape:
+        raise ValueError(
+            f"retrieval_score has shape {retrieval.shape}, verifier_score {verifier.shape}"
+        )
+    if (retrieval < 0).any() or np.isinf(retrieval).any():
+        raise SchemaError("candidates", "candidate_score", "has negative or infinite scores")
+    user_ids = np.asarray(users, dtype=np.int64)
+    known = ~np.isnan(retrieval)
+    best = pd.Series(retrieval[known]).groupby(user_ids[known]).max()
+    user_best = best.reindex(user_ids).to_numpy(dtype=np.float64)
+    relative = np.ones(len(verifier))
+    scored = known & (user_best > 0)
+    relative[scored] = retrieval[scored] / user_best[scored]
+    relative[known & ~(user_best > 0)] = 1.0
+    return verifier * relative**retrieval_weight
 
 
 def shard_of_users(user_ids: np.ndarray, count: int) -> np.ndarray:

@@ -16,6 +16,7 @@ from solaris_feast.plan import (
     Plan,
     plan_precompute,
     read_plan,
+    request_score,
     shard,
     shard_of_users,
     write_plan,
@@ -257,3 +258,47 @@ def test_shard_index_out_of_range_is_refused() -> None:
     plan = _plan(_random_candidates(0), budget=5)
     with pytest.raises(ValueError, match="shard index"):
         shard(plan, 3, 3)
+
+
+def test_request_score_weighs_the_verifier_by_retrieval_relative_to_the_users_best() -> None:
+    users = np.array([1, 1, 1, 2, 2])
+    verifier = np.array([0.9, 0.5, 0.4, 0.2, 0.8])
+    # User 1: item 0 is rarely retrieved, item 1 is the user's best; user 2 scores on another
+    # scale entirely, which the division by the user's best takes out.
+    retrieval = np.array([0.1, 1.0, np.nan, 30.0, 60.0])
+    score = request_score(users, verifier, retrieval)
+    np.testing.assert_allclose(score, [0.09, 0.5, 0.4, 0.1, 0.8])
+    # A pair without a retrieval score (a queued miss) counts as retrieved for sure.
+    assert score[2] == verifier[2]
+    np.testing.assert_allclose(request_score(users, verifier, retrieval, 0.0), verifier)
+    np.testing.assert_allclose(request_score(users, verifier, None), verifier)
+    half = request_score(users, verifier, retrieval, 0.5)
+    np.testing.assert_allclose(half[0], 0.9 * np.sqrt(0.1))
+
+
+def test_plan_by_request_score_prefers_what_retrieval_will_propose() -> None:
+    # The VM likes item 7 best, but retrieval proposes it far less often than item 3.
+    candidates = _scored([5, 5, 5], [7, 3, 4], [0.9, 0.6, 0.1])
+    retrieval = np.array([0.05, 1.0, 0.9])
+    by_vm = _plan(candidates, budget=1)
+    assert by_vm.pairs["item_id"].tolist() == [7]
+    candidates["verifier_score"] = request_score(
+        candidates["user_id"].to_numpy(), candidates["verifier_score"].to_numpy(), retrieval
+    )
+    assert _plan(candidates, budget=2).pairs["item_id"].tolist() == [3, 4]
+
+
+@pytest.mark.parametrize(
+    ("retrieval", "weight", "error"),
+    [
+        (np.array([1.0, -1.0]), 1.0, SchemaError),
+        (np.array([1.0, np.inf]), 1.0, SchemaError),
+        (np.array([1.0]), 1.0, ValueError),
+        (np.array([1.0, 2.0]), -0.5, ValueError),
+    ],
+)
+def test_request_score_refuses_bad_retrieval_scores(
+    retrieval: np.ndarray, weight: float, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        request_score(np.array([0, 0]), np.array([0.5, 0.5]), retrieval, weight)

@@ -213,3 +213,22 @@ def test_replay_shorter_than_the_warmup_is_refused(
 ) -> None:
     with pytest.raises(ValueError, match="warmup_steps"):
         simulate(_config(warmup_steps=500, max_steps=None), dataset=dataset, bundle=bundle)
+
+
+def test_pair_ttl_budget_spreads_the_same_share_over_a_ttl_of_steps(
+    dataset: InteractionDataset, bundle: ModelBundle
+) -> None:
+    planners = ("verifier", "vm_only", "retrieval")
+    per_step, per_ttl = (
+        simulate(_config(planners=planners, budget_basis=basis), dataset=dataset, bundle=bundle)
+        for basis in ("step", "pair_ttl")
+    )
+    assert [r["planner"] for r in per_step] == list(planners)
+    assert {r["budget_basis"] for r in per_ttl} == {"pair_ttl"}
+    steps_per_ttl = SimulationConfig().pair_ttl_seconds / SimulationConfig().step_seconds
+    for a, b in zip(per_step, per_ttl, strict=True):
+        # Same candidates each step, a sixth of the pairs (hourly steps, 6 h TTL), rounded.
+        assert b["mean_budget_pairs_per_step"] == pytest.approx(
+            a["mean_budget_pairs_per_step"] / steps_per_ttl, abs=0.51
+        )
+        assert b["fm_pairs"] < a["fm_pairs"]
