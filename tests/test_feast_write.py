@@ -247,3 +247,23 @@ def test_byte_layouts_match_feasts_own_encoders() -> None:
         codec.decode(ValueProto(float_list_val=FloatList(val=[1.0] * 8)).SerializeToString())
         is None
     )
+
+
+def test_a_failing_write_script_is_reported_on_redis(
+    feast_project: str, tmp_path: Path, redis_url: str
+) -> None:
+    import redis
+
+    feast_store = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
+    feast_store.apply(solaris_definitions().all())
+    writer = EmbeddingWriter(feast_store, "solaris_pair", offline=False)
+    frame = pair_batch(3)
+    version = feast_store.config.entity_key_serialization_version
+    layout = EntityKeyLayout(["user_id", "item_id"], version)
+    # Someone else's plain string under the second row's key: HGET on it fails in the script.
+    client = redis.Redis.from_url(redis_url)
+    client.set(layout.key(1, 101) + feast_project.encode(), b"not a hash")
+    with pytest.raises(redis.ResponseError, match="solaris_pair: a write script failed"):
+        writer.write(frame)
+    assert client.get(layout.key(1, 101) + feast_project.encode()) == b"not a hash"
+    writer.close()
