@@ -1048,13 +1048,15 @@ def _plot(records: list[dict[str, Any]], path: Path) -> None:
 
     main = [r for r in records if r["similarity_space"] == records[0]["similarity_space"]]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for planner in dict.fromkeys(r["planner"] for r in main):
+    for n, planner in enumerate(dict.fromkeys(r["planner"] for r in main)):
         rows = sorted((r for r in main if r["planner"] == planner), key=lambda r: r["budget"])
         budgets = [r["budget"] for r in rows]
-        left.plot(budgets, [r["coverage"]["exact"] for r in rows], "o-", label=f"{planner} exact")
+        color = f"C{n}"  # one colour per planner in both panels
+        left.plot(budgets, [r["coverage"]["exact"] for r in rows], "o-", color=color, label=planner)
         if planner == "verifier":  # every planner's any-tier coverage is about the same
-            left.plot(budgets, [r["coverage"]["any"] for r in rows], "o--", label="any tier")
-        right.plot(budgets, [r["ne"] for r in rows], "o-", label=planner)
+            any_tier = [r["coverage"]["any"] for r in rows]
+            left.plot(budgets, any_tier, "o--", color="grey", label="verifier, any tier")
+        right.plot(budgets, [r["ne"] for r in rows], "o-", color=color, label=planner)
     basis = records[0].get("budget_basis", "step") if records else "step"
     xlabel = (
         "FM budget (share of candidate pairs per run)"
@@ -1066,7 +1068,7 @@ def _plot(records: list[dict[str, Any]], path: Path) -> None:
         right.axhline(main[0]["ne_fm"], color="black", ls=":", label="FM")
     left.set_xlabel(xlabel)
     left.set_ylabel("share of served pairs")
-    left.set_title("Coverage")
+    left.set_title("Coverage: exact (solid), any tier (dashed)")
     right.set_xlabel(xlabel)
     right.set_ylabel("normalized entropy (lower is better)")
     right.set_title("NE of the VM on served pairs")
