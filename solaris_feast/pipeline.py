@@ -532,6 +532,30 @@ def _verifier_scores(
     return pd.DataFrame({"user_id": users, "item_id": items, VERIFIER_SCORE: scores})
 
 
+def planning_scores(
+    bundle: ModelBundle,
+    dataset: InteractionDataset,
+    candidates: pd.DataFrame,
+    now: datetime,
+    retrieval_weight: float,
+) -> pd.DataFrame:
+    """``user_id``, ``item_id``, ``verifier_score`` of the candidates as the planner ranks them:
+    the verifier's probability times the retrieval score (:func:`solaris_feast.plan.request_score`),
+    or the verifier alone for a candidate table without ``candidate_score``."""
+    from solaris_feast.candidates import CANDIDATE_SCORE
+    from solaris_feast.plan import VERIFIER_SCORE, request_score
+
+    scored = _verifier_scores(bundle, dataset, candidates, now)
+    if CANDIDATE_SCORE in candidates.columns:
+        scored[VERIFIER_SCORE] = request_score(
+            scored["user_id"].to_numpy(),
+            scored[VERIFIER_SCORE].to_numpy(),
+            candidates[CANDIDATE_SCORE].to_numpy(dtype="float64"),
+            retrieval_weight,
+        )
+    return scored
+
+
 def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """Score candidates and misses with the verifier, plan under the budget, persist the plan.
 
@@ -539,14 +563,7 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """
     import pandas as pd
 
-    from solaris_feast.candidates import CANDIDATE_SCORE
-    from solaris_feast.plan import (
-        VERIFIER_SCORE,
-        plan_precompute,
-        read_plan,
-        request_score,
-        write_plan,
-    )
+    from solaris_feast.plan import plan_precompute, read_plan, write_plan
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
@@ -562,14 +579,7 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     # Only misses of users and items the models know can be scored.
     known = (misses["user_id"] < dataset.num_users) & (misses["item_id"] < dataset.num_items)
     misses = misses.loc[known, ["user_id", "item_id"]].drop_duplicates()
-    scored_candidates = _verifier_scores(bundle, dataset, candidates, spec.now)
-    if CANDIDATE_SCORE in candidates.columns:
-        scored_candidates[VERIFIER_SCORE] = request_score(
-            scored_candidates["user_id"].to_numpy(),
-            scored_candidates[VERIFIER_SCORE].to_numpy(),
-            candidates[CANDIDATE_SCORE].to_numpy(dtype="float64"),
-            cfg.retrieval_weight,
-        )
+    scored_candidates = planning_scores(bundle, dataset, candidates, spec.now, cfg.retrieval_weight)
     scored_misses = _verifier_scores(bundle, dataset, misses, spec.now) if len(misses) else None
     store = _open_store(cfg)
     ttl = _pair_ttl_seconds(spec, store)

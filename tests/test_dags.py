@@ -521,3 +521,32 @@ def test_precompute_settings_refuse_typos_and_a_refresh_margin_beyond_the_ttl() 
         )
     with pytest.raises(ValidationError, match="shards"):
         PrecomputeSettings.model_validate({**base, "shards": 0})
+
+
+def test_plan_scores_weigh_the_verifier_by_the_retrieval_score(trained: Trained) -> None:
+    from solaris_feast.candidates import CandidateConfig, generate_candidates
+    from solaris_feast.datasets import load_dataset
+    from solaris_feast.models.registry import load_bundle
+    from solaris_feast.pipeline import planning_scores
+    from solaris_feast.plan import request_score
+
+    dataset = load_dataset("synthetic", "tiny")
+    bundle = load_bundle(trained.models)
+    now = dataset.interactions["event_timestamp"].max().ceil("h")
+    candidates = generate_candidates(
+        dataset.interactions, now, CandidateConfig(candidates_per_user=20), items=dataset.items
+    )
+    vm_only = planning_scores(bundle, dataset, candidates, now, 0.0)["verifier_score"].to_numpy()
+    assert ((vm_only > 0) & (vm_only < 1)).all()
+    weighted = planning_scores(bundle, dataset, candidates, now, 1.0)
+    assert weighted[["user_id", "item_id"]].equals(candidates[["user_id", "item_id"]])
+    expected = request_score(
+        candidates["user_id"].to_numpy(), vm_only, candidates["candidate_score"].to_numpy()
+    )
+    np.testing.assert_allclose(weighted["verifier_score"].to_numpy(), expected)
+    assert not np.allclose(expected, vm_only)  # retrieval reorders what the VM alone would plan
+    # A user's own candidate table without retrieval scores is planned by the verifier alone.
+    own = candidates.drop(columns=["candidate_score"])
+    np.testing.assert_allclose(
+        planning_scores(bundle, dataset, own, now, 1.0)["verifier_score"].to_numpy(), vm_only
+    )
