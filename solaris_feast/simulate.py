@@ -772,7 +772,7 @@ def _tune_vm(
     # Only the tier embedding and the MLP move: the id and attribute embeddings keep what the
     # training period taught them instead of memorizing a few hours of impressions.
     for name, parameter in vm.named_parameters():
-        parameter.requires_grad_(name.startswith(("tier.", "mlp.")))
+        parameter.requires_grad_(name.startswith(("tier.", "tier_readings.", "mlp.")))
     batch = PairBatch(
         **{f.name: torch.cat([getattr(r[0], f.name) for r in rows]) for f in fields(PairBatch)}
     )

@@ -233,7 +233,14 @@ def fit_vertical(
         _load(fm_card, models_dir, FoundationModel), _as_of_rounds(data, config)
     )
     z = encode(_load(compressor_card, models_dir, EmbeddingCompressor), h)
-    tier, z_mixed = tier_mix_inputs(data.log, z, config.tier_mix, config.seed, ~data.fm_rows)
+    tier, z_mixed = tier_mix_inputs(
+        data.log,
+        z,
+        config.tier_mix,
+        config.seed,
+        ~data.fm_rows,
+        round_seconds=config.precompute_interval_seconds,
+    )
     vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
     seed_everything(config.seed)
     schema = data.featurizer.schema
@@ -315,15 +322,21 @@ def tier_mix_inputs(
     mix: TierMix,
     seed: int,
     eligible: np.ndarray | None = None,
+    round_seconds: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Tiers ``(N,)`` and inputs ``(N, d)`` for training on the serving tier mix.
 
-    USER_AGG rows get the mean of the user's exact embeddings from strictly earlier rows, SIMILAR
-    rows the mean of other users' earlier embeddings of the same item (what a neighbour fill
-    averages), ZERO rows a zero vector. Only ``eligible`` rows (where the FM is out of sample)
-    get a tier or feed a mean. "Earlier" matters: a later row's ``z`` was computed from a
-    history holding this row's label, so a mean over later rows hands the VM the label, serving
-    never does, and the VM would learn to over-trust the enrichment tiers.
+    USER_AGG rows get the mean of the user's exact embeddings from earlier rows, SIMILAR rows the
+    mean of other users' earlier embeddings of the same item (what a neighbour fill averages),
+    ZERO rows a zero vector. Only ``eligible`` rows (where the FM is out of sample) get a tier or
+    feed a mean. "Earlier" matters: a later row's ``z`` was computed from a history holding this
+    row's label, so a mean over later rows hands the VM the label, serving never does, and the
+    VM would learn to over-trust the enrichment tiers.
+
+    With ``round_seconds`` (the precompute schedule), "earlier" means before the last round
+    before the row (``floor(time, round_seconds)``), as at serving, where the aggregate and the
+    fill were written by that round. Otherwise the impressions shown earlier in the row's own
+    session feed its mean, and which items a session shows gives away the session's interest.
     """
     if mix.exact + mix.similar + mix.user_agg > 1.0 + 1e-9:
         raise ValueError("tier mix shares must add up to at most 1")
@@ -342,13 +355,17 @@ def tier_mix_inputs(
     exact = tiers == int(Tier.EXACT)
     out[exact] = zn[exact]
     seconds = log[EVENT_TIMESTAMP].astype("int64").to_numpy() if n else np.zeros(0, np.int64)
+    cutoff = seconds
+    if round_seconds > 0:
+        step = round_seconds * 1_000_000_000  # event times are in nanoseconds
+        cutoff = seconds - np.mod(seconds, step)
     users = log[USER_ID].to_numpy(np.int64)
     items = log[ITEM_ID].to_numpy(np.int64)
-    user_sums, user_counts = _sums_of_earlier_rows(users, seconds, zn, usable)
-    item_sums, item_counts = _sums_of_earlier_rows(items, seconds, zn, usable)
+    user_sums, user_counts = _sums_of_earlier_rows(users, seconds, zn, usable, cutoff)
+    item_sums, item_counts = _sums_of_earlier_rows(items, seconds, zn, usable, cutoff)
     # A neighbour fill averages *other* users' vectors of the item: drop the user's own rows.
     pair_keys = users * (int(items.max()) + 1 if n else 1) + items
-    pair_sums, pair_counts = _sums_of_earlier_rows(pair_keys, seconds, zn, usable)
+    pair_sums, pair_counts = _sums_of_earlier_rows(pair_keys, seconds, zn, usable, cutoff)
     for tier, sums, counts in (
         (Tier.USER_AGG, user_sums, user_counts),
         (Tier.SIMILAR, item_sums - pair_sums, item_counts - pair_counts),
@@ -361,32 +378,35 @@ def tier_mix_inputs(
 
 
 def _sums_of_earlier_rows(
-    keys: np.ndarray, times: np.ndarray, vectors: np.ndarray, usable: np.ndarray
+    keys: np.ndarray,
+    times: np.ndarray,
+    vectors: np.ndarray,
+    usable: np.ndarray,
+    cutoff: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the sum of ``vectors`` over usable rows with the same key and a strictly earlier
-    time, and how many there are; vectorized with prefix sums over ``(key, time)`` order."""
+    """Per row, the sum of ``vectors`` over usable rows with the same key and a time strictly
+    before the row's ``cutoff`` (at most its own time), and how many there are; vectorized with
+    prefix sums over ``(key, time)`` order and one binary search per row."""
     n = len(keys)
+    if n == 0:
+        return np.zeros_like(vectors), np.zeros(0)
     order = np.lexsort((times, keys))
     k, t = keys[order], times[order]
     weight = usable[order].astype(np.float64)
-    sums = np.cumsum(vectors[order] * weight[:, None], axis=0)
-    counts = np.cumsum(weight)
-    index = np.arange(n)
-    new_key = np.r_[True, k[1:] != k[:-1]] if n else np.zeros(0, dtype=bool)
-    new_time = new_key | (np.r_[True, t[1:] != t[:-1]] if n else np.zeros(0, dtype=bool))
-    key_start = np.maximum.accumulate(np.where(new_key, index, 0)) if n else index
-    time_start = np.maximum.accumulate(np.where(new_time, index, 0)) if n else index
-
-    def before(prefix: np.ndarray, at: np.ndarray) -> np.ndarray:
-        # Prefix sum of the rows before position `at` (zero at the very start).
-        taken = prefix[np.maximum(at - 1, 0)]
-        mask = (at > 0).reshape((-1,) + (1,) * (prefix.ndim - 1))
-        return np.where(mask, taken, 0.0)
-
-    total = before(sums, time_start) - before(sums, key_start)
-    count = before(counts, time_start) - before(counts, key_start)
-    out_sums = np.empty_like(total)
-    out_sums[order] = total
-    out_counts = np.empty_like(count)
-    out_counts[order] = count
+    sums = np.r_[np.zeros((1, vectors.shape[1])), np.cumsum(vectors[order] * weight[:, None], 0)]
+    counts = np.r_[0.0, np.cumsum(weight)]
+    # One int64 per (key rank, time rank): the times of a key run inside its own span, so one
+    # binary search finds where a cutoff falls within the row's key. Ranks, not nanoseconds,
+    # keep the product far from overflowing.
+    group = np.cumsum(np.r_[True, k[1:] != k[:-1]]) - 1
+    distinct_times = np.unique(t)
+    span = len(distinct_times) + 1
+    composite = group * span + np.searchsorted(distinct_times, t)
+    limit = group * span + np.searchsorted(distinct_times, cutoff[order], side="left")
+    before_cutoff = np.searchsorted(composite, limit, side="left")
+    key_start = np.searchsorted(group, group, side="left")
+    out_sums = np.empty_like(vectors, dtype=np.float64)
+    out_counts = np.empty(n)
+    out_sums[order] = sums[before_cutoff] - sums[key_start]
+    out_counts[order] = counts[before_cutoff] - counts[key_start]
     return out_sums, out_counts

@@ -184,3 +184,30 @@ def test_registry_round_trip_and_tampered_weights_are_refused(
     weights.write_bytes(bytes(raw))
     with pytest.raises(ArtifactIntegrityError, match="sha256"):
         load_bundle(tmp_path)
+
+
+def test_each_enrichment_tier_learns_its_own_reading_of_z(dataset: InteractionDataset) -> None:
+    """Exact-only training leaves the enrichment readings at zero (the exact path is the plain
+    z slot); training on a tier mix moves them, and a tier's reading acts on its rows only."""
+    f = PairFeaturizer(dataset, history_len=8)
+    b = f.for_log(dataset.interactions.iloc[:512])
+    y = labels_of(dataset.interactions.iloc[:512], dataset.label_columns)
+    z = torch.randn(512, 32)
+    exact_or_zero = torch.where(torch.arange(512) % 2 == 0, int(Tier.EXACT), int(Tier.ZERO)).long()
+    cfg = TrainConfig(epochs=1, batch_size=128, seed=0)
+    torch.manual_seed(0)
+    vm = VerticalModel(f.schema, 2)
+    train_vertical(vm, b, y, cfg, z=z, tier=exact_or_zero)
+    assert all(not r.any() for r in vm.tier_readings.values())
+
+    mixed = torch.arange(512) % 4  # every tier
+    train_vertical(vm, b, y, cfg, z=z, tier=mixed)
+    assert all(r.abs().sum() > 0 for r in vm.tier_readings.values())
+    user = torch.full((8,), int(Tier.USER_AGG))
+    exact = torch.full((8,), int(Tier.EXACT))
+    head = b.select(slice(0, 8))
+    with torch.no_grad():
+        before = vm(head, z[:8], exact), vm(head, z[:8], user)
+        vm.tier_readings["user_agg"].add_(1.0)
+        after = vm(head, z[:8], exact), vm(head, z[:8], user)
+    assert torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])

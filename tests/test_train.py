@@ -23,20 +23,26 @@ LOG = pd.DataFrame(
 Z = torch.arange(14, dtype=torch.float32).reshape(7, 2)
 
 
-def _earlier(row: int, key: str, usable: np.ndarray) -> list[int]:
+def _earlier(row: int, key: str, usable: np.ndarray, round_minutes: int = 0) -> list[int]:
+    cutoff = LOG[EVENT_TIMESTAMP][row]
+    if round_minutes:
+        cutoff = cutoff.floor(f"{round_minutes}min")
     return [
         r
         for r in range(len(LOG))
         if usable[r]
         and LOG[key][r] == LOG[key][row]
-        and LOG[EVENT_TIMESTAMP][r] < LOG[EVENT_TIMESTAMP][row]
+        and LOG[EVENT_TIMESTAMP][r] < cutoff
         # the similarity fill averages other users' vectors of the item
         and (key == "user_id" or LOG["user_id"][r] != LOG["user_id"][row])
     ]
 
 
+@pytest.mark.parametrize("round_minutes", [0, 5, 10])
 @pytest.mark.parametrize(("tier", "key"), [(Tier.USER_AGG, "user_id"), (Tier.SIMILAR, "item_id")])
-def test_enrichment_tiers_average_strictly_earlier_rows_only(tier: Tier, key: str) -> None:
+def test_enrichment_tiers_average_strictly_earlier_rows_only(
+    tier: Tier, key: str, round_minutes: int
+) -> None:
     """Brute-force reference: a later row's z was computed from a history holding this row's
     label, so only strictly earlier rows may feed the mean."""
     mix = TierMix(
@@ -45,9 +51,9 @@ def test_enrichment_tiers_average_strictly_earlier_rows_only(tier: Tier, key: st
         user_agg=1.0 if tier == Tier.USER_AGG else 0.0,
     )
     for usable in (np.ones(7, dtype=bool), np.array([True, True, True, True, False, True, True])):
-        tiers, inputs = tier_mix_inputs(LOG, Z, mix, 0, usable)
+        tiers, inputs = tier_mix_inputs(LOG, Z, mix, 0, usable, round_seconds=60 * round_minutes)
         for row in range(len(LOG)):
-            earlier = _earlier(row, key, usable)
+            earlier = _earlier(row, key, usable, round_minutes)
             if usable[row] and earlier:
                 assert tiers[row] == tier
                 assert torch.allclose(inputs[row], Z[earlier].mean(0))
@@ -72,3 +78,30 @@ def test_earliest_rows_cuts_by_time_span() -> None:
     ts = pd.to_datetime(["2026-11-01T00:00Z", "2026-11-01T01:00Z", "2026-11-01T04:00Z"], utc=True)
     mask = earliest_rows(pd.DataFrame({EVENT_TIMESTAMP: ts}), 0.5)
     assert mask.tolist() == [True, True, False]
+
+
+def test_enrichment_means_use_rows_before_the_last_precompute_round_only() -> None:
+    """With hourly rounds, a row at 01:40 sees rows before 01:00 only: the impressions of its own
+    session (01:05, 01:20) were shown after the round that built its aggregate."""
+    log = pd.DataFrame(
+        {
+            "user_id": [3, 3, 3, 3, 4],
+            "item_id": [1, 2, 3, 4, 1],
+            EVENT_TIMESTAMP: [T0 + pd.Timedelta(minutes=m) for m in (10, 65, 80, 100, 30)],
+        }
+    )
+    z = torch.arange(10, dtype=torch.float32).reshape(5, 2)
+    user_only = TierMix(exact=0.0, similar=0.0, user_agg=1.0)
+    tiers, inputs = tier_mix_inputs(log, z, user_only, 0, round_seconds=3600)
+    assert tiers.tolist() == [Tier.ZERO, Tier.USER_AGG, Tier.USER_AGG, Tier.USER_AGG, Tier.ZERO]
+    for row in (1, 2, 3):
+        assert torch.equal(inputs[row], z[0])  # only the 00:10 row precedes the 01:00 round
+    tiers, inputs = tier_mix_inputs(log, z, user_only, 0)  # no rounds: every earlier row
+    assert torch.allclose(inputs[3], z[[0, 1, 2]].mean(0))
+    # Item 1: without rounds user 4's row (00:30) averages user 3's (00:10); with hourly rounds
+    # both come after the 00:00 round, so it has no neighbour embedding yet.
+    similar_only = TierMix(exact=0.0, similar=1.0, user_agg=0.0)
+    tiers, inputs = tier_mix_inputs(log, z, similar_only, 0)
+    assert tiers[4] == Tier.SIMILAR and torch.equal(inputs[4], z[0])
+    tiers, _ = tier_mix_inputs(log, z, similar_only, 0, round_seconds=3600)
+    assert tiers[4] == Tier.ZERO

@@ -16,6 +16,8 @@ from torch import nn
 from solaris_feast.features import FeatureSchema, PairBatch
 from solaris_feast.tiers import NUM_TIERS, Tier
 
+_ENRICHMENT_TIERS = (Tier.SIMILAR, Tier.USER_AGG)
+
 
 class VerticalConfig(BaseModel):
     """Sizes of the VM."""
@@ -69,6 +71,19 @@ class VerticalModel(nn.Module):
         self.mlp = nn.Sequential(*layers)
         nn.init.normal_(self.user.weight, std=0.05)
         nn.init.normal_(self.item.weight, std=0.05)
+        # Each enrichment tier also reads z through weights of its own, added to the first
+        # layer: a tier embedding beside z can only shift that layer, not change how much of z
+        # it trusts, and a user's 24 h mean or a neighbour's vector must be read differently
+        # from the pair's own. Zero at the start (and untouched by exact-only training).
+        # Plain zero tensors: drawing no random numbers keeps every other initial weight, and
+        # with it a VM trained without enrichment tiers, exactly as before they existed.
+        first_width = cfg.hidden_dims[0] if cfg.hidden_dims else num_tasks
+        self.tier_readings = nn.ParameterDict(
+            {
+                tier.name.lower(): nn.Parameter(torch.zeros(cfg.embedding_dim, first_width))
+                for tier in (_ENRICHMENT_TIERS if cfg.embedding_dim else ())
+            }
+        )
 
     def forward(
         self, batch: PairBatch, z: torch.Tensor | None = None, tier: torch.Tensor | None = None
@@ -77,6 +92,7 @@ class VerticalModel(nn.Module):
         parts += [table(batch.user_cat[:, k]) for k, table in enumerate(self.user_cats)]
         parts += [table(batch.item_cat[:, k]) for k, table in enumerate(self.item_cats)]
         parts += [batch.user_dense, batch.item_dense]
+        own_readings: list[tuple[torch.Tensor, torch.Tensor]] = []
         if self.tier is not None:
             b = len(batch)
             d = self.config.embedding_dim
@@ -91,7 +107,16 @@ class VerticalModel(nn.Module):
             # missing slot can never leak into the score.
             present = (tier != int(Tier.ZERO)).unsqueeze(-1).to(z.dtype)
             parts += [z * present, self.tier(tier.long())]
-        return self.mlp(torch.cat(parts, dim=-1))
+            for enrichment in _ENRICHMENT_TIERS:
+                # Only the rows of this tier pay for its reading.
+                rows = torch.nonzero(tier == int(enrichment)).squeeze(-1)
+                if len(rows):
+                    weight = self.tier_readings[enrichment.name.lower()]
+                    own_readings.append((rows, z.index_select(0, rows) @ weight))
+        hidden = self.mlp[0](torch.cat(parts, dim=-1))
+        for rows, reading in own_readings:
+            hidden = hidden.index_add(0, rows, reading)
+        return self.mlp[1:](hidden)
 
     def predict_proba(
         self, batch: PairBatch, z: torch.Tensor | None = None, tier: torch.Tensor | None = None
