@@ -77,7 +77,9 @@ def run_demo(
     from solaris_feast.datasets import load_dataset
     from solaris_feast.train import train_and_register
 
-    now = pd.Timestamp.now(tz="UTC").floor("s").to_pydatetime()
+    # The top of the hour, as an hourly DAG run: training inputs are cut at precompute rounds,
+    # so a log aligned to the clock's seconds would train a different VM on every run.
+    now = pd.Timestamp.now(tz="UTC").floor("h").to_pydatetime()
     source = pipeline.LogSource(
         dataset="synthetic", dataset_size=cfg.size, holdout_fraction=HOLDOUT_FRACTION
     )
