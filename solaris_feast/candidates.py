@@ -74,6 +74,9 @@ class CandidateConfig(BaseModel):
     """Weight of the recent popularity score in the final score."""
     exclude_recent_items: bool = False
     """Drop the user's own recent items from their candidates (off: re-consumption is common)."""
+    exclude_seen_items: bool = False
+    """Drop every item the user interacted with before ``now``, however long ago: for logs where
+    an item is consumed once (ratings, purchases of durable goods), where no past pair recurs."""
 
 
 def generate_candidates(
@@ -121,6 +124,12 @@ def generate_candidates(
     num_keys = int(max(log[ITEM_ID].max(), 0)) + 1
     if items is not None and len(items):
         num_keys = max(num_keys, int(items[ITEM_ID].max()) + 1)
+    seen_keys = np.zeros(0, dtype=np.int64)
+    if cfg.exclude_seen_items:
+        past = interactions.loc[ts < now, [USER_ID, ITEM_ID]]
+        past = past.loc[past[USER_ID].isin(active)]
+        num_keys = max(num_keys, int(past[ITEM_ID].max()) + 1 if len(past) else 0)
+        seen_keys = past[USER_ID].to_numpy(np.int64) * num_keys + past[ITEM_ID].to_numpy(np.int64)
     recent = _recent_items(log, active, cfg.recent_items_per_user)
     parts: list[tuple[int, _Scores]] = []
     if cfg.cooccurrence_weight > 0:
@@ -154,8 +163,10 @@ def generate_candidates(
     source = per_source.argmax(axis=1)
     user = unique_keys // num_keys
     item = unique_keys % num_keys
-    if cfg.exclude_recent_items:
+    if cfg.exclude_recent_items or cfg.exclude_seen_items:
         seen = np.isin(unique_keys, recent.user * num_keys + recent.item)
+        if cfg.exclude_seen_items:
+            seen |= np.isin(unique_keys, seen_keys)
         user, item, total, source = user[~seen], item[~seen], total[~seen], source[~seen]
     # Rows are sorted by (user, item), so position breaks score ties by item_id.
     order = _order_group_then_score_desc(user, total)

@@ -72,6 +72,8 @@ PLANNERS: tuple[PlannerName, ...] = ("verifier", "random", "popular", "oracle")
 """Planners replayed by default; ``vm_only`` and ``retrieval`` (the two factors of the
 verifier's :func:`~solaris_feast.plan.request_score`) can be asked for to see what each adds."""
 ALL_PLANNERS: tuple[PlannerName, ...] = (*PLANNERS, "vm_only", "retrieval")
+ONCE_CONSUMED_DATASETS = frozenset({"movielens"})
+"""Data sets where a user meets an item once: their past items are never requested again."""
 ABLATION_STEPS: tuple[str, ...] = ("exact", "exact+user", "exact+user+similar")
 _INFERENCE_BATCH = 8192
 
@@ -113,6 +115,9 @@ class SimulationConfig(BaseModel):
     """Scored steps at most (``None``: to the end of the log)."""
     candidates: CandidateConfig = CandidateConfig(candidates_per_user=50)
     """Candidate generation; ``category_column`` defaults to the data set's item category."""
+    exclude_seen_items: bool | None = None
+    """Drop each user's past items from their candidates; ``None``: per data set, on where no
+    (user, item) pair recurs (MovieLens: a film is rated once), off for the synthetic log."""
     pair_ttl_seconds: int = Field(default=DEFAULT_PAIR_TTL_SECONDS, gt=0)
     """TTL of an exact embedding (the ``solaris_pair`` view's)."""
     user_ttl_seconds: int = Field(default=DEFAULT_USER_TTL_SECONDS, gt=0)
@@ -282,6 +287,11 @@ def simulate(
     candidate_cfg = cfg.candidates
     if candidate_cfg.category_column is None:
         candidate_cfg = candidate_cfg.model_copy(update={"category_column": _category_column(ds)})
+    exclude_seen = cfg.exclude_seen_items
+    if exclude_seen is None:
+        exclude_seen = ds.name in ONCE_CONSUMED_DATASETS
+    if exclude_seen:
+        candidate_cfg = candidate_cfg.model_copy(update={"exclude_seen_items": True})
     history_len = bundle.schema.history_len
     serve_featurizer = PairFeaturizer(ds, history_len)  # reads strictly before each event
 

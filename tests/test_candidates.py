@@ -133,6 +133,23 @@ def test_excluding_recent_items_drops_the_users_own_items() -> None:
     assert overlap.empty
 
 
+def test_excluding_seen_items_drops_every_past_pair_even_before_the_lookback() -> None:
+    log = _random_log(5)
+    # A pair seen 40 days ago, outside the 30-day look-back: still never a candidate.
+    old = pd.DataFrame(
+        {"user_id": [3], "item_id": [7], "event_timestamp": [NOW - pd.Timedelta(days=40)]}
+    )
+    log = pd.concat([log, old], ignore_index=True)
+    cfg = CandidateConfig(candidates_per_user=50, exclude_seen_items=True)
+    out = generate_candidates(log, NOW, cfg)
+    past = log.loc[log["event_timestamp"] < NOW, ["user_id", "item_id"]].drop_duplicates()
+    assert out.merge(past, on=["user_id", "item_id"]).empty
+    assert len(out) > 0 and out.groupby("user_id").size().max() <= 50
+    # Without the option the same users are offered items they have met before.
+    kept = generate_candidates(log, NOW, CandidateConfig(candidates_per_user=50))
+    assert not kept.merge(past, on=["user_id", "item_id"]).empty
+
+
 def test_supplied_table_is_validated_and_capped_per_user() -> None:
     table = pd.DataFrame(
         {
