@@ -64,6 +64,9 @@ PARAMS = {
     "budget_pairs": Param(20_000, type="integer", minimum=0, description="FM pairs per run"),
     "shards": Param(4, type="integer", minimum=1, maximum=1024, description="Mapped FM tasks"),
     "candidates_per_user": Param(200, type="integer", minimum=1),
+    "exclude_seen_items": Param(
+        False, type="boolean", description="Never offer a user an item they have met before"
+    ),
     "pair_ttl_seconds": Param(
         None,
         type=["null", "integer"],

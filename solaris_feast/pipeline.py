@@ -107,6 +107,9 @@ class PrecomputeSettings(LogSource):
     """Parallel precompute tasks (dynamic task mapping)."""
     candidates_per_user: int = Field(200, gt=0)
     """Candidate items per active user."""
+    exclude_seen_items: bool = False
+    """Never offer a user an item they have met before (logs where a pair does not recur, such
+    as ratings)."""
     pair_ttl_seconds: int | None = Field(None, gt=0)
     """TTL the planner assumes for exact vectors; None: the pair view's TTL in the registry."""
     refresh_margin_seconds: int = Field(1800, ge=0)
@@ -489,7 +492,9 @@ def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
     if category is None and dataset.item_categorical:
         category = dataset.item_categorical[0]
     config = CandidateConfig(
-        candidates_per_user=spec.settings.candidates_per_user, category_column=category
+        candidates_per_user=spec.settings.candidates_per_user,
+        category_column=category,
+        exclude_seen_items=spec.settings.exclude_seen_items,
     )
     candidates = generate_candidates(
         dataset.interactions, pd.Timestamp(spec.now), config, items=dataset.items
