@@ -11,8 +11,8 @@ start of each step ``t`` and for every planner and budget, using only events bef
    ``popular``: item popularity over the last day; ``oracle``: whether the pair is requested
    during the step, the upper bound of any planner over this pool);
 2. :func:`~solaris_feast.plan.plan_precompute` picks the step's budget of pairs (``budget x
-   |candidates| x step / pair TTL`` with the default ``budget_basis``), the FM computes them as
-   of ``t`` (:func:`~solaris_feast.precompute.compute_pair_embeddings`);
+   |candidates|``, or a pair TTL's share of that with ``budget_basis="pair_ttl"``), the FM
+   computes them as of ``t`` (:func:`~solaris_feast.precompute.compute_pair_embeddings`);
 3. the user aggregate and the similarity fill (targets: the best uncovered pairs and the
    misses) are recomputed.
 
@@ -1136,9 +1136,9 @@ def simulate_command(
         str,
         typer.Option(
             "--budget-basis",
-            help="pair_ttl: share of candidates kept fresh; step: share computed per step.",
+            help="step: share of candidates computed per step; pair_ttl: share kept fresh.",
         ),
-    ] = "pair_ttl",
+    ] = "step",
     planner: Annotated[
         str,
         typer.Option(

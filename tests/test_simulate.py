@@ -232,3 +232,19 @@ def test_pair_ttl_budget_spreads_the_same_share_over_a_ttl_of_steps(
             a["mean_budget_pairs_per_step"] / steps_per_ttl, abs=0.51
         )
         assert b["fm_pairs"] < a["fm_pairs"]
+
+
+def test_command_defaults_are_the_configs() -> None:
+    """The CLI's defaults are the config's: a replay run from the shell measures what the
+    library's default measures."""
+    import inspect
+
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(simulate_command).parameters.items()
+    }
+    config = SimulationConfig()
+    assert defaults["budget_basis"] == config.budget_basis
+    assert defaults["planner"] == ",".join(config.planners)
+    assert defaults["budget"] == ",".join(str(b) for b in config.budgets)
+    assert defaults["steps"] == config.max_steps and defaults["warmup"] == config.warmup_steps
