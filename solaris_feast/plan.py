@@ -272,10 +272,10 @@ def request_score(
     known = ~np.isnan(retrieval)
     best = pd.Series(retrieval[known]).groupby(user_ids[known]).max()
     user_best = best.reindex(user_ids).to_numpy(dtype=np.float64)
+    # Pairs without a score, and users whose best score is 0, keep a relative score of 1.
     relative = np.ones(len(verifier))
     scored = known & (user_best > 0)
     relative[scored] = retrieval[scored] / user_best[scored]
-    relative[known & ~(user_best > 0)] = 1.0
     return verifier * relative**retrieval_weight
 
 

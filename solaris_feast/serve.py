@@ -35,6 +35,7 @@ from solaris_feast.store_config import (
     FloatListCodec,
     online_field,
     online_kind,
+    packed_round_trip,
     sqlite_path,
     sqlite_table,
 )
@@ -364,17 +365,7 @@ class SolarisRetriever:
 
     def _round_trip(self, payload: bytes, replies: int) -> list[Any]:
         """Send packed commands on one pooled connection and read ``replies`` answers."""
-        pool = self._redis.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_packed_command([payload])
-            answers = [conn.read_response() for _ in range(replies)]
-        except BaseException:
-            # Unread replies would be handed to the next caller: drop the connection.
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
+        answers = packed_round_trip(self._redis, payload, replies)
         for answer in answers:
             if isinstance(answer, Exception):
                 raise answer

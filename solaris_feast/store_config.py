@@ -273,6 +273,23 @@ def is_redis_cluster(store: FeatureStore) -> bool:
     return str(getattr(store.config.online_store, "redis_type", "redis")).endswith("cluster")
 
 
+def packed_round_trip(client: Any, payload: bytes, replies: int) -> list[Any]:
+    """Send hand-packed RESP commands on one of ``client``'s pooled connections and read
+    ``replies`` answers (an error reply raises, as redis-py's ``read_response`` does; errors
+    nested in an answer, such as EXEC's, are returned as exception objects)."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        conn.send_packed_command([payload])
+        return [conn.read_response() for _ in range(replies)]
+    except BaseException:
+        # Unread replies would be handed to the next caller: drop the connection.
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
 def redis_client(store: FeatureStore, timeout_seconds: float | None = None) -> Any:
     """A redis-py client on the store's Redis (a ``RedisCluster`` for ``redis_cluster``), with no
     retries (fallback code retries itself)."""

@@ -49,6 +49,7 @@ from solaris_feast.store_config import (
     is_redis_cluster,
     online_field,
     online_kind,
+    packed_round_trip,
     redis_client,
     sqlite_path,
     sqlite_table,
@@ -564,19 +565,9 @@ class EmbeddingWriter:
         """Send MULTI, the commands and EXEC on one pooled connection; EXEC's answers."""
         import redis
 
-        pool = self._redis.connection_pool
-        conn = pool.get_connection()
-        try:
-            conn.send_packed_command([payload])
-            # +OK for MULTI, QUEUED per command (a refused command raises here, and Redis then
-            # aborts the EXEC), then EXEC's list of script results.
-            answers = [conn.read_response() for _ in range(replies)][-1]
-        except BaseException:
-            # Unread replies would be handed to the next caller: drop the connection.
-            conn.disconnect()
-            raise
-        finally:
-            pool.release(conn)
+        # +OK for MULTI, QUEUED per command (a refused command raises here, and Redis then
+        # aborts the EXEC), then EXEC's list of script results.
+        answers = packed_round_trip(self._redis, payload, replies)[-1]
         if not isinstance(answers, list):
             raise redis.ResponseError(
                 f"{self.view_name}: the transaction was not executed ({answers!r})"

@@ -74,9 +74,8 @@ class VerticalModel(nn.Module):
         # Each enrichment tier also reads z through weights of its own, added to the first
         # layer: a tier embedding beside z can only shift that layer, not change how much of z
         # it trusts, and a user's 24 h mean or a neighbour's vector must be read differently
-        # from the pair's own. Zero at the start (and untouched by exact-only training).
-        # Plain zero tensors: drawing no random numbers keeps every other initial weight, and
-        # with it a VM trained without enrichment tiers, exactly as before they existed.
+        # from the pair's own. Plain zero tensors: they draw no random numbers, so every other
+        # initial weight, and a VM trained without enrichment tiers, is exactly as before.
         first_width = cfg.hidden_dims[0] if cfg.hidden_dims else num_tasks
         self.tier_readings = nn.ParameterDict(
             {
