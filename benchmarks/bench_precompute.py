@@ -29,11 +29,9 @@ from solaris_feast.candidates import CandidateConfig, generate_candidates
 from solaris_feast.datasets import load_dataset
 from solaris_feast.definitions import solaris_definitions
 from solaris_feast.features import PairFeaturizer
-from solaris_feast.models.compressor import CompressorConfig, EmbeddingCompressor
-from solaris_feast.models.foundation import FoundationConfig, FoundationModel
-from solaris_feast.models.registry import ModelBundle, load_bundle, save_model
+from solaris_feast.models.foundation import FoundationConfig
+from solaris_feast.models.registry import ModelBundle, load_bundle, register_untrained_chain
 from solaris_feast.models.training import flops_per_pair
-from solaris_feast.models.vertical import VerticalConfig, VerticalModel
 from solaris_feast.plan import plan_precompute, request_score
 from solaris_feast.precompute import run_precompute
 from solaris_feast.similarity import SimilarityConfig, build_user_index, similarity_fill
@@ -59,35 +57,8 @@ class TeeSink:
 def seeded_bundle(
     featurizer: PairFeaturizer, models_dir: Path, fm_cfg: FoundationConfig
 ) -> ModelBundle:
-    schema = featurizer.schema
-    tasks = ("click", "conversion")
     torch.manual_seed(0)
-    fm_card = save_model(
-        FoundationModel(schema, 2, fm_cfg),
-        "fm",
-        models_dir,
-        config={"model": fm_cfg.model_dump(), "schema": schema.to_dict()},
-        tasks=tasks,
-    )
-    comp_cfg = CompressorConfig(input_dim=fm_cfg.representation_dim)
-    comp_card = save_model(
-        EmbeddingCompressor(comp_cfg),
-        "compressor",
-        models_dir,
-        parents=(fm_card.version,),
-        config={"model": comp_cfg.model_dump()},
-        tasks=tasks,
-    )
-    vm_cfg = VerticalConfig(embedding_dim=comp_cfg.code_dim)
-    save_model(
-        VerticalModel(schema, 2, vm_cfg),
-        "vm",
-        models_dir,
-        parents=(comp_card.version,),
-        config={"model": vm_cfg.model_dump(), "schema": schema.to_dict()},
-        tasks=tasks,
-    )
-    return load_bundle(models_dir)
+    return register_untrained_chain(models_dir, featurizer.schema, ("click", "conversion"), fm_cfg)
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:

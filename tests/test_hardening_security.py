@@ -226,39 +226,12 @@ def trained_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An FM, a compressor and a VM saved with their cards (untrained: only bytes matter)."""
     from solaris_feast.data.synthetic import SyntheticConfig, generate
     from solaris_feast.features import PairFeaturizer
-    from solaris_feast.models.compressor import EmbeddingCompressor
-    from solaris_feast.models.foundation import FoundationModel
-    from solaris_feast.models.registry import save_model
-    from solaris_feast.models.vertical import VerticalModel
+    from solaris_feast.models.registry import register_untrained_chain
 
     models = tmp_path_factory.mktemp("models")
     dataset = generate(SyntheticConfig(num_users=40, num_items=30, num_categories=4, days=1.0))
     schema = PairFeaturizer(dataset, history_len=4).schema
-    fm = FoundationModel(schema, 2)
-    fm_card = save_model(
-        fm,
-        "fm",
-        models,
-        config={"model": fm.config.model_dump(), "schema": schema.to_dict()},
-        tasks=("click", "conversion"),
-    )
-    compressor = EmbeddingCompressor()
-    compressor_card = save_model(
-        compressor,
-        "compressor",
-        models,
-        parents=(fm_card.version,),
-        config={"model": compressor.config.model_dump()},
-    )
-    vm = VerticalModel(schema, 2)
-    save_model(
-        vm,
-        "vm",
-        models,
-        parents=(compressor_card.version,),
-        config={"model": vm.config.model_dump(), "schema": schema.to_dict()},
-        tasks=("click", "conversion"),
-    )
+    register_untrained_chain(models, schema, ("click", "conversion"))
     return models
 
 

@@ -211,3 +211,27 @@ def test_each_enrichment_tier_learns_its_own_reading_of_z(dataset: InteractionDa
         vm.tier_readings["user_agg"].add_(1.0)
         after = vm(head, z[:8], exact), vm(head, z[:8], user)
     assert torch.equal(before[0], after[0]) and not torch.equal(before[1], after[1])
+
+
+def test_untrained_chain_registers_matching_widths_and_refuses_a_mismatch(
+    dataset: InteractionDataset, tmp_path: Path
+) -> None:
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.models.compressor import CompressorConfig
+    from solaris_feast.models.foundation import FoundationConfig
+    from solaris_feast.models.registry import register_untrained_chain
+
+    schema = PairFeaturizer(dataset, history_len=8).schema
+    fm_cfg = FoundationConfig(embed_dim=16, num_heads=2, hidden_dim=32, representation_dim=24)
+    bundle = register_untrained_chain(
+        tmp_path / "ok",
+        schema,
+        ("click", "conversion"),
+        fm_cfg,
+        CompressorConfig(input_dim=24, code_dim=8),
+    )
+    assert bundle.vm.config.embedding_dim == bundle.compressor.config.code_dim
+    assert bundle.vm_card.parents == (bundle.compressor_card.version,)
+    assert bundle.compressor_card.parents == (bundle.fm_card.version,)
+    with pytest.raises(ConfigError, match="input_dim 128 != FM representation_dim 24"):
+        register_untrained_chain(tmp_path / "bad", schema, ("click",), fm_cfg, CompressorConfig())

@@ -16,10 +16,9 @@ from solaris_feast.aggregate import PairEmbeddings
 from solaris_feast.data.schema import EVENT_TIMESTAMP, InteractionDataset
 from solaris_feast.data.synthetic import SyntheticConfig, generate
 from solaris_feast.features import PairFeaturizer
-from solaris_feast.models.compressor import CompressorConfig, EmbeddingCompressor
-from solaris_feast.models.foundation import FoundationConfig, FoundationModel
-from solaris_feast.models.registry import ModelBundle, load_bundle, save_model
-from solaris_feast.models.vertical import VerticalConfig, VerticalModel
+from solaris_feast.models.compressor import CompressorConfig
+from solaris_feast.models.foundation import FoundationConfig
+from solaris_feast.models.registry import ModelBundle, register_untrained_chain
 from solaris_feast.simulate import (
     SimulationConfig,
     format_summary,
@@ -51,40 +50,16 @@ def bundle(dataset: InteractionDataset, tmp_path_factory: pytest.TempPathFactory
     """Small seeded models, registered and loaded the way the replay loads them. They are not
     trained: these tests pin what the replay reads and reports, not how good the models are
     (the CLI run trains on the first part of the log)."""
-    models_dir = tmp_path_factory.mktemp("models")
     schema = PairFeaturizer(dataset, history_len=8).schema
     torch.manual_seed(0)
-    fm_cfg = FoundationConfig(embed_dim=16, num_heads=2, hidden_dim=32, representation_dim=24)
-    fm = FoundationModel(schema, len(TASKS), fm_cfg)
-    fm_card = save_model(
-        fm,
-        "fm",
-        models_dir,
-        config={"model": fm_cfg.model_dump(), "schema": schema.to_dict()},
+    return register_untrained_chain(
+        tmp_path_factory.mktemp("models"),
+        schema,
+        TASKS,
+        FoundationConfig(embed_dim=16, num_heads=2, hidden_dim=32, representation_dim=24),
+        CompressorConfig(input_dim=24, code_dim=8, hidden_dim=16),
         dataset=dataset.name,
-        tasks=TASKS,
     )
-    comp_cfg = CompressorConfig(input_dim=24, code_dim=8, hidden_dim=16)
-    comp_card = save_model(
-        EmbeddingCompressor(comp_cfg),
-        "compressor",
-        models_dir,
-        parents=(fm_card.version,),
-        config={"model": comp_cfg.model_dump()},
-        dataset=dataset.name,
-        tasks=TASKS,
-    )
-    vm_cfg = VerticalConfig(embedding_dim=8)
-    save_model(
-        VerticalModel(schema, len(TASKS), vm_cfg),
-        "vm",
-        models_dir,
-        parents=(comp_card.version,),
-        config={"model": vm_cfg.model_dump(), "schema": schema.to_dict()},
-        dataset=dataset.name,
-        tasks=TASKS,
-    )
-    return load_bundle(models_dir)
 
 
 def _config(**update: object) -> SimulationConfig:

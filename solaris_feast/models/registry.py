@@ -209,6 +209,59 @@ def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
     return ModelBundle(fm, compressor, vm, fm_card, compressor_card, vm_card, fm.schema)
 
 
+def register_untrained_chain(
+    models_dir: Path,
+    schema: FeatureSchema,
+    tasks: tuple[str, ...],
+    fm_config: FoundationConfig | None = None,
+    compressor_config: CompressorConfig | None = None,
+    vm_config: VerticalConfig | None = None,
+    **card_fields: Any,
+) -> ModelBundle:
+    """Register freshly initialised FM -> compressor -> VM as one chain and load it.
+
+    For code that needs the chain's deterministic forward passes, not good ones (tests,
+    benchmarks, a smoke run of serving); seed torch before calling for repeatable weights. The
+    compressor's input defaults to the FM's representation width, and the VM's embedding width is
+    always the compressor's code width.
+    """
+    fm_cfg = fm_config or FoundationConfig()
+    comp_cfg = compressor_config or CompressorConfig(input_dim=fm_cfg.representation_dim)
+    if comp_cfg.input_dim != fm_cfg.representation_dim:
+        raise ConfigError(
+            f"compressor input_dim {comp_cfg.input_dim} != FM representation_dim "
+            f"{fm_cfg.representation_dim}"
+        )
+    vm_cfg = (vm_config or VerticalConfig()).model_copy(update={"embedding_dim": comp_cfg.code_dim})
+    fm_card = save_model(
+        FoundationModel(schema, len(tasks), fm_cfg),
+        "fm",
+        models_dir,
+        config={"model": fm_cfg.model_dump(), "schema": schema.to_dict()},
+        tasks=tasks,
+        **card_fields,
+    )
+    compressor_card = save_model(
+        EmbeddingCompressor(comp_cfg),
+        "compressor",
+        models_dir,
+        parents=(fm_card.version,),
+        config={"model": comp_cfg.model_dump()},
+        tasks=tasks,
+        **card_fields,
+    )
+    vm_card = save_model(
+        VerticalModel(schema, len(tasks), vm_cfg),
+        "vm",
+        models_dir,
+        parents=(compressor_card.version,),
+        config={"model": vm_cfg.model_dump(), "schema": schema.to_dict()},
+        tasks=tasks,
+        **card_fields,
+    )
+    return load_bundle(models_dir, vm_card.version)
+
+
 def parent_card(cards: dict[str, ModelCard], child: ModelCard, kind: ModelKind) -> ModelCard:
     """The ``kind`` card among ``child``'s parents."""
     for version in child.parents:
