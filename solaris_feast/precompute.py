@@ -149,8 +149,6 @@ def run_precompute(
     Returns:
         :class:`PrecomputeStats` with pairs/s and the split of wall time.
     """
-    import torch
-
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     started = time.perf_counter()
@@ -163,32 +161,28 @@ def run_precompute(
     computed_at = at.tz_convert("UTC")
     featurize_s = fm_s = write_s = 0.0
     batches = 0
-    bundle.fm.eval()
-    bundle.compressor.eval()
-    with torch.inference_mode():
-        for lo in range(0, len(users), batch_size):
-            hi = min(lo + batch_size, len(users))
-            t0 = time.perf_counter()
-            batch = featurizer.batch(users[lo:hi], items[lo:hi], at)
-            t1 = time.perf_counter()
-            z = bundle.compressor.encode(bundle.fm.representation(batch)).numpy()
-            t2 = time.perf_counter()
-            writer.write(
-                pd.DataFrame(
-                    {
-                        USER_ID: users[lo:hi],
-                        ITEM_ID: items[lo:hi],
-                        EMBEDDING: list(z.astype(np.float32, copy=False)),
-                        MODEL_VERSION: version,
-                        COMPUTED_AT: computed_at,
-                    }
-                )
+    for lo in range(0, len(users), batch_size):
+        hi = min(lo + batch_size, len(users))
+        # One forward batch, then its write: a failure loses at most the batch in flight.
+        z, batch_featurize_s, batch_fm_s = compute_pair_embeddings(
+            bundle, featurizer, users[lo:hi], items[lo:hi], at, batch_size=hi - lo
+        )
+        t0 = time.perf_counter()
+        writer.write(
+            pd.DataFrame(
+                {
+                    USER_ID: users[lo:hi],
+                    ITEM_ID: items[lo:hi],
+                    EMBEDDING: list(z),
+                    MODEL_VERSION: version,
+                    COMPUTED_AT: computed_at,
+                }
             )
-            t3 = time.perf_counter()
-            featurize_s += t1 - t0
-            fm_s += t2 - t1
-            write_s += t3 - t2
-            batches += 1
+        )
+        featurize_s += batch_featurize_s
+        fm_s += batch_fm_s
+        write_s += time.perf_counter() - t0
+        batches += 1
     stats = PrecomputeStats(
         pairs=len(users),
         batches=batches,
