@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from feast import FeatureStore
 
 bench_app = typer.Typer(help="Benchmarks of SOLARIS serving reads and writes against Redis.")
+JsonPathOption = Annotated[Path | None, typer.Option("--json", help="Write the results here.")]
+RedisUrlOption = Annotated[str | None, typer.Option(help="Redis to use (default: $REDIS_URL).")]
 
 DEFAULT_CANDIDATES = (10, 100, 1000)
 BENCH_USER = 7
@@ -336,12 +338,8 @@ def _emit(results: dict[str, Any], json_path: Path | None) -> None:
 
 @bench_app.command("serve")
 def serve_command(
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the results here.")
-    ] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Redis to use (default: $REDIS_URL).")
-    ] = None,
+    json_path: JsonPathOption = None,
+    redis_url: RedisUrlOption = None,
     iterations: Annotated[
         int, typer.Option(min=10, help="Timed reads per contender at N <= 100.")
     ] = 300,
@@ -361,12 +359,8 @@ def serve_command(
 
 @bench_app.command("write")
 def write_command(
-    json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the results here.")
-    ] = None,
-    redis_url: Annotated[
-        str | None, typer.Option(help="Redis to use (default: $REDIS_URL).")
-    ] = None,
+    json_path: JsonPathOption = None,
+    redis_url: RedisUrlOption = None,
     rows: Annotated[int, typer.Option(min=100, help="Rows per timed batch.")] = 20_000,
     repeats: Annotated[int, typer.Option(min=1, help="Timed batches per contender.")] = 3,
 ) -> None:
