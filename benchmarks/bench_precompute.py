@@ -24,19 +24,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from solaris_feast.aggregate import PairEmbeddings, aggregate_user_embeddings
-from solaris_feast.candidates import CandidateConfig, generate_candidates
-from solaris_feast.datasets import load_dataset
-from solaris_feast.definitions import solaris_definitions
-from solaris_feast.features import PairFeaturizer
+from solaris_feast.data.datasets import load_dataset
+from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.foundation import FoundationConfig
 from solaris_feast.models.registry import ModelBundle, load_bundle, register_untrained_chain
 from solaris_feast.models.training import flops_per_pair
-from solaris_feast.plan import plan_precompute, request_score
-from solaris_feast.precompute import run_precompute
-from solaris_feast.similarity import SimilarityConfig, build_user_index, similarity_fill
-from solaris_feast.store_config import open_store
-from solaris_feast.write import EmbeddingWriter
+from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
+from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
+from solaris_feast.precompute.compute import run_precompute
+from solaris_feast.precompute.plan import plan_precompute, request_score
+from solaris_feast.precompute.similarity import SimilarityConfig, build_user_index, similarity_fill
+from solaris_feast.store.config import open_store
+from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 
 PROJECT = "solaris_pre_bench_precompute"
 """Feast project of the run; on Redis its keys are deleted afterwards."""

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from solaris_feast.aggregate import PairEmbeddings
-from solaris_feast.similarity import SimilarityConfig, build_user_index, similarity_fill
+from solaris_feast.precompute.aggregate import PairEmbeddings
+from solaris_feast.precompute.similarity import SimilarityConfig, build_user_index, similarity_fill
 
 
 def make_data(

@@ -1,10 +1,11 @@
 """Soak: N concurrent serving clients for a bounded time while a precompute writer rewrites rows.
 
 Each client is its own process (forked after the heavy imports, so no GIL is shared) with its own
-:class:`~solaris_feast.serve.SolarisRetriever`; it fetches 1 user x ``--candidates`` items at
+:class:`~solaris_feast.serving.retriever.SolarisRetriever`; it fetches 1 user x ``--candidates``
+items at
 ``--rate`` fetches/s (open loop; ``--rate 0`` = as fast as it can) for ``--seconds``.
 Meanwhile a writer process rewrites pair embeddings of random users in batches through
-:class:`~solaris_feast.write.EmbeddingWriter`, as a precompute run would.
+:class:`~solaris_feast.store.write.EmbeddingWriter`, as a precompute run would.
 
 Reported: fetch throughput, p50/p99/max latency, errors (store failures, deadline misses and
 exceptions; must all be 0), tier shares, writer rows/s, each client's RSS growth from the end of
@@ -45,14 +46,14 @@ def rss_mb() -> float:
 
 
 def open_soak_store(project: str, repo: Path, redis_url: str) -> Any:
-    from solaris_feast.store_config import open_store
+    from solaris_feast.store.config import open_store
 
     return open_store(project, repo, online="redis", redis_url=redis_url)
 
 
 def populate(store: Any, users: int, candidates: int, seed: int) -> None:
     """Pair rows for 60% of each user's candidates, similar rows for 20%, every user's aggregate."""
-    from solaris_feast.write import EmbeddingWriter
+    from solaris_feast.store.write import EmbeddingWriter
 
     rng = np.random.default_rng(seed)
     now = pd.Timestamp.now(tz="UTC").floor("s")
@@ -97,7 +98,7 @@ def pair_batch(
 
 def serve_client(index: int, args: dict[str, Any], start_at: float, results: Any) -> None:
     """One serving client: fetch until the shared end time; report latencies and RSS."""
-    from solaris_feast.serve import SolarisRetriever
+    from solaris_feast.serving.retriever import SolarisRetriever
 
     store = open_soak_store(args["project"], Path(args["repo"]), args["redis_url"])
     retriever = SolarisRetriever(store, VERSION, deadline_ms=args["deadline_ms"])
@@ -149,7 +150,7 @@ def serve_client(index: int, args: dict[str, Any], start_at: float, results: Any
 
 def precompute_writer(args: dict[str, Any], start_at: float, results: Any) -> None:
     """Rewrite the pair rows of random users, batch after batch, until the end time."""
-    from solaris_feast.write import EmbeddingWriter
+    from solaris_feast.store.write import EmbeddingWriter
 
     store = open_soak_store(args["project"], Path(args["repo"]), args["redis_url"])
     writer = EmbeddingWriter(store, "solaris_pair", offline=False)
@@ -182,7 +183,7 @@ def percentile(values: np.ndarray, q: float) -> float:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import redis
 
-    from solaris_feast.definitions import solaris_definitions
+    from solaris_feast.store.definitions import solaris_definitions
 
     redis_url = args.redis_url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     project = f"solaris_hard_soak_{uuid.uuid4().hex[:8]}"
@@ -339,7 +340,8 @@ def main() -> None:
         default=50.0,
         help="fetches/s each client sends (paced); 0 = as fast as it can (saturation)",
     )
-    # 4096: the precompute's FM batch (solaris_feast.precompute.DEFAULT_BATCH_SIZE), written as
+    # 4096: the precompute's FM batch (solaris_feast.precompute.compute.DEFAULT_BATCH_SIZE),
+    # written as
     # one EmbeddingWriter.write call; kept literal so the soak needs no precompute import.
     parser.add_argument("--write-batch", type=int, default=4096, help="rows per writer batch")
     parser.add_argument("--write-pause-s", type=float, default=0.05, help="pause between batches")

@@ -3,7 +3,8 @@
 drain the miss queue -> candidates -> verifier scores + plan under the budget
 -> FM precompute, one mapped task per shard -> user aggregates -> similarity fill -> coverage.
 
-The task bodies live in :mod:`solaris_feast.pipeline`; this file only wires them. Heavy modules
+The task bodies live in :mod:`solaris_feast.pipeline.tasks`; this file only wires them. Heavy
+modules
 (torch, faiss, feast) are imported inside the tasks, never while the scheduler parses this file.
 Tasks pass only small JSON through XCom; the plan and the other inputs live in the run folder,
 so a retried task, a retried shard or a re-run of the same interval sees the same inputs.
@@ -111,7 +112,7 @@ def _outlet_extra(asset: Asset, extra: dict[str, Any]) -> None:
 def solaris_precompute() -> None:
     @task
     def start() -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         context = get_current_context()
         dag_run = context["dag_run"]
@@ -126,13 +127,13 @@ def solaris_precompute() -> None:
 
     @task
     def drain_miss_queue(run: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         return pipeline.drain_miss_queue(run)
 
     @task
     def generate_candidates(run: dict[str, Any], misses: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         return pipeline.generate_candidate_table(run)
 
@@ -140,13 +141,13 @@ def solaris_precompute() -> None:
     def plan(run: dict[str, Any], candidates: dict[str, Any]) -> list[int]:
         """Persist the plan in the run folder; the XCom is the shard list the FM tasks map over
         (the plan's stats are in the log, ``plan/plan.json`` and ``coverage.json``)."""
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         return list(pipeline.plan_run(run)["shard_indexes"])
 
     @task(outlets=[PAIR_EMBEDDINGS])
     def precompute_shard(run: dict[str, Any], shard_index: int) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         report = pipeline.precompute_shard(run, shard_index, run["settings"]["shards"])
         _outlet_extra(PAIR_EMBEDDINGS, {"model_version": run["embedding_version"], **report})
@@ -154,7 +155,7 @@ def solaris_precompute() -> None:
 
     @task(outlets=[USER_AGGREGATES])
     def aggregate_users(run: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         report = pipeline.aggregate_users(run)
         _outlet_extra(USER_AGGREGATES, {"model_version": run["embedding_version"], **report})
@@ -162,7 +163,7 @@ def solaris_precompute() -> None:
 
     @task(outlets=[SIMILAR_EMBEDDINGS])
     def fill_similar(run: dict[str, Any], users: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         report = pipeline.fill_similar(run)
         _outlet_extra(SIMILAR_EMBEDDINGS, {"model_version": run["embedding_version"], **report})
@@ -170,7 +171,7 @@ def solaris_precompute() -> None:
 
     @task
     def publish_coverage(run: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         return pipeline.publish_coverage(run)
 

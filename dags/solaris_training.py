@@ -5,7 +5,8 @@ precompute DAG picks the newest VM and the compressor and FM it was trained on a
 and a new version re-plans every pair (vectors of another version are misses). A retried stage
 returns the card it already registered for this run instead of training again.
 
-The task bodies live in :mod:`solaris_feast.pipeline`; torch is imported only inside the tasks.
+The task bodies live in :mod:`solaris_feast.pipeline.tasks`; torch is imported only inside the
+tasks.
 Environment (parse time, optional): ``SOLARIS_TRAINING_SCHEDULE`` (default ``@daily``),
 ``SOLARIS_MODELS_DIR``.
 """
@@ -65,7 +66,7 @@ def _mark(asset: Asset, card: dict[str, Any]) -> None:
 def solaris_training() -> None:
     @task
     def start() -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         context = get_current_context()
         interval = {
@@ -79,7 +80,7 @@ def solaris_training() -> None:
 
     @task(outlets=[FOUNDATION_MODEL])
     def train_fm(run: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         card = pipeline.train_foundation_stage(run)
         _mark(FOUNDATION_MODEL, card)
@@ -87,7 +88,7 @@ def solaris_training() -> None:
 
     @task(outlets=[COMPRESSOR_MODEL])
     def train_compressor(run: dict[str, Any], fm: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         card = pipeline.train_compressor_stage(run, fm["version"])
         _mark(COMPRESSOR_MODEL, card)
@@ -95,7 +96,7 @@ def solaris_training() -> None:
 
     @task(outlets=[VERTICAL_MODEL])
     def train_vm(run: dict[str, Any], compressor: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast import pipeline
+        from solaris_feast.pipeline import tasks as pipeline
 
         card = pipeline.train_vertical_stage(run, compressor["version"])
         _mark(VERTICAL_MODEL, card)

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from solaris_feast.definitions import solaris_definitions
-from solaris_feast.model_versions import models_dir_for_repo, versioned_feast_config
+from solaris_feast.models.cards import models_dir_for_repo, versioned_feast_config
+from solaris_feast.store.definitions import solaris_definitions
 
 solaris = solaris_definitions(versioned_feast_config(models_dir_for_repo(Path(__file__).parent)))
 

@@ -50,8 +50,8 @@ def bench_store(redis_url: str | None, dim: int) -> Iterator[FeatureStore]:
     """A throwaway Feast project on Redis with the SOLARIS views applied; removed afterwards."""
     import redis
 
-    from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
-    from solaris_feast.store_config import DEFAULT_REDIS_URL, open_store
+    from solaris_feast.store.config import DEFAULT_REDIS_URL, open_store
+    from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
 
     url = redis_url or os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
     project = f"solaris_bench_{uuid.uuid4().hex[:8]}"
@@ -91,7 +91,7 @@ def _summary(samples: list[float]) -> dict[str, float]:
 
 def _populate(store: FeatureStore, items: int, dim: int, version: str) -> None:
     """Exact embeddings for 8 items in 10, similarity fill for 1 in 10, a user mean for all."""
-    from solaris_feast.write import EmbeddingWriter
+    from solaris_feast.store.write import EmbeddingWriter
 
     rng = np.random.default_rng(0)
     now = pd.Timestamp.now(tz="UTC")
@@ -143,9 +143,9 @@ def run_serve_benchmark(
     dim: int = 32,
 ) -> dict[str, Any]:
     """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N."""
-    from solaris_feast.definitions import MODEL_VERSION_REQUEST_FIELD
-    from solaris_feast.serve import SolarisRetriever
-    from solaris_feast.store_config import EntityKeyLayout, online_field, redis_client
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.config import EntityKeyLayout, online_field, redis_client
+    from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
 
     version = "bench-v1"
     results: dict[str, Any] = {"candidates": {}}
@@ -249,8 +249,8 @@ def run_write_benchmark(
     redis_url: str | None = None, rows: int = 20_000, dim: int = 32, repeats: int = 3
 ) -> dict[str, Any]:
     """Rows per second of the solaris write path vs ``write_to_online_store``, fresh keys."""
-    from solaris_feast.store_config import EntityKeyLayout, redis_client
-    from solaris_feast.write import EmbeddingWriter
+    from solaris_feast.store.config import EntityKeyLayout, redis_client
+    from solaris_feast.store.write import EmbeddingWriter
 
     rng = np.random.default_rng(1)
     now = pd.Timestamp.now(tz="UTC")

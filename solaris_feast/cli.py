@@ -11,9 +11,9 @@ from typing import Annotated
 import typer
 
 from solaris_feast.bench import bench_app
-from solaris_feast.lineage import lineage_cli
-from solaris_feast.simulate import simulate_command
-from solaris_feast.status import status_cli
+from solaris_feast.evaluation.replay import simulate_command
+from solaris_feast.review.lineage import lineage_cli
+from solaris_feast.review.status import status_cli
 
 app = typer.Typer(
     help="SOLARIS for Feast: precomputed FM embeddings, served with layered fallback.",
@@ -57,8 +57,8 @@ def evaluate_transfer_command(
     progress: Annotated[bool, typer.Option(help="Progress bars.")] = True,
 ) -> None:
     """Train VM, VM + KD, VM + SOLARIS z and the FM on a time split; report NE and TR."""
-    from solaris_feast.datasets import load_dataset
-    from solaris_feast.evaluate import evaluate_transfer
+    from solaris_feast.data.datasets import load_dataset
+    from solaris_feast.evaluation.transfer import evaluate_transfer
     from solaris_feast.progress import stage_bars
 
     data = load_dataset(dataset, size)
@@ -85,9 +85,9 @@ def train_command(
     progress: Annotated[bool, typer.Option(help="Progress bars.")] = True,
 ) -> None:
     """Train FM -> compressor -> VM on the whole log and register their model cards."""
-    from solaris_feast.datasets import load_dataset
+    from solaris_feast.data.datasets import load_dataset
+    from solaris_feast.models.chain import train_and_register
     from solaris_feast.progress import stage_bars
-    from solaris_feast.train import train_and_register
 
     data = load_dataset(dataset, size)
     with stage_bars(progress) as bars:

@@ -73,9 +73,9 @@ def run_demo(
     lines: list[str] = []
     step = _Steps(progress)
 
-    from solaris_feast import pipeline
-    from solaris_feast.datasets import load_dataset
-    from solaris_feast.train import train_and_register
+    from solaris_feast.data.datasets import load_dataset
+    from solaris_feast.models.chain import train_and_register
+    from solaris_feast.pipeline import tasks as pipeline
 
     # The top of the hour, as an hourly DAG run: training inputs are cut at precompute rounds,
     # so a log aligned to the clock's seconds would train a different VM on every run.
@@ -160,7 +160,7 @@ def _transfer(
     dataset: InteractionDataset, out: Path, bars: Callable[[str, int, int], None]
 ) -> list[str]:
     from solaris_feast.cli import format_transfer_table, plot_transfer_sweep
-    from solaris_feast.evaluate import evaluate_transfer
+    from solaris_feast.evaluation.transfer import evaluate_transfer
 
     record = evaluate_transfer(dataset, seeds=[0], progress=bars).to_json()
     (out / "transfer.json").write_text(json.dumps(record, indent=2))
@@ -171,9 +171,9 @@ def _transfer(
 def _feature_repo(out: Path, online_store: str, models_dir: Path) -> tuple[Path, str]:
     """A fresh copy of the project's Feast config, with the SOLARIS views applied and tagged
     with the versions of the models just registered."""
-    from solaris_feast.definitions import solaris_definitions
-    from solaris_feast.model_versions import versioned_feast_config
-    from solaris_feast.store_config import open_repo_store
+    from solaris_feast.models.cards import versioned_feast_config
+    from solaris_feast.store.config import open_repo_store
+    from solaris_feast.store.definitions import solaris_definitions
 
     template = Path(__file__).resolve().parent.parent / "feature_repo"
     repo = out / "feature_repo"
@@ -193,7 +193,7 @@ def _feature_repo(out: Path, online_store: str, models_dir: Path) -> tuple[Path,
 def _precompute_round(
     settings: dict[str, Any], interval: dict[str, Any], step: _Steps
 ) -> dict[str, Any]:
-    from solaris_feast import pipeline
+    from solaris_feast.pipeline import tasks as pipeline
 
     run = pipeline.start_precompute(settings, interval)
     pipeline.drain_miss_queue(run)
@@ -247,9 +247,9 @@ class _Served:
 def _serve(
     repo: Path, yaml_name: str, version: str, full: InteractionDataset, now: datetime
 ) -> _Served:
-    from solaris_feast.definitions import MODEL_VERSION_REQUEST_FIELD
-    from solaris_feast.serve import SolarisRetriever
-    from solaris_feast.store_config import open_repo_store
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.config import open_repo_store
+    from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
 
     log = full.interactions
     start = pd.Timestamp(now)
@@ -309,7 +309,7 @@ def _serve(
 def _score(full: InteractionDataset, served: _Served, bundle: Any) -> list[str]:
     """NE of the served impressions: the VM with what was served, the VM with nothing (the
     verifier), and the FM; and the share of the FM's gain that serving delivered."""
-    from solaris_feast.features import PairFeaturizer, labels_of
+    from solaris_feast.models.features import PairFeaturizer, labels_of
     from solaris_feast.models.training import (
         foundation_outputs,
         normalized_entropy,
@@ -352,8 +352,8 @@ def _score(full: InteractionDataset, served: _Served, bundle: Any) -> list[str]:
 
 
 def _review(out: Path, repo: Path, yaml_name: str, models_dir: Path, served: _Served) -> list[str]:
-    from solaris_feast.lineage import lineage_command
     from solaris_feast.plots import plot_tier_mix
+    from solaris_feast.review.lineage import lineage_command
 
     dags = Path(__file__).resolve().parent.parent / "dags"
     report = out / "lineage.md"

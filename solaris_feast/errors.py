@@ -54,3 +54,61 @@ class WriteBatchError(SolarisError, ValueError):
 
 class RetryableStoreError(SolarisError, ConnectionError):
     """The online store is unreachable or too slow; the same call may succeed later."""
+
+
+class FinalStoreError(SolarisError, RuntimeError):
+    """The online store answered, but with something a retry cannot fix: a malformed config, a
+    missing table or view, a script or protocol error. Fix the cause; retrying repeats it."""
+
+
+class ViewsNotAppliedError(FinalStoreError, LookupError):
+    """The Feast registry of a repo lacks the SOLARIS views."""
+
+    def __init__(self, repo: str, missing: Sequence[str]) -> None:
+        self.repo = repo
+        self.missing = list(missing)
+        super().__init__(
+            f"the Feast registry of {repo} has no feature view {', '.join(self.missing)}: "
+            f"run `feast apply` in {repo} (with -f <yaml> for a non-default feature_store yaml) "
+            "before the precompute or serving"
+        )
+
+
+def _retryable_types() -> tuple[type[BaseException], ...]:
+    """The explicit tuple of errors a retry may fix, as redis-py's ``Retry(supported_errors)``.
+
+    redis-py's ``ConnectionError`` and ``TimeoutError`` are not subclasses of the builtins, so
+    both families are listed. ``sqlite3.OperationalError`` is only retryable for busy or locked
+    databases, which :func:`is_retryable` checks by message (SQLite has no subclass for them).
+    """
+    types: list[type[BaseException]] = [RetryableStoreError, ConnectionError, TimeoutError]
+    try:
+        import redis.exceptions as redis_errors
+    except ImportError:  # redis is a dependency, but a SQLite-only caller needs no import
+        pass
+    else:
+        types += [
+            redis_errors.ConnectionError,
+            redis_errors.TimeoutError,
+            redis_errors.BusyLoadingError,
+        ]
+        types += [redis_errors.TryAgainError, redis_errors.ClusterDownError]
+    return tuple(types)
+
+
+_SQLITE_RETRYABLE_MESSAGES = ("database is locked", "database is busy", "database table is locked")
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True when the same call may succeed later (a store that is down, slow, busy or locked).
+
+    Everything else (config errors, a missing table, a bug) is final: retrying it repeats it.
+    """
+    import sqlite3
+
+    if isinstance(exc, FinalStoreError):
+        return False
+    if isinstance(exc, sqlite3.OperationalError):
+        message = str(exc).lower()
+        return any(m in message for m in _SQLITE_RETRYABLE_MESSAGES) or "interrupted" in message
+    return isinstance(exc, _retryable_types())

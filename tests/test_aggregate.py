@@ -4,8 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from solaris_feast.aggregate import AggregateConfig, PairEmbeddings, aggregate_user_embeddings
 from solaris_feast.errors import SchemaError
+from solaris_feast.precompute.aggregate import (
+    AggregateConfig,
+    PairEmbeddings,
+    aggregate_user_embeddings,
+)
 
 NOW = pd.Timestamp("2026-06-01T12:00:00Z")
 NOW_S = NOW.value / 1e9

@@ -4,14 +4,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from solaris_feast.candidates import (
+from solaris_feast.errors import SchemaError
+from solaris_feast.precompute.candidates import (
     CANDIDATE_SCORE,
     SOURCE,
     CandidateConfig,
     generate_candidates,
     validate_candidate_table,
 )
-from solaris_feast.errors import SchemaError
 
 NOW = pd.Timestamp("2026-06-01T12:00:00Z")
 

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DAGS_FOLDER = REPO_ROOT / "dags"
-HEAVY_MODULES = ("torch", "faiss", "feast", "solaris_feast.pipeline", "pandas")
+HEAVY_MODULES = ("torch", "faiss", "feast", "solaris_feast.pipeline.tasks", "pandas")
 
 pytestmark = pytest.mark.slow
 
@@ -172,7 +172,7 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
     assert precompute["tasks"]["precompute_shard"] == ["solaris_pair"]
     assert precompute["tasks"]["aggregate_users"] == ["solaris_user"]
     assert precompute["tasks"]["fill_similar"] == ["solaris_similar"]
-    from solaris_feast.pipeline import PrecomputeSettings
+    from solaris_feast.pipeline.tasks import PrecomputeSettings
 
     # Every setting of a precompute run is a param of the DAG (the held-out tail is the demo's).
     assert set(precompute["params"]) == set(PrecomputeSettings.model_fields) - {"holdout_fraction"}
@@ -220,7 +220,7 @@ def make_feature_repo(path: Path, project: str, redis: bool = False) -> Path:
     """A Feast repo with the SOLARIS views applied, like `feast apply`: SQLite in
     ``feature_store.yaml``, or Redis in ``feature_store.redis.yaml`` with its connection taken
     from ``SOLARIS_REDIS_CONNECTION`` as in ``feature_repo/``."""
-    from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
+    from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
 
     path.mkdir(parents=True)
     (path / "data").mkdir()
@@ -279,7 +279,7 @@ def last_hour() -> datetime:
 
 
 def offline_rows(repo: Path) -> dict[str, int]:
-    from solaris_feast.pipeline import offline_row_count
+    from solaris_feast.pipeline.tasks import offline_row_count
 
     store = open_store(repo)
     views = ("solaris_pair", "solaris_user", "solaris_similar")
@@ -323,9 +323,9 @@ def test_training_dag_registers_an_fm_compressor_vm_chain(trained: Trained) -> N
 def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempotently(
     trained: Trained, feast_project: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from solaris_feast.lineage import build_lineage
     from solaris_feast.models.registry import load_bundle
-    from solaris_feast.serve import SolarisRetriever
+    from solaris_feast.review.lineage import build_lineage
+    from solaris_feast.serving.retriever import SolarisRetriever
     from solaris_feast.tiers import Tier
 
     models = own_models(trained, tmp_path)
@@ -456,10 +456,10 @@ def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from solaris_feast.miss_queue import MissQueue
     from solaris_feast.models.registry import load_bundle
-    from solaris_feast.serve import SolarisRetriever
-    from solaris_feast.store_config import redis_connection_string
+    from solaris_feast.serving.miss_queue import MissQueue
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.config import redis_connection_string
     from solaris_feast.tiers import Tier
 
     models = own_models(trained, tmp_path)
@@ -494,7 +494,7 @@ def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
 
 
 def test_manual_run_without_data_interval_uses_its_run_time_and_id() -> None:
-    from solaris_feast.pipeline import run_time
+    from solaris_feast.pipeline.tasks import run_time
 
     queued = datetime(2026, 11, 30, 3, 7, 12, 500_000, tzinfo=UTC)
     now, key = run_time(None, None, None, queued, "manual__2026-11-30T03:07:12+00:00")
@@ -510,7 +510,7 @@ def test_manual_run_without_data_interval_uses_its_run_time_and_id() -> None:
 def test_precompute_settings_refuse_typos_and_a_refresh_margin_beyond_the_ttl() -> None:
     from pydantic import ValidationError
 
-    from solaris_feast.pipeline import PrecomputeSettings
+    from solaris_feast.pipeline.tasks import PrecomputeSettings
 
     base = {"feature_repo": "repo", "models_dir": "models"}
     assert PrecomputeSettings.model_validate(base).shards == 4
@@ -525,11 +525,11 @@ def test_precompute_settings_refuse_typos_and_a_refresh_margin_beyond_the_ttl() 
 
 
 def test_plan_scores_weigh_the_verifier_by_the_retrieval_score(trained: Trained) -> None:
-    from solaris_feast.candidates import CandidateConfig, generate_candidates
-    from solaris_feast.datasets import load_dataset
+    from solaris_feast.data.datasets import load_dataset
     from solaris_feast.models.registry import load_bundle
-    from solaris_feast.pipeline import planning_scores
-    from solaris_feast.plan import request_score
+    from solaris_feast.pipeline.tasks import planning_scores
+    from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
+    from solaris_feast.precompute.plan import request_score
 
     dataset = load_dataset("synthetic", "tiny")
     bundle = load_bundle(trained.models)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from solaris_feast.cli import app
 from solaris_feast.data.synthetic import SyntheticConfig, generate
-from solaris_feast.evaluate import TransferConfig, evaluate_transfer
+from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
 from solaris_feast.models.training import TrainConfig, transfer_ratio
 
 FAST = TransferConfig(
@@ -47,7 +47,7 @@ def test_tr_is_the_share_of_the_fm_gain() -> None:
 
 
 def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import solaris_feast.evaluate as evaluate
+    import solaris_feast.evaluation.transfer as evaluate
 
     monkeypatch.setattr(evaluate, "TransferConfig", lambda: FAST)
     out, png = tmp_path / "t.json", tmp_path / "t.png"

@@ -13,15 +13,15 @@ import pytest
 from typer.testing import CliRunner
 
 from solaris_feast.bench import bench_app
-from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
-from solaris_feast.store_config import (
+from solaris_feast.store.config import (
     REDIS_CONNECTION_ENV,
     open_store,
     redis_connection_string,
 )
+from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
+from solaris_feast.store.training_frame import embedding_matrix, training_frame
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.training_frame import embedding_matrix, training_frame
-from solaris_feast.write import EmbeddingWriter
 
 REPO = Path(__file__).resolve().parents[1] / "feature_repo"
 DIM = 32

@@ -13,13 +13,13 @@ import pandas as pd
 import pytest
 from conftest import start_throwaway_redis
 
-from solaris_feast.definitions import MODEL_VERSION_REQUEST_FIELD, solaris_definitions
 from solaris_feast.errors import RetryableStoreError
-from solaris_feast.miss_queue import MissQueue
-from solaris_feast.serve import SolarisRetriever
-from solaris_feast.store_config import open_store
+from solaris_feast.serving.miss_queue import MissQueue
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import open_store
+from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD, solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.write import EmbeddingWriter
 
 if TYPE_CHECKING:
     from feast import FeatureStore

@@ -11,12 +11,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from solaris_feast.definitions import solaris_definitions
 from solaris_feast.errors import WriteBatchError
-from solaris_feast.serve import SolarisRetriever
-from solaris_feast.store_config import EntityKeyLayout, FloatListCodec, open_store
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import EntityKeyLayout, FloatListCodec, open_store
+from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.write import EmbeddingWriter
 
 if TYPE_CHECKING:
     from feast import FeatureStore

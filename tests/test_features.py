@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
-from solaris_feast.features import PairFeaturizer
+from solaris_feast.models.features import PairFeaturizer
 
 
 def _dataset() -> InteractionDataset:

@@ -29,11 +29,11 @@ from test_hardening_support import (
     wait_until,
 )
 
-from solaris_feast.definitions import solaris_definitions
-from solaris_feast.serve import SolarisRetriever
-from solaris_feast.store_config import build_repo_config, open_store
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import build_repo_config, open_store
+from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.write import EmbeddingWriter
 
 if TYPE_CHECKING:
     from feast import FeatureStore

@@ -18,11 +18,11 @@ import pandas as pd
 import pytest
 from test_hardening_support import DIM, pair_frame
 
-from solaris_feast.definitions import solaris_definitions
-from solaris_feast.serve import SolarisRetriever
-from solaris_feast.store_config import open_store
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import open_store
+from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.write import EmbeddingWriter
 
 VERSION_A = "cmp-concurrency-a"
 VERSION_B = "cmp-concurrency-b"
@@ -129,7 +129,7 @@ def test_a_reader_snapshot_never_sees_part_of_a_batch(
     generation, never some keys from the new batch and the rest from the old one."""
     import redis
 
-    from solaris_feast.store_config import EntityKeyLayout, FloatListCodec, online_field
+    from solaris_feast.store.config import EntityKeyLayout, FloatListCodec, online_field
 
     store = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
     store.apply(solaris_definitions().all())

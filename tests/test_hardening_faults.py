@@ -28,13 +28,13 @@ from test_hardening_support import (
     wait_until,
 )
 
-from solaris_feast.definitions import solaris_definitions
 from solaris_feast.errors import RetryableStoreError
-from solaris_feast.miss_queue import MissQueue
-from solaris_feast.serve import SolarisRetriever
-from solaris_feast.store_config import open_store
+from solaris_feast.serving.miss_queue import MissQueue
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import open_store
+from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.write import DEFAULT_ATOMIC_ROWS, EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.write import DEFAULT_ATOMIC_ROWS, EmbeddingWriter
 
 DEADLINE_MS = 50.0
 # Wall-clock slack over the deadline for a loaded 2-core machine (thread scheduling, GC).

@@ -36,12 +36,12 @@ from test_hardening_support import (
     project_snapshot,
 )
 
-from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
 from solaris_feast.errors import ConfigError, WriteBatchError
-from solaris_feast.serve import SolarisRetriever
-from solaris_feast.store_config import open_store
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import open_store
+from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.write import EmbeddingWriter
 
 if TYPE_CHECKING:
     from feast import FeatureStore

@@ -29,10 +29,9 @@ from test_hardening_support import (
     wait_until,
 )
 
-from solaris_feast.definitions import solaris_definitions
 from solaris_feast.errors import ArtifactIntegrityError
-from solaris_feast.serve import SolarisRetriever
-from solaris_feast.store_config import (
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import (
     REDIS_CONNECTION_ENV,
     build_repo_config,
     export_redis_connection,
@@ -40,8 +39,9 @@ from solaris_feast.store_config import (
     redis_client,
     redis_connection_string,
 )
+from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.write import EmbeddingWriter
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -225,7 +225,7 @@ def test_redis_password_reaches_no_file_and_no_log_line(
 def trained_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An FM, a compressor and a VM saved with their cards (untrained: only bytes matter)."""
     from solaris_feast.data.synthetic import SyntheticConfig, generate
-    from solaris_feast.features import PairFeaturizer
+    from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.models.registry import register_untrained_chain
 
     models = tmp_path_factory.mktemp("models")
@@ -321,7 +321,7 @@ def test_a_pickle_behind_a_matching_card_is_never_unpickled(
 def test_online_values_are_parsed_never_unpickled(
     tmp_path: Path, feast_project: str, redis_url: str
 ) -> None:
-    from solaris_feast.store_config import EntityKeyLayout, online_field
+    from solaris_feast.store.config import EntityKeyLayout, online_field
 
     store = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
     store.apply(solaris_definitions().all())

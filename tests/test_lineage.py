@@ -20,8 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from solaris_feast.definitions import SolarisDefinitions, SolarisFeastConfig, solaris_definitions
-from solaris_feast.lineage import (
+from solaris_feast.review.lineage import (
     CHECK_MISSING_VERSION_TAGS,
     CHECK_MIXED_COMPRESSOR_VERSIONS,
     CHECK_STALE_VIEW,
@@ -36,6 +35,11 @@ from solaris_feast.lineage import (
     render,
     schedule_interval_seconds,
     to_mermaid,
+)
+from solaris_feast.store.definitions import (
+    SolarisDefinitions,
+    SolarisFeastConfig,
+    solaris_definitions,
 )
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
@@ -63,7 +67,7 @@ def precompute():
 
     @task(outlets=[PAIR_EMBEDDINGS])
     def write(batch: str) -> None:
-        from solaris_feast import write  # noqa: F401
+        from solaris_feast.store import write  # noqa: F401
 
     write(infer(plan()))
 
@@ -521,7 +525,7 @@ def test_cli_command_reports_coverage_and_exit_code(tmp_path: Path) -> None:
     import typer
     from typer.testing import CliRunner
 
-    from solaris_feast.lineage import lineage_cli
+    from solaris_feast.review.lineage import lineage_cli
 
     app = typer.Typer()
     app.command("lineage")(lineage_cli)

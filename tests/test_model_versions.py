@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from solaris_feast.definitions import SolarisFeastConfig
 from solaris_feast.errors import ConfigError
-from solaris_feast.lineage import parse_dag_file
-from solaris_feast.model_versions import (
+from solaris_feast.models.cards import (
     MODELS_DIR_ENV,
     PAIR_TTL_ENV,
     SCHEDULE_ENV,
@@ -22,6 +20,8 @@ from solaris_feast.model_versions import (
     newest_embedding_version,
     versioned_feast_config,
 )
+from solaris_feast.review.lineage import parse_dag_file
+from solaris_feast.store.definitions import SolarisFeastConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 REPO = ROOT / "feature_repo"
@@ -178,7 +178,7 @@ def test_reading_the_chain_imports_no_torch(tmp_path: Path) -> None:
     two_chains(tmp_path)
     code = (
         "import sys; from pathlib import Path; "
-        "from solaris_feast.model_versions import versioned_feast_config as v; "
+        "from solaris_feast.models.cards import versioned_feast_config as v; "
         "print(v(Path(sys.argv[1]), environ={}).compressor_version, "
         "'torch' in sys.modules, 'solaris_feast.models.registry' in sys.modules)"
     )

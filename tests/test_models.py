@@ -11,8 +11,8 @@ import torch
 from solaris_feast.data.schema import InteractionDataset
 from solaris_feast.data.synthetic import SyntheticConfig, generate
 from solaris_feast.errors import ArtifactIntegrityError
-from solaris_feast.features import PairFeaturizer, labels_of
 from solaris_feast.models.compressor import PCA, EmbeddingCompressor
+from solaris_feast.models.features import PairFeaturizer, labels_of
 from solaris_feast.models.foundation import FoundationModel
 from solaris_feast.models.registry import load_bundle, read_card, save_model
 from solaris_feast.models.training import (

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from solaris_feast.errors import SchemaError
-from solaris_feast.plan import (
+from solaris_feast.precompute.plan import (
     REASON_MISS,
     REASON_NEW,
     REASON_REFRESH,

@@ -12,17 +12,17 @@ import torch
 
 from solaris_feast.data.schema import InteractionDataset
 from solaris_feast.data.synthetic import SyntheticConfig, generate
-from solaris_feast.definitions import solaris_definitions
-from solaris_feast.features import PairFeaturizer
 from solaris_feast.models.compressor import CompressorConfig
+from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.foundation import FoundationConfig
 from solaris_feast.models.registry import ModelBundle, register_untrained_chain
-from solaris_feast.plan import Plan, plan_precompute, shard
-from solaris_feast.precompute import CollectingSink, compute_pair_embeddings, run_precompute
-from solaris_feast.serve import SolarisRetriever
-from solaris_feast.store_config import open_store
+from solaris_feast.precompute.compute import CollectingSink, compute_pair_embeddings, run_precompute
+from solaris_feast.precompute.plan import Plan, plan_precompute, shard
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import open_store
+from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
-from solaris_feast.write import EmbeddingWriter
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -77,7 +77,7 @@ def _reference(bundle: ModelBundle, featurizer: PairFeaturizer, plan: Plan) -> n
 def store(
     request: pytest.FixtureRequest, feast_project: str, tmp_path: Path, redis_url: str
 ) -> FeatureStore:
-    from solaris_feast.definitions import SolarisFeastConfig
+    from solaris_feast.store.definitions import SolarisFeastConfig
 
     feast_store = open_store(feast_project, tmp_path, online=request.param, redis_url=redis_url)
     feast_store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=8)).all())

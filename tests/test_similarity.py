@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from solaris_feast.aggregate import PairEmbeddings
-from solaris_feast.similarity import SimilarityConfig, build_user_index, similarity_fill
+from solaris_feast.precompute.aggregate import PairEmbeddings
+from solaris_feast.precompute.similarity import SimilarityConfig, build_user_index, similarity_fill
 
 NOW = pd.Timestamp("2026-06-01T12:00:00Z")
 NOW_S = NOW.value / 1e9

@@ -12,20 +12,20 @@ import torch
 import typer
 from typer.testing import CliRunner
 
-from solaris_feast.aggregate import PairEmbeddings
 from solaris_feast.data.schema import EVENT_TIMESTAMP, InteractionDataset
 from solaris_feast.data.synthetic import SyntheticConfig, generate
-from solaris_feast.features import PairFeaturizer
-from solaris_feast.models.compressor import CompressorConfig
-from solaris_feast.models.foundation import FoundationConfig
-from solaris_feast.models.registry import ModelBundle, register_untrained_chain
-from solaris_feast.simulate import (
+from solaris_feast.evaluation.replay import (
     SimulationConfig,
     format_summary,
     simulate,
     simulate_command,
     write_report,
 )
+from solaris_feast.models.compressor import CompressorConfig
+from solaris_feast.models.features import PairFeaturizer
+from solaris_feast.models.foundation import FoundationConfig
+from solaris_feast.models.registry import ModelBundle, register_untrained_chain
+from solaris_feast.precompute.aggregate import PairEmbeddings
 
 TRAIN_FRACTION = 0.5
 TASKS = ("click", "conversion")

@@ -13,11 +13,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
-from solaris_feast.miss_queue import MissQueue
-from solaris_feast.status import AGE_BUCKETS, age_bucket, status_cli, store_status
-from solaris_feast.store_config import REDIS_CONNECTION_ENV, OnlineKind, open_store
-from solaris_feast.write import EmbeddingWriter
+from solaris_feast.review.status import AGE_BUCKETS, age_bucket, status_cli, store_status
+from solaris_feast.serving.miss_queue import MissQueue
+from solaris_feast.store.config import REDIS_CONNECTION_ENV, OnlineKind, open_store
+from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
+from solaris_feast.store.write import EmbeddingWriter
 
 if TYPE_CHECKING:
     from feast import FeatureStore

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from solaris_feast.data.schema import EVENT_TIMESTAMP, earliest_rows
+from solaris_feast.models.chain import TierMix, tier_mix_inputs
 from solaris_feast.tiers import Tier
-from solaris_feast.train import TierMix, tier_mix_inputs
 
 T0 = pd.Timestamp("2026-11-01T00:00:00Z")
 LOG = pd.DataFrame(

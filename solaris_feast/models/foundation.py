@@ -13,7 +13,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from solaris_feast.features import FeatureSchema, PairBatch
+from solaris_feast.models.features import FeatureSchema, PairBatch
 
 
 class FoundationConfig(BaseModel):

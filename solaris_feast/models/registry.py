@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from solaris_feast.errors import ArtifactIntegrityError, ConfigError
-from solaris_feast.features import FeatureSchema
 from solaris_feast.models.compressor import CompressorConfig, EmbeddingCompressor
+from solaris_feast.models.features import FeatureSchema
 from solaris_feast.models.foundation import FoundationConfig, FoundationModel
 from solaris_feast.models.vertical import VerticalConfig, VerticalModel
 

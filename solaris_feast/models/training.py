@@ -18,8 +18,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from solaris_feast.features import PairBatch
 from solaris_feast.models.compressor import EmbeddingCompressor
+from solaris_feast.models.features import PairBatch
 from solaris_feast.models.foundation import FoundationModel
 from solaris_feast.models.vertical import VerticalModel
 

@@ -26,10 +26,10 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from solaris_feast.aggregate import EMBEDDING, PairEmbeddings
 from solaris_feast.data.schema import ITEM_ID, USER_ID
 from solaris_feast.errors import SchemaError
-from solaris_feast.plan import COMPUTED_AT, MODEL_VERSION
+from solaris_feast.precompute.aggregate import EMBEDDING, PairEmbeddings
+from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION
 
 logger = logging.getLogger(__name__)
 

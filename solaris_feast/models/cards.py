@@ -20,13 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from solaris_feast.definitions import (
+from solaris_feast.errors import ConfigError
+from solaris_feast.store.definitions import (
     DEFAULT_PAIR_TTL_SECONDS,
     DEFAULT_SIMILAR_TTL_SECONDS,
     DEFAULT_USER_TTL_SECONDS,
     SolarisFeastConfig,
 )
-from solaris_feast.errors import ConfigError
 
 CARD_SUFFIX = ".card.json"
 """The registry's card file suffix (``solaris_feast.models.registry.CARD_SUFFIX``)."""

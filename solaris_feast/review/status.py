@@ -8,7 +8,8 @@ Read straight from the online store, within a budget of keys:
 - a freshness histogram of the stored embeddings (age since ``computed_at``);
 - the miss-queue depth (pairs waiting for the next precompute round);
 - coverage by tier: the stored (user, item) pairs of a sample of users are fetched through the
-  real :class:`~solaris_feast.serve.SolarisRetriever` (misses not recorded), so the shares are
+  real :class:`~solaris_feast.serving.retriever.SolarisRetriever` (misses not recorded), so the
+  shares are
   what serving answers, TTL, version and fallback order included.
 
 SQLite is read from Feast's tables; Redis with ``SCAN ... COUNT`` over the keys that end with
@@ -33,9 +34,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import numpy as np
 import typer
 
-from solaris_feast.definitions import SolarisFeastConfig
 from solaris_feast.errors import ConfigError, SolarisError
-from solaris_feast.store_config import (
+from solaris_feast.store.config import (
     online_field,
     online_kind,
     open_repo_store,
@@ -43,6 +43,7 @@ from solaris_feast.store_config import (
     sqlite_table,
     timestamp_field,
 )
+from solaris_feast.store.definitions import SolarisFeastConfig
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -254,7 +255,7 @@ def _read_redis(
     scan_count: int,
     reader: _ValueReader,
 ) -> _Scan:
-    from solaris_feast.store_config import redis_client
+    from solaris_feast.store.config import redis_client
 
     client = redis_client(store, timeout_seconds=10.0)
     version = store.config.entity_key_serialization_version
@@ -370,7 +371,7 @@ def _coverage(
     max_users: int,
     seed: int,
 ) -> dict[str, Any]:
-    from solaris_feast.serve import SolarisRetriever
+    from solaris_feast.serving.retriever import SolarisRetriever
 
     pairs: dict[int, set[int]] = {}
     for row in rows:
@@ -440,8 +441,8 @@ def store_status(
         ``miss_queue_depth``, ``coverage`` (``counts`` and ``shares`` per tier name),
         ``expected_model_version`` and its ``expected_version_source``, and ``scan``.
     """
-    from solaris_feast.miss_queue import MissQueue
-    from solaris_feast.model_versions import newest_embedding_version
+    from solaris_feast.models.cards import newest_embedding_version
+    from solaris_feast.serving.miss_queue import MissQueue
 
     if max_keys <= 0 or max_users <= 0 or scan_count <= 0:
         raise ValueError(

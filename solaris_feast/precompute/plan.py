@@ -11,7 +11,8 @@ zero embedding) decides where the expensive one (the FM) is spent. Priority, wit
 The score a candidate is planned by is :func:`request_score`: the verifier's probability times
 the candidate generator's retrieval score (relative to the user's best candidate). A pair is
 requested when retrieval proposes it *and* the ranker keeps it; the VM knows the second factor
-only. Measured in the replay (:mod:`solaris_feast.simulate`), the VM's score alone picks requested
+only. Measured in the replay (:mod:`solaris_feast.evaluation.replay`), the VM's score alone picks
+requested
 pairs no better than chance, because how often an item is retrieved (its popularity) varies far
 more than how well it ranks; the retrieval score carries most of the signal.
 

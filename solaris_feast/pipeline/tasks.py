@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from feast import FeatureStore
 
     from solaris_feast.data.schema import InteractionDataset
+    from solaris_feast.models.chain import TrainingConfig, TrainingData
     from solaris_feast.models.registry import ModelBundle, ModelCard
-    from solaris_feast.train import TrainingConfig, TrainingData
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class LogSource(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     dataset: Literal["synthetic", "movielens"] = "synthetic"
-    """Named data set (see :func:`solaris_feast.datasets.load_dataset`)."""
+    """Named data set (see :func:`solaris_feast.data.datasets.load_dataset`)."""
     dataset_size: Literal["tiny", "demo", "default", "large"] = "demo"
     """Synthetic preset."""
     dataset_seed: int = 0
@@ -121,7 +121,8 @@ class PrecomputeSettings(LogSource):
     instead of taking the globally highest scores."""
     retrieval_weight: float = Field(1.0, ge=0.0)
     """Candidates are planned by ``verifier x (candidate_score / user's best) ** weight``
-    (:func:`solaris_feast.plan.request_score`); 0 plans by the VM's score alone, as does a
+    (:func:`solaris_feast.precompute.plan.request_score`); 0 plans by the VM's score alone, as does
+    a
     candidate table without a ``candidate_score`` column."""
     max_drained_misses: int = Field(100_000, ge=0)
     """Most queued misses taken off the queue per run."""
@@ -248,8 +249,8 @@ def aligned_log(source: LogSource, now: datetime) -> InteractionDataset:
     """
     import pandas as pd
 
+    from solaris_feast.data.datasets import load_dataset
     from solaris_feast.data.schema import EVENT_TIMESTAMP
-    from solaris_feast.datasets import load_dataset
 
     dataset = load_dataset(source.dataset, source.dataset_size, source.dataset_seed)
     log = dataset.interactions
@@ -320,7 +321,7 @@ def _training_inputs(spec: TrainingRun) -> tuple[TrainingData, TrainingConfig]:
     """
     import pandas as pd
 
-    from solaris_feast.train import TrainingConfig, TrainingData
+    from solaris_feast.models.chain import TrainingConfig, TrainingData
 
     cfg = spec.settings
     base = TrainingConfig(seed=cfg.seed)
@@ -346,7 +347,7 @@ def _training_inputs(spec: TrainingRun) -> tuple[TrainingData, TrainingConfig]:
 
 def train_foundation_stage(run: Mapping[str, Any]) -> dict[str, Any]:
     """Train the FM on the run's window and register its card (the first stage)."""
-    from solaris_feast.train import fit_foundation
+    from solaris_feast.models.chain import fit_foundation
 
     spec = TrainingRun.model_validate(dict(run))
     earlier = _registered_earlier(spec, "fm")
@@ -359,8 +360,8 @@ def train_foundation_stage(run: Mapping[str, Any]) -> dict[str, Any]:
 
 def train_compressor_stage(run: Mapping[str, Any], fm_version: str) -> dict[str, Any]:
     """Train the compressor on the registered FM's representations and register it."""
+    from solaris_feast.models.chain import fit_compressor
     from solaris_feast.models.registry import card_by_version
-    from solaris_feast.train import fit_compressor
 
     spec = TrainingRun.model_validate(dict(run))
     earlier = _registered_earlier(spec, "compressor")
@@ -374,8 +375,8 @@ def train_compressor_stage(run: Mapping[str, Any], fm_version: str) -> dict[str,
 
 def train_vertical_stage(run: Mapping[str, Any], compressor_version: str) -> dict[str, Any]:
     """Train the VM (the verifier) on the serving tier mix of ``z`` and register it."""
+    from solaris_feast.models.chain import fit_vertical
     from solaris_feast.models.registry import card_by_version
-    from solaris_feast.train import fit_vertical
 
     spec = TrainingRun.model_validate(dict(run))
     earlier = _registered_earlier(spec, "vm")
@@ -397,7 +398,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     same models finds its earlier files; a new model version starts a full re-plan.
     """
     from solaris_feast.errors import ConfigError
-    from solaris_feast.model_versions import newest_chain
+    from solaris_feast.models.cards import newest_chain
 
     cfg = PrecomputeSettings.model_validate(dict(settings))
     now, key = run_time(**interval)
@@ -429,7 +430,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
 
 
 def _open_store(settings: PrecomputeSettings) -> FeatureStore:
-    from solaris_feast.store_config import open_repo_store
+    from solaris_feast.store.config import open_repo_store
 
     repo = Path(settings.feature_repo).resolve()
     return open_repo_store(repo, repo / settings.feature_store_yaml)
@@ -445,8 +446,8 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     """
     import pandas as pd
 
-    from solaris_feast.miss_queue import MissQueue
-    from solaris_feast.store_config import online_kind
+    from solaris_feast.serving.miss_queue import MissQueue
+    from solaris_feast.store.config import online_kind
 
     spec = PrecomputeRun.model_validate(dict(run))
     path = Path(spec.run_dir) / "misses.parquet"
@@ -469,7 +470,7 @@ def _acknowledge_misses(spec: PrecomputeRun, store: FeatureStore) -> int:
     """Acknowledge the run's group-read misses (Redis), now that its writes are done."""
     import pandas as pd
 
-    from solaris_feast.miss_queue import MissQueue
+    from solaris_feast.serving.miss_queue import MissQueue
 
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     if "entry_id" not in misses.columns or misses.empty:
@@ -481,7 +482,7 @@ def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
     """Candidate items for each active user as of the run's time."""
     import pandas as pd
 
-    from solaris_feast.candidates import CandidateConfig, generate_candidates
+    from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
 
     spec = PrecomputeRun.model_validate(dict(run))
     path = Path(spec.run_dir) / "candidates.parquet"
@@ -520,8 +521,8 @@ def _verifier_scores(
     import pandas as pd
     import torch
 
-    from solaris_feast.features import PairFeaturizer
-    from solaris_feast.plan import VERIFIER_SCORE
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.precompute.plan import VERIFIER_SCORE
 
     users = pairs["user_id"].to_numpy(dtype=np.int64)
     items = pairs["item_id"].to_numpy(dtype=np.int64)
@@ -545,10 +546,11 @@ def planning_scores(
     retrieval_weight: float,
 ) -> pd.DataFrame:
     """``user_id``, ``item_id``, ``verifier_score`` of the candidates as the planner ranks them:
-    the verifier's probability times the retrieval score (:func:`solaris_feast.plan.request_score`),
+    the verifier's probability times the retrieval score
+    (:func:`solaris_feast.precompute.plan.request_score`),
     or the verifier alone for a candidate table without ``candidate_score``."""
-    from solaris_feast.candidates import CANDIDATE_SCORE
-    from solaris_feast.plan import VERIFIER_SCORE, request_score
+    from solaris_feast.precompute.candidates import CANDIDATE_SCORE
+    from solaris_feast.precompute.plan import VERIFIER_SCORE, request_score
 
     scored = _verifier_scores(bundle, dataset, candidates, now)
     if CANDIDATE_SCORE in candidates.columns:
@@ -568,7 +570,7 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """
     import pandas as pd
 
-    from solaris_feast.plan import plan_precompute, read_plan, write_plan
+    from solaris_feast.precompute.plan import plan_precompute, read_plan, write_plan
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
@@ -653,10 +655,10 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
     Idempotent: vectors are computed as of the plan's time and stored with it as
     ``computed_at``, so a retry writes the same rows (same offline file, same online value).
     """
-    from solaris_feast.features import PairFeaturizer
-    from solaris_feast.plan import read_plan, shard
-    from solaris_feast.precompute import run_precompute
-    from solaris_feast.write import EmbeddingWriter
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.precompute.compute import run_precompute
+    from solaris_feast.precompute.plan import read_plan, shard
+    from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     _maybe_fail_once(Path(spec.run_dir), shard_index)
@@ -694,7 +696,7 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     A pair computed several times counts once (newest vector), and the rows carry the run's time,
     so a re-run writes the same rows: nothing is counted twice.
     """
-    from solaris_feast.write import EmbeddingWriter
+    from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     store = _open_store(spec.settings)
@@ -714,7 +716,7 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
 def _user_aggregate_rows(spec: PrecomputeRun, store: FeatureStore) -> pd.DataFrame:
     import pandas as pd
 
-    from solaris_feast.aggregate import AggregateConfig, aggregate_user_embeddings
+    from solaris_feast.precompute.aggregate import AggregateConfig, aggregate_user_embeddings
 
     window = spec.settings.aggregate_window_seconds
     now = pd.Timestamp(spec.now)
@@ -730,10 +732,14 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     import numpy as np
     import pandas as pd
 
-    from solaris_feast.aggregate import PairEmbeddings
-    from solaris_feast.plan import read_plan
-    from solaris_feast.similarity import SimilarityConfig, build_user_index, similarity_fill
-    from solaris_feast.write import EmbeddingWriter
+    from solaris_feast.precompute.aggregate import PairEmbeddings
+    from solaris_feast.precompute.plan import read_plan
+    from solaris_feast.precompute.similarity import (
+        SimilarityConfig,
+        build_user_index,
+        similarity_fill,
+    )
+    from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
@@ -872,7 +878,7 @@ def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[st
     Lineage review traces a served vector through these tags to the FM, compressor and verifier
     cards; they change (one registry update) only when a run writes with new models.
     """
-    from solaris_feast.definitions import TAG_PREFIX
+    from solaris_feast.store.definitions import TAG_PREFIX
 
     wanted = {
         f"{TAG_PREFIX}fm_version": spec.fm_version,

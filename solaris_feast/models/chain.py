@@ -28,9 +28,9 @@ from solaris_feast.data.schema import (
     earliest_rows,
 )
 from solaris_feast.errors import ConfigError
-from solaris_feast.evaluate import TransferConfig
-from solaris_feast.features import PairBatch, PairFeaturizer, labels_of
+from solaris_feast.evaluation.transfer import TransferConfig
 from solaris_feast.models.compressor import PCA, EmbeddingCompressor
+from solaris_feast.models.features import PairBatch, PairFeaturizer, labels_of
 from solaris_feast.models.foundation import FoundationModel
 from solaris_feast.models.registry import (
     ModelBundle,

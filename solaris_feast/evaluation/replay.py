@@ -1,18 +1,21 @@
 """Replay simulation: how much of the served traffic each planner covers under an FM budget.
 
 The log is split in time: models are trained on the first part (the VM with the serving tier mix,
-see :mod:`solaris_feast.train`), then the rest is replayed in steps (hourly by default). At the
+see :mod:`solaris_feast.models.chain`), then the rest is replayed in steps (hourly by default). At
+the
 start of each step ``t`` and for every planner and budget, using only events before ``t``:
 
-1. candidates per active user (:mod:`solaris_feast.candidates`) plus the queued misses of the last
+1. candidates per active user (:mod:`solaris_feast.precompute.candidates`) plus the queued misses
+of the last
    step form the pool; each planner scores the pool (``verifier``: the production planner's
-   :func:`~solaris_feast.plan.request_score`, the VM's score with no embedding times the
+   :func:`~solaris_feast.precompute.plan.request_score`, the VM's score with no embedding times the
    retrieval score; ``vm_only`` and ``retrieval``: its two factors alone; ``random``;
    ``popular``: item popularity over the last day; ``oracle``: whether the pair is requested
    during the step, the upper bound of any planner over this pool);
-2. :func:`~solaris_feast.plan.plan_precompute` picks the step's budget of pairs (``budget x
+2. :func:`~solaris_feast.precompute.plan.plan_precompute` picks the step's budget of pairs
+(``budget x
    |candidates|``, or a pair TTL's share of that with ``budget_basis="pair_ttl"``), the FM
-   computes them as of ``t`` (:func:`~solaris_feast.precompute.compute_pair_embeddings`);
+   computes them as of ``t`` (:func:`~solaris_feast.precompute.compute.compute_pair_embeddings`);
 3. the user aggregate and the similarity fill (targets: the best uncovered pairs and the
    misses) are recomputed.
 
@@ -23,7 +26,8 @@ everything served in a step sees the state the precompute left at ``t``.
 
 The stores are in-memory equivalents of the three Feast views (newest row per key wins, as the
 writer does); one step is replayed through the real Feast write path and
-:class:`~solaris_feast.serve.SolarisRetriever` (SQLite online store) to check that both give the
+:class:`~solaris_feast.serving.retriever.SolarisRetriever` (SQLite online store) to check that both
+give the
 same tier for every served pair.
 
 No step reads the future: candidates, the featurizer used for precompute and the popularity
@@ -48,21 +52,29 @@ import pandas as pd
 import typer
 from pydantic import BaseModel, ConfigDict, Field
 
-from solaris_feast.aggregate import AggregateConfig, PairEmbeddings, aggregate_user_embeddings
-from solaris_feast.candidates import CANDIDATE_SCORE, CandidateConfig, generate_candidates
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
-from solaris_feast.definitions import (
+from solaris_feast.errors import ConfigError
+from solaris_feast.precompute.aggregate import (
+    AggregateConfig,
+    PairEmbeddings,
+    aggregate_user_embeddings,
+)
+from solaris_feast.precompute.candidates import (
+    CANDIDATE_SCORE,
+    CandidateConfig,
+    generate_candidates,
+)
+from solaris_feast.precompute.plan import VERIFIER_SCORE, plan_precompute, request_score
+from solaris_feast.precompute.similarity import SimilarityConfig, build_user_index, similarity_fill
+from solaris_feast.store.definitions import (
     DEFAULT_PAIR_TTL_SECONDS,
     DEFAULT_SIMILAR_TTL_SECONDS,
     DEFAULT_USER_TTL_SECONDS,
 )
-from solaris_feast.errors import ConfigError
-from solaris_feast.plan import VERIFIER_SCORE, plan_precompute, request_score
-from solaris_feast.similarity import SimilarityConfig, build_user_index, similarity_fill
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
-    from solaris_feast.features import PairFeaturizer
+    from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.models.registry import ModelBundle
 
 logger = logging.getLogger(__name__)
@@ -70,7 +82,8 @@ logger = logging.getLogger(__name__)
 PlannerName = Literal["verifier", "random", "popular", "oracle", "vm_only", "retrieval"]
 PLANNERS: tuple[PlannerName, ...] = ("verifier", "random", "popular", "oracle")
 """Planners replayed by default; ``vm_only`` and ``retrieval`` (the two factors of the
-verifier's :func:`~solaris_feast.plan.request_score`) can be asked for to see what each adds."""
+verifier's :func:`~solaris_feast.precompute.plan.request_score`) can be asked for to see what each
+adds."""
 ALL_PLANNERS: tuple[PlannerName, ...] = (*PLANNERS, "vm_only", "retrieval")
 ONCE_CONSUMED_DATASETS = frozenset({"movielens"})
 """Data sets where a user meets an item once: their past items are never requested again."""
@@ -104,7 +117,7 @@ class SimulationConfig(BaseModel):
     """Planners to compare."""
     retrieval_weight: float = Field(default=1.0, ge=0)
     """Exponent of the retrieval score in the verifier's plan score
-    (:func:`~solaris_feast.plan.request_score`; 0: the VM's score alone)."""
+    (:func:`~solaris_feast.precompute.plan.request_score`; 0: the VM's score alone)."""
     train_fraction: float = Field(default=0.5, gt=0, lt=1)
     """Share of the log's time span that trains the models; the rest is replayed."""
     step_seconds: int = Field(default=3600, gt=0)
@@ -274,9 +287,9 @@ def simulate(
     """
     import torch
 
+    from solaris_feast.data.datasets import load_dataset
     from solaris_feast.data.schema import time_split
-    from solaris_feast.datasets import load_dataset
-    from solaris_feast.features import PairFeaturizer
+    from solaris_feast.models.features import PairFeaturizer
 
     cfg = config or SimulationConfig()
     ds = dataset if dataset is not None else load_dataset(cfg.dataset, cfg.size, cfg.seed)
@@ -433,7 +446,7 @@ def _train_models(
     cfg: SimulationConfig,
     progress: Callable[[str, int, int], None] | None,
 ) -> ModelBundle:
-    from solaris_feast.train import TrainingConfig, train_and_register
+    from solaris_feast.models.chain import TrainingConfig, train_and_register
 
     training = TrainingConfig(seed=cfg.seed)
     if cfg.fm_epochs is not None:
@@ -552,7 +565,7 @@ def _precompute_step(
     version: str,
     fm_rate: list[tuple[int, float]],
 ) -> None:
-    from solaris_feast.precompute import compute_pair_embeddings
+    from solaris_feast.precompute.compute import compute_pair_embeddings
 
     now = the_step.start
     now_s = now.value / 1e9
@@ -773,7 +786,7 @@ def _tune_vm(
 
     import torch
 
-    from solaris_feast.features import PairBatch
+    from solaris_feast.models.features import PairBatch
     from solaris_feast.models.training import TrainConfig, train_vertical
 
     vm = copy.deepcopy(bundle.vm)
@@ -952,10 +965,10 @@ def _check_against_feast(
 ) -> dict[str, Any]:
     """Write the rows this step's requests touch through the Feast writer (SQLite online store)
     and read them back with :class:`SolarisRetriever`; count pairs whose tier differs."""
-    from solaris_feast.definitions import SolarisFeastConfig, solaris_definitions
-    from solaris_feast.serve import SolarisRetriever
-    from solaris_feast.store_config import open_store
-    from solaris_feast.write import EmbeddingWriter
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.config import open_store
+    from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
+    from solaris_feast.store.write import EmbeddingWriter
 
     started = time.perf_counter()
     exact, similar, user, keys = _resolve(the_step, state, cfg)

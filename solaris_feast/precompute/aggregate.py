@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from solaris_feast.data.schema import ITEM_ID, USER_ID
 from solaris_feast.errors import SchemaError
-from solaris_feast.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
+from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from solaris_feast.store_config import online_kind, redis_client, sqlite_path
+from solaris_feast.store.config import online_kind, redis_client, sqlite_path
 
 if TYPE_CHECKING:
     from feast import FeatureStore

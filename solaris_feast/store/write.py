@@ -41,9 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from solaris_feast.definitions import CREATED_TIMESTAMP_COLUMN, EVENT_TIMESTAMP_COLUMN
 from solaris_feast.errors import ConfigError, RetryableStoreError, WriteBatchError
-from solaris_feast.store_config import (
+from solaris_feast.store.config import (
     EntityKeyLayout,
     FloatListCodec,
     is_redis_cluster,
@@ -55,6 +54,7 @@ from solaris_feast.store_config import (
     sqlite_table,
     timestamp_field,
 )
+from solaris_feast.store.definitions import CREATED_TIMESTAMP_COLUMN, EVENT_TIMESTAMP_COLUMN
 
 if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView

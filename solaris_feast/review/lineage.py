@@ -1067,7 +1067,7 @@ def build_lineage(
     """
     repo = Path(repo)
     now = now or datetime.now(UTC)
-    from solaris_feast.store_config import open_repo_store
+    from solaris_feast.store.config import open_repo_store
 
     store = open_repo_store(repo, feature_store_yaml)
     dags, findings = read_dags(Path(dags_dir))

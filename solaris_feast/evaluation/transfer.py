@@ -28,8 +28,8 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from solaris_feast.data.schema import InteractionDataset, earliest_rows, time_split
-from solaris_feast.features import PairFeaturizer, labels_of
 from solaris_feast.models.compressor import PCA, CompressorConfig, EmbeddingCompressor
+from solaris_feast.models.features import PairFeaturizer, labels_of
 from solaris_feast.models.foundation import FoundationConfig, FoundationModel
 from solaris_feast.models.training import (
     TrainConfig,

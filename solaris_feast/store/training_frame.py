@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from solaris_feast.definitions import EVENT_TIMESTAMP_COLUMN, SolarisFeastConfig
 from solaris_feast.errors import SchemaError
+from solaris_feast.store.definitions import EVENT_TIMESTAMP_COLUMN, SolarisFeastConfig
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:

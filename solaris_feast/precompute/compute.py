@@ -1,6 +1,7 @@
 """The precompute worker: planned pairs -> FM representation -> compressor -> the write path.
 
-One call handles one shard of a plan (see :func:`solaris_feast.plan.shard`), so many workers can
+One call handles one shard of a plan (see :func:`solaris_feast.precompute.plan.shard`), so many
+workers can
 share a run. Every pair is featurized as of the plan's ``planned_at`` (history strictly before
 it) and stored with ``computed_at = planned_at``: a retried shard writes the same rows, which the
 writer's newest-wins rule and content-hashed offline files make idempotent.
@@ -20,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pandas as pd
 
-from solaris_feast.aggregate import EMBEDDING
 from solaris_feast.data.schema import ITEM_ID, USER_ID
-from solaris_feast.plan import COMPUTED_AT, MODEL_VERSION, Plan
-from solaris_feast.write import DEFAULT_ATOMIC_ROWS
+from solaris_feast.precompute.aggregate import EMBEDDING
+from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, Plan
+from solaris_feast.store.write import DEFAULT_ATOMIC_ROWS
 
 if TYPE_CHECKING:
-    from solaris_feast.features import PairFeaturizer
+    from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.models.registry import ModelBundle
 
 
@@ -39,7 +40,7 @@ DEFAULT_BATCH_SIZE = DEFAULT_ATOMIC_ROWS
 
 
 class EmbeddingSink(Protocol):
-    """Where computed rows go: :class:`solaris_feast.write.EmbeddingWriter` or an in-memory
+    """Where computed rows go: :class:`solaris_feast.store.write.EmbeddingWriter` or an in-memory
     collector with the same ``write(frame)`` method."""
 
     def write(self, frame: pd.DataFrame) -> Any: ...

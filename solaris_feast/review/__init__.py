@@ -1,0 +1,1 @@
+"""What a reviewer reads: the store's status and the lineage from sources to the VM's card."""

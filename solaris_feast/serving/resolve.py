@@ -1,0 +1,203 @@
+"""The tier rule, written once: which stored vector, if any, a (user, item) pair is served.
+
+A stored value is *usable* when all of these hold:
+
+- it was stored and decodes to a vector of the view's length D;
+- every component is finite (a NaN or inf vector is a miss, never a normal tier);
+- it was made by the embedding version the VM was trained with (spaces are never mixed);
+- its ``computed_at`` is known and not later than ``now`` plus a clock-skew allowance
+  (:data:`DEFAULT_CLOCK_SKEW_SECONDS`): a value from the future is a broken clock or a bad write;
+- it is fresh: ``age <= ttl``, with ``age = now - computed_at`` (a vector exactly TTL old is still
+  served, the boundary Feast's own point-in-time join uses: ``event_timestamp >= t - ttl``).
+
+The best usable tier wins, exact > similar > user aggregate > zero; the served age is clipped at
+0 for values up to the allowance in the future.
+
+Everything that applies the rule calls :func:`resolve` (or :func:`usable_rows` for one tier): the
+retriever, the replay, the coverage of a round, the store status and the training frame. The
+resolved on-demand view runs inside Feast without solaris installed, so its generated source
+embeds the text of :func:`usable_rows` itself (see ``store/definitions.py``); a parity test over a
+grid of cases pins the two.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from solaris_feast.tiers import Tier
+
+DEFAULT_CLOCK_SKEW_SECONDS = 300.0
+"""How far in the future a ``computed_at`` may lie (writers' and servers' clocks differ)."""
+SEARCH_ORDER: tuple[Tier, ...] = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
+"""Tiers that hold vectors, best first."""
+TIER_DTYPE = np.int8
+REJECTION_REASONS = ("other_version", "stale", "future", "non_finite")
+"""Why a stored, decodable vector was not served (absent and undecodable values are counted by
+the reader that decodes them)."""
+
+
+def usable_rows(
+    vectors: np.ndarray,
+    present: np.ndarray,
+    version_matches: np.ndarray,
+    computed_at_s: np.ndarray,
+    now_s: float,
+    ttl_seconds: float,
+    clock_skew_seconds: float,
+) -> np.ndarray:
+    """``(N,)`` bool: which of one tier's N stored values may be served.
+
+    Args:
+        vectors: ``(N, D)`` float; rows where ``present`` is False are ignored.
+        present: ``(N,)`` bool, a value was stored and decoded to length D.
+        version_matches: ``(N,)`` bool, made by the expected embedding version.
+        computed_at_s: ``(N,)`` float64 unix seconds, NaN where unknown.
+        now_s: the time of the request, unix seconds.
+        ttl_seconds: the tier's TTL.
+        clock_skew_seconds: how far in the future ``computed_at`` may be.
+
+    This function is copied verbatim into the resolved view's source: numpy only, no closures.
+    """
+    import numpy as np
+
+    present = np.asarray(present, dtype=bool)
+    computed = np.asarray(computed_at_s, dtype=np.float64)
+    age = now_s - computed
+    with np.errstate(invalid="ignore"):
+        fresh = (age <= ttl_seconds) & (age >= -clock_skew_seconds)
+    finite = np.zeros(len(present), dtype=bool)
+    if len(present):
+        finite[present] = np.isfinite(np.asarray(vectors)[present]).all(axis=1)
+    return (
+        present & np.asarray(version_matches, dtype=bool) & np.isfinite(computed) & fresh & finite
+    )
+
+
+@dataclass(frozen=True)
+class TierValues:
+    """One tier's stored values for N pairs, decoded.
+
+    Attributes:
+        vectors: ``(N, D)`` float32; any values where ``present`` is False.
+        present: ``(N,)`` bool, a value was stored and decoded to length D.
+        version_matches: ``(N,)`` bool, made by the expected embedding version.
+        computed_at_s: ``(N,)`` float64 unix seconds, NaN where unknown.
+    """
+
+    vectors: np.ndarray
+    present: np.ndarray
+    version_matches: np.ndarray
+    computed_at_s: np.ndarray
+
+    @classmethod
+    def absent(cls, n: int, dim: int) -> TierValues:
+        """A tier that holds nothing for any of the N pairs."""
+        return cls(
+            vectors=np.zeros((n, dim), dtype=np.float32),
+            present=np.zeros(n, dtype=bool),
+            version_matches=np.zeros(n, dtype=bool),
+            computed_at_s=np.full(n, np.nan),
+        )
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What the VM is served for N pairs.
+
+    Attributes:
+        embeddings: ``(N, D)`` float32; zeros where ``tiers`` is ZERO.
+        tiers: ``(N,)`` int8 values of :class:`~solaris_feast.tiers.Tier`.
+        age_seconds: ``(N,)`` float64 seconds since the served vector was computed (clipped at
+            0); NaN for ZERO.
+        rejected: how many stored, decodable values were refused, by reason
+            (:data:`REJECTION_REASONS`), over all tiers.
+    """
+
+    embeddings: np.ndarray
+    tiers: np.ndarray
+    age_seconds: np.ndarray
+    rejected: dict[str, int] = field(default_factory=dict)
+
+
+def rejection_counts(
+    values: TierValues, now_s: float, ttl_seconds: float, clock_skew_seconds: float
+) -> dict[str, int]:
+    """Why present values of one tier are refused (a value can have several reasons; each is
+    counted under the first that applies, in the order of :data:`REJECTION_REASONS`)."""
+    present = np.asarray(values.present, dtype=bool)
+    left = present.copy()
+    counts: dict[str, int] = {}
+    age = now_s - np.asarray(values.computed_at_s, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        checks = {
+            "other_version": ~np.asarray(values.version_matches, dtype=bool),
+            "stale": ~(age <= ttl_seconds) & ~(age < -clock_skew_seconds),
+            "future": age < -clock_skew_seconds,
+            "non_finite": np.zeros(len(present), dtype=bool),
+        }
+    if present.any():
+        checks["non_finite"][present] = ~np.isfinite(values.vectors[present]).all(axis=1)
+    for reason in REJECTION_REASONS:
+        hit = left & checks[reason]
+        counts[reason] = int(hit.sum())
+        left &= ~hit
+    return counts
+
+
+def resolve(
+    tiers: Mapping[Tier, TierValues],
+    *,
+    now_s: float,
+    ttl_seconds: Mapping[Tier, float],
+    clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
+    count_rejections: bool = False,
+) -> Resolution:
+    """Apply the tier rule to N pairs: the best usable tier each, exact > similar > user > zero.
+
+    Args:
+        tiers: the stored values of each vector tier; a tier left out holds nothing.
+        now_s: the request time, unix seconds.
+        ttl_seconds: TTL of each tier given in ``tiers``.
+        clock_skew_seconds: how far in the future ``computed_at`` may lie.
+        count_rejections: also count, per reason, the values that were refused.
+    """
+    given = [t for t in SEARCH_ORDER if t in tiers]
+    if not given:
+        raise ValueError("resolve needs at least one tier's values")
+    n = len(tiers[given[0]].present)
+    dim = tiers[given[0]].vectors.shape[1] if tiers[given[0]].vectors.ndim == 2 else 0
+    embeddings = np.zeros((n, dim), dtype=np.float32)
+    served = np.zeros(n, dtype=TIER_DTYPE)
+    ages = np.full(n, np.nan, dtype=np.float64)
+    open_rows = np.ones(n, dtype=bool)
+    rejected = dict.fromkeys(REJECTION_REASONS, 0)
+    for tier in given:
+        values = tiers[tier]
+        if len(values.present) != n:
+            raise ValueError(f"tier {tier.name} has {len(values.present)} rows, expected {n}")
+        ok = usable_rows(
+            values.vectors,
+            values.present,
+            values.version_matches,
+            values.computed_at_s,
+            now_s,
+            float(ttl_seconds[tier]),
+            clock_skew_seconds,
+        )
+        if count_rejections:
+            for reason, count in rejection_counts(
+                values, now_s, float(ttl_seconds[tier]), clock_skew_seconds
+            ).items():
+                rejected[reason] += count
+        take = ok & open_rows
+        if take.any():
+            embeddings[take] = values.vectors[take]
+            served[take] = int(tier)
+            ages[take] = np.maximum(now_s - values.computed_at_s[take], 0.0)
+            open_rows &= ~take
+        if not open_rows.any():
+            break
+    return Resolution(embeddings=embeddings, tiers=served, age_seconds=ages, rejected=rejected)

@@ -1,0 +1,399 @@
+"""Feast definitions for SOLARIS embeddings, made by factories.
+
+The three tiers of the layered fallback are three feature views:
+
+- ``solaris_pair`` (user, item): the FM's compressed embedding ``z(u, i)`` of shape ``(D,)``,
+  the model version that made it and when; TTL 6 h by default.
+- ``solaris_similar`` (user, item): ``z`` filled from the user's nearest neighbours, with the
+  neighbour count and their mean distance; TTL 6 h by default.
+- ``solaris_user`` (user): the mean of the user's pair embeddings over 24 h and how many pairs it
+  averages; TTL 24 h.
+
+A fourth, on-demand view (``solaris_resolved``) resolves them exact > similar > user > zero
+inside Feast, so a client with no solaris code gets the resolved vector and its tier from a plain
+``store.get_online_features(..., full_feature_names=True)`` (full names are required: the three
+views share feature names, and without them Feast hands the transformation one view's values
+under every name, so the view refuses). Its ``resolved_age_seconds`` is -1 for ZERO where the
+retriever says NaN. Everything is built by :func:`solaris_definitions` from a
+:class:`SolarisFeastConfig`, so a user can register the views in their own repo under their own
+names, dimensions and TTLs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from feast import Entity, FeatureService, FeatureView, OnDemandFeatureView
+
+DEFAULT_EMBEDDING_DIM = 32
+DEFAULT_PAIR_TTL_SECONDS = 6 * 3600
+DEFAULT_USER_TTL_SECONDS = 24 * 3600
+DEFAULT_SIMILAR_TTL_SECONDS = 6 * 3600
+MAX_TTL_SECONDS = 10 * 366 * 24 * 3600
+"""Ten years: past it ``timedelta`` overflows (an ``OverflowError``, not a config error)."""
+MAX_EMBEDDING_DIM = 65_536
+"""Bigger is a typo, and the codecs would allocate a vector of that length up front."""
+MODEL_VERSION_REQUEST_FIELD = "solaris_model_version"
+"""Request field of the resolved view: the embedding version the caller's VM was trained with."""
+
+EVENT_TIMESTAMP_COLUMN = "event_timestamp"
+CREATED_TIMESTAMP_COLUMN = "written_at"
+"""Offline column that breaks ties between rows with the same event time: the later write wins."""
+
+TAG_PREFIX = "solaris."
+
+
+class SolarisFeastConfig(BaseModel):
+    """Names, sizes, freshness and lineage of the SOLARIS feature views."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    embedding_dim: Annotated[int, Field(gt=0, le=MAX_EMBEDDING_DIM)] = DEFAULT_EMBEDDING_DIM
+    """Length D of every stored embedding (the compressor's output size)."""
+    user_entity_name: str = "user"
+    """Name of the user entity; its join key is ``user_id`` (Int64)."""
+    item_entity_name: str = "item"
+    """Name of the item entity; its join key is ``item_id`` (Int64)."""
+    pair_view_name: str = "solaris_pair"
+    """Feature view of exact FM embeddings keyed by (user, item)."""
+    user_view_name: str = "solaris_user"
+    """Feature view of 24 h user aggregates keyed by user."""
+    similar_view_name: str = "solaris_similar"
+    """Feature view of similarity-filled embeddings keyed by (user, item)."""
+    resolved_view_name: str = "solaris_resolved"
+    """On-demand view that resolves the three tiers inside Feast."""
+    service_name: str = "solaris_embeddings"
+    """Feature service over the three stored views."""
+    pair_ttl_seconds: Annotated[int, Field(gt=0, le=MAX_TTL_SECONDS)] = DEFAULT_PAIR_TTL_SECONDS
+    """An exact embedding older than this is a miss."""
+    user_ttl_seconds: Annotated[int, Field(gt=0, le=MAX_TTL_SECONDS)] = DEFAULT_USER_TTL_SECONDS
+    """A user aggregate older than this is a miss."""
+    similar_ttl_seconds: Annotated[int, Field(gt=0, le=MAX_TTL_SECONDS)] = (
+        DEFAULT_SIMILAR_TTL_SECONDS
+    )
+    """A similarity-filled embedding older than this is a miss."""
+    offline_root: str = "data/offline"
+    """Folder of the parquet files, one sub-folder per view; relative paths resolve against the
+    Feast repo folder."""
+    fm_version: str = "unversioned"
+    """Lineage tag: version of the foundation model behind the embeddings."""
+    compressor_version: str = "unversioned"
+    """Lineage tag: version of the compressor; it defines the embedding space."""
+    verifier_version: str = "unversioned"
+    """Lineage tag: version of the VM used as verifier when planning the precompute."""
+    pair_producing_dag: str = "solaris_precompute"
+    """Lineage tag: the Airflow DAG that writes the pair view."""
+    user_producing_dag: str = "solaris_precompute"
+    """Lineage tag: the Airflow DAG that writes the user view (``dags/solaris_precompute.py``
+    aggregates users in the same run that writes the pairs)."""
+    similar_producing_dag: str = "solaris_precompute"
+    """Lineage tag: the Airflow DAG that writes the similar view (the same run fills it)."""
+    pair_schedule: str = "@hourly"
+    """Lineage tag: cron or preset schedule of the pair DAG."""
+    user_schedule: str = "@hourly"
+    """Lineage tag: schedule of the DAG that writes the user view."""
+    similar_schedule: str = "@hourly"
+    """Lineage tag: schedule of the DAG that writes the similar view."""
+
+    @model_validator(mode="after")
+    def _names_are_distinct(self) -> SolarisFeastConfig:
+        names = [
+            self.pair_view_name,
+            self.user_view_name,
+            self.similar_view_name,
+            self.resolved_view_name,
+        ]
+        if len(set(names)) != len(names):
+            raise ValueError(f"feature view names must be distinct, got {names}")
+        return self
+
+    def ttl_seconds_by_tier(self) -> dict[Tier, int]:
+        return {
+            Tier.EXACT: self.pair_ttl_seconds,
+            Tier.SIMILAR: self.similar_ttl_seconds,
+            Tier.USER_AGG: self.user_ttl_seconds,
+        }
+
+    def view_name_by_tier(self) -> dict[Tier, str]:
+        return {
+            Tier.EXACT: self.pair_view_name,
+            Tier.SIMILAR: self.similar_view_name,
+            Tier.USER_AGG: self.user_view_name,
+        }
+
+
+@dataclass(frozen=True)
+class SolarisDefinitions:
+    """The Feast objects of one SOLARIS registration, ready for ``store.apply``."""
+
+    config: SolarisFeastConfig
+    user: Entity
+    item: Entity
+    pair_view: FeatureView
+    user_view: FeatureView
+    similar_view: FeatureView
+    resolved_view: OnDemandFeatureView
+    service: FeatureService
+
+    def all(self) -> list[Any]:
+        """Every object, in the order ``FeatureStore.apply`` accepts them."""
+        return [
+            self.user,
+            self.item,
+            self.pair_view,
+            self.user_view,
+            self.similar_view,
+            self.resolved_view,
+            self.service,
+        ]
+
+    def stored_views(self) -> list[FeatureView]:
+        return [self.pair_view, self.similar_view, self.user_view]
+
+
+def lineage_tags(
+    config: SolarisFeastConfig, tier: Tier, producing_dag: str, schedule: str, ttl_seconds: int
+) -> dict[str, str]:
+    """Tags that trace a stored vector back to the models and the DAG that produced it."""
+    return {
+        f"{TAG_PREFIX}tier": tier.name,
+        f"{TAG_PREFIX}fm_version": config.fm_version,
+        f"{TAG_PREFIX}compressor_version": config.compressor_version,
+        f"{TAG_PREFIX}verifier_version": config.verifier_version,
+        f"{TAG_PREFIX}embedding_dim": str(config.embedding_dim),
+        f"{TAG_PREFIX}producing_dag": producing_dag,
+        f"{TAG_PREFIX}schedule": schedule,
+        f"{TAG_PREFIX}ttl_seconds": str(ttl_seconds),
+    }
+
+
+# The resolved view's function is stored in the registry as source text and re-executed by
+# Feast (``feast.transformation.udf_rehydrate``) with only numpy/pandas in scope, so it must be
+# self-contained: view names and TTLs are written into the text rather than captured.
+_RESOLVE_SOURCE = '''
+def {function_name}(inputs):
+    """Resolve exact > similar > user aggregate > zero, TTL and model version enforced."""
+    import datetime as _dt
+
+    now = _dt.datetime.now(_dt.timezone.utc)
+    expected = inputs["{request_field}"]
+    n = len(expected)
+    tiers = ({tiers})
+    dim = {dim}
+
+    # Every view has features named embedding/model_version/computed_at; only the full names
+    # (asked for with full_feature_names=True) say which view a value came from. Without them
+    # Feast hands over one view's values under every view's name, so refuse instead of guessing.
+    for _tier, view, _ttl in tiers:
+        if "_ts:" + view in inputs:
+            raise ValueError(
+                "{resolved_view}: call get_online_features(..., full_feature_names=True); "
+                "the three tiers share feature names and cannot be told apart otherwise"
+            )
+
+    def column(view, feature):
+        full = view + "__" + feature
+        if full in inputs:
+            return inputs[full]
+        return [None] * n
+
+    embedding_out, tier_out, age_out = [], [], []
+    for i in range(n):
+        chosen = None
+        for tier, view, ttl_seconds in tiers:
+            vector = column(view, "embedding")[i]
+            version = column(view, "model_version")[i]
+            computed_at = column(view, "computed_at")[i]
+            if vector is None or len(vector) != dim or computed_at is None:
+                continue
+            if version != expected[i]:
+                continue
+            if computed_at.tzinfo is None:
+                computed_at = computed_at.replace(tzinfo=_dt.timezone.utc)
+            age = (now - computed_at).total_seconds()
+            if age > ttl_seconds:
+                continue
+            chosen = (tier, [float(x) for x in vector], max(age, 0.0))
+            break
+        if chosen is None:
+            chosen = (0, [0.0] * dim, -1.0)
+        tier_out.append(chosen[0])
+        embedding_out.append(chosen[1])
+        age_out.append(chosen[2])
+    out = {{
+        "resolved_embedding": embedding_out,
+        "resolved_tier": tier_out,
+        "resolved_age_seconds": age_out,
+    }}
+    out.update({{"{resolved_view}__" + k: v for k, v in list(out.items())}})
+    return out
+'''
+
+
+def resolved_view_source(config: SolarisFeastConfig) -> tuple[str, str]:
+    """Source text and function name of the resolved view's transformation."""
+    function_name = f"resolve_{config.resolved_view_name}"
+    if not function_name.isidentifier():
+        raise ValueError(
+            f"resolved_view_name {config.resolved_view_name!r} must be a Python identifier"
+        )
+    ttl = config.ttl_seconds_by_tier()
+    views = config.view_name_by_tier()
+    order = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
+    tiers = ", ".join(f"({int(t)}, {views[t]!r}, {float(ttl[t])!r})" for t in order)
+    source = _RESOLVE_SOURCE.format(
+        function_name=function_name,
+        request_field=MODEL_VERSION_REQUEST_FIELD,
+        tiers=tiers + ",",
+        dim=config.embedding_dim,
+        resolved_view=config.resolved_view_name,
+    )
+    return source.strip() + "\n", function_name
+
+
+def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefinitions:
+    """Build the entities, the three stored views, the resolved view and the feature service.
+
+    Args:
+        config: names, dimension, TTLs and lineage; the defaults give the names every other
+            solaris module uses (``solaris_pair``, ``solaris_user``, ``solaris_similar``).
+    """
+    from feast import (
+        Entity,
+        FeatureService,
+        FeatureView,
+        FileSource,
+        OnDemandFeatureView,
+        RequestSource,
+        ValueType,
+    )
+    from feast import Field as FeastField
+    from feast.types import Array, Float32, Float64, Int64, String, UnixTimestamp
+
+    cfg = config or SolarisFeastConfig()
+    user = Entity(
+        name=cfg.user_entity_name,
+        join_keys=["user_id"],
+        value_type=ValueType.INT64,
+        description="A user of the recommender",
+    )
+    item = Entity(
+        name=cfg.item_entity_name,
+        join_keys=["item_id"],
+        value_type=ValueType.INT64,
+        description="A candidate item",
+    )
+
+    def source(view_name: str) -> FileSource:
+        return FileSource(
+            name=f"{view_name}_source",
+            path=f"{cfg.offline_root.rstrip('/')}/{view_name}",
+            timestamp_field=EVENT_TIMESTAMP_COLUMN,
+            created_timestamp_column=CREATED_TIMESTAMP_COLUMN,
+            description=f"Append-only parquet of {view_name}, one folder per UTC day",
+        )
+
+    embedding = FeastField(name="embedding", dtype=Array(Float32))
+    model_version = FeastField(name="model_version", dtype=String)
+    computed_at = FeastField(name="computed_at", dtype=UnixTimestamp)
+
+    pair_view = FeatureView(
+        name=cfg.pair_view_name,
+        entities=[user, item],
+        ttl=timedelta(seconds=cfg.pair_ttl_seconds),
+        schema=[embedding, model_version, computed_at],
+        source=source(cfg.pair_view_name),
+        online=True,
+        tags=lineage_tags(
+            cfg, Tier.EXACT, cfg.pair_producing_dag, cfg.pair_schedule, cfg.pair_ttl_seconds
+        ),
+        description="Compressed FM embedding z(u, i), precomputed speculatively",
+    )
+    user_view = FeatureView(
+        name=cfg.user_view_name,
+        entities=[user],
+        ttl=timedelta(seconds=cfg.user_ttl_seconds),
+        schema=[
+            embedding,
+            FeastField(name="pair_count", dtype=Int64),
+            model_version,
+            computed_at,
+        ],
+        source=source(cfg.user_view_name),
+        online=True,
+        tags=lineage_tags(
+            cfg, Tier.USER_AGG, cfg.user_producing_dag, cfg.user_schedule, cfg.user_ttl_seconds
+        ),
+        description="Mean of the user's pair embeddings over the last 24 h",
+    )
+    similar_view = FeatureView(
+        name=cfg.similar_view_name,
+        entities=[user, item],
+        ttl=timedelta(seconds=cfg.similar_ttl_seconds),
+        schema=[
+            embedding,
+            FeastField(name="neighbour_count", dtype=Int64),
+            FeastField(name="mean_distance", dtype=Float32),
+            model_version,
+            computed_at,
+        ],
+        source=source(cfg.similar_view_name),
+        online=True,
+        tags=lineage_tags(
+            cfg,
+            Tier.SIMILAR,
+            cfg.similar_producing_dag,
+            cfg.similar_schedule,
+            cfg.similar_ttl_seconds,
+        ),
+        description="z for the same item, filled from the user's nearest neighbours",
+    )
+
+    request = RequestSource(
+        name=f"{cfg.resolved_view_name}_request",
+        schema=[FeastField(name=MODEL_VERSION_REQUEST_FIELD, dtype=String)],
+        description="The embedding version the caller's vertical model was trained with",
+    )
+    source_text, function_name = resolved_view_source(cfg)
+    namespace: dict[str, Any] = {}
+    exec(source_text, namespace)  # the same text Feast will re-execute from the registry
+    resolved_view = OnDemandFeatureView(
+        name=cfg.resolved_view_name,
+        sources=[pair_view, similar_view, user_view, request],
+        schema=[
+            FeastField(name="resolved_embedding", dtype=Array(Float32)),
+            FeastField(name="resolved_tier", dtype=Int64),
+            FeastField(name="resolved_age_seconds", dtype=Float64),
+        ],
+        udf=namespace[function_name],
+        udf_string=source_text,
+        mode="python",
+        tags={
+            f"{TAG_PREFIX}tier": "RESOLVED",
+            f"{TAG_PREFIX}embedding_dim": str(cfg.embedding_dim),
+            f"{TAG_PREFIX}compressor_version": cfg.compressor_version,
+        },
+        description="Best available embedding, exact > similar > user aggregate > zero",
+    )
+    service = FeatureService(
+        name=cfg.service_name,
+        features=[pair_view, similar_view, user_view],
+        description="The three SOLARIS embedding tiers",
+    )
+    return SolarisDefinitions(
+        config=cfg,
+        user=user,
+        item=item,
+        pair_view=pair_view,
+        user_view=user_view,
+        similar_view=similar_view,
+        resolved_view=resolved_view,
+        service=service,
+    )
