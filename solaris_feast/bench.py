@@ -193,7 +193,9 @@ def run_serve_benchmark(
 
             def raw_packed(items: np.ndarray = items) -> object:
                 # The retriever's own hand-packed read without decoding: its floor.
-                return retriever._read_redis(BENCH_USER, items)
+                return retriever.backend.read_tiers(
+                    BENCH_USER, items, retriever.view_names, time.perf_counter() + 1.0
+                )
 
             def resolved(items: np.ndarray = items) -> object:
                 return retriever.fetch(BENCH_USER, items)

@@ -56,6 +56,14 @@ class RetryableStoreError(SolarisError, ConnectionError):
     """The online store is unreachable or too slow; the same call may succeed later."""
 
 
+class DeadlineExceededError(RetryableStoreError, TimeoutError):
+    """A read could not finish within its deadline and was aborted (nothing half-read is used)."""
+
+    def __init__(self, what: str, deadline_ms: float) -> None:
+        self.deadline_ms = deadline_ms
+        super().__init__(f"{what} did not finish within the {deadline_ms:g} ms deadline")
+
+
 class FinalStoreError(SolarisError, RuntimeError):
     """The online store answered, but with something a retry cannot fix: a malformed config, a
     missing table or view, a script or protocol error. Fix the cause; retrying repeats it."""
@@ -64,11 +72,13 @@ class FinalStoreError(SolarisError, RuntimeError):
 class ViewsNotAppliedError(FinalStoreError, LookupError):
     """The Feast registry of a repo lacks the SOLARIS views."""
 
-    def __init__(self, repo: str, missing: Sequence[str]) -> None:
+    def __init__(self, repo: str, missing: Sequence[str], *, where: str | None = None) -> None:
         self.repo = repo
         self.missing = list(missing)
+        # ``where``: what lacks the views when it is not the registry (an online table).
+        lacking = where or f"the Feast registry of {repo} has no feature view"
         super().__init__(
-            f"the Feast registry of {repo} has no feature view {', '.join(self.missing)}: "
+            f"{lacking} {', '.join(self.missing)}: "
             f"run `feast apply` in {repo} (with -f <yaml> for a non-default feature_store yaml) "
             "before the precompute or serving"
         )
@@ -96,6 +106,16 @@ def _retryable_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _final_types() -> tuple[type[BaseException], ...]:
+    """Errors that look retryable by family but are not: redis-py raises a wrong password or a
+    missing ACL permission as a ``ConnectionError`` subclass, yet retrying repeats it."""
+    try:
+        import redis.exceptions as redis_errors
+    except ImportError:
+        return (FinalStoreError,)
+    return (FinalStoreError, redis_errors.AuthenticationError, redis_errors.AuthorizationError)
+
+
 _SQLITE_RETRYABLE_MESSAGES = ("database is locked", "database is busy", "database table is locked")
 
 
@@ -106,7 +126,7 @@ def is_retryable(exc: BaseException) -> bool:
     """
     import sqlite3
 
-    if isinstance(exc, FinalStoreError):
+    if isinstance(exc, _final_types()):
         return False
     if isinstance(exc, sqlite3.OperationalError):
         message = str(exc).lower()

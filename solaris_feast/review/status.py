@@ -12,8 +12,10 @@ Read straight from the online store, within a budget of keys:
   shares are
   what serving answers, TTL, version and fallback order included.
 
-SQLite is read from Feast's tables; Redis with ``SCAN ... COUNT`` over the keys that end with
-the project name (Feast's layout), never ``KEYS``, and stops after ``max_keys`` keys.
+The store is read through its backend's bounded ``scan`` (``store/backends/``): Feast's tables on
+SQLite, ``SCAN ... COUNT`` over the keys that end with the project name on Redis (never
+``KEYS``), stopping after ``max_keys`` keys. Fresh and servable are counted by the tier rule
+itself (:func:`solaris_feast.serving.resolve.usable_rows`), so the status and serving agree.
 """
 
 from __future__ import annotations
@@ -21,8 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sqlite3
-import struct
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -35,14 +35,9 @@ import numpy as np
 import typer
 
 from solaris_feast.errors import ConfigError, SolarisError
-from solaris_feast.store.config import (
-    online_field,
-    online_kind,
-    open_repo_store,
-    sqlite_path,
-    sqlite_table,
-    timestamp_field,
-)
+from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, usable_rows
+from solaris_feast.store.backends import StoredScan, StoredValues, backend_for, online_kind
+from solaris_feast.store.config import open_repo_store
 from solaris_feast.store.definitions import SolarisFeastConfig
 from solaris_feast.tiers import Tier
 
@@ -66,10 +61,11 @@ DEFAULT_MAX_USERS = 200
 """Users whose stored pairs are fetched through the retriever for the coverage."""
 DEFAULT_SCAN_COUNT = 1000
 """``COUNT`` hint of each Redis ``SCAN`` call: keys the server looks at per call."""
+SCAN_TIMEOUT_SECONDS = 10.0
+"""Longest single wait of the status scan (a network receive or a lock)."""
 COVERAGE_DEADLINE_MS = 10_000.0
 """Deadline of the coverage fetches: a status run measures the data, not the latency."""
 MAX_ITEMS_PER_FETCH = 1000
-_READ_BATCH = 500
 _TIER_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
 
 
@@ -100,36 +96,6 @@ def age_bucket(age_seconds: float) -> str:
     return AGE_BUCKETS[-1][0]
 
 
-class _KeyDecoder:
-    """Join key values out of Feast's serialized entity keys (version 3, int64 keys)."""
-
-    def __init__(self, join_keys: Sequence[str], serialization_version: int) -> None:
-        from feast.infra.key_encoding_utils import serialize_entity_key_prefix
-
-        if serialization_version < 3:
-            raise ConfigError(
-                f"entity_key_serialization_version {serialization_version} is not supported; "
-                "set entity_key_serialization_version: 3 in feature_store.yaml"
-            )
-        self.names = sorted(join_keys)
-        self.prefix = serialize_entity_key_prefix(self.names, serialization_version)
-        # Per value: <I value type> <I length 8> <q value>.
-        self.length = len(self.prefix) + 16 * len(self.names)
-
-    def decode(self, key: bytes) -> dict[str, int] | None:
-        if len(key) != self.length or not key.startswith(self.prefix):
-            return None
-        values = {}
-        offset = len(self.prefix)
-        for name in self.names:
-            _, size = struct.unpack_from("<II", key, offset)
-            if size != 8:
-                return None
-            values[name] = struct.unpack_from("<q", key, offset + 8)[0]
-            offset += 16
-        return values
-
-
 class _ValueReader:
     """Stored ``ValueProto`` bytes to Python values, caching repeated versions."""
 
@@ -157,168 +123,23 @@ class _ValueReader:
         return float(self._proto.unix_timestamp_val)
 
 
-@dataclass(frozen=True)
-class _Scan:
-    rows: list[StoredRow]
-    keys_read: int
-    truncated: bool
+def _rows(scan: StoredScan, reader: _ValueReader) -> list[StoredRow]:
+    return [_row(stored, reader) for stored in scan.rows]
 
 
-def _read_sqlite(
-    store: FeatureStore, views: dict[Tier, str], max_keys: int, reader: _ValueReader
-) -> _Scan:
-    path = Path(sqlite_path(store))
-    if not path.is_file():
-        return _Scan([], 0, False)
-    version = store.config.entity_key_serialization_version
-    decoders = {
-        Tier.EXACT: _KeyDecoder(["user_id", "item_id"], version),
-        Tier.SIMILAR: _KeyDecoder(["user_id", "item_id"], version),
-        Tier.USER_AGG: _KeyDecoder(["user_id"], version),
-    }
-    rows: list[StoredRow] = []
-    truncated = False
-    keys_read = 0
-    # Read-only: reading the status must never write to or lock Feast's serving tables.
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5.0)
-    try:
-        for tier in _TIER_ORDER:
-            table = sqlite_table(store.config.project, views[tier]).replace('"', '""')
-            budget = max_keys - keys_read
-            try:
-                (total,) = conn.execute(
-                    f'SELECT COUNT(DISTINCT entity_key) FROM "{table}"'
-                ).fetchone()
-                found = conn.execute(
-                    f'SELECT entity_key, feature_name, value FROM "{table}" '
-                    "WHERE feature_name IN ('model_version', 'computed_at') AND entity_key IN "
-                    f'(SELECT DISTINCT entity_key FROM "{table}" ORDER BY entity_key LIMIT ?)',
-                    (max(budget, 0),),
-                ).fetchall()
-            except sqlite3.OperationalError as exc:
-                if "no such table" not in str(exc):
-                    raise
-                continue  # `feast apply` makes the table: without it nothing is stored
-            truncated = truncated or total > budget
-            by_key: dict[bytes, dict[str, bytes]] = {}
-            for key, feature, value in found:
-                by_key.setdefault(bytes(key), {})[feature] = value
-            keys_read += len(by_key)
-            for key, values in by_key.items():
-                decoded = decoders[tier].decode(key)
-                row = _row(
-                    tier, decoded, values.get("model_version"), values.get("computed_at"), reader
-                )
-                if row is not None:
-                    rows.append(row)
-    finally:
-        conn.close()
-    return _Scan(rows, keys_read, truncated)
-
-
-def _row(
-    tier: Tier,
-    keys: dict[str, int] | None,
-    version: bytes | None,
-    computed_at: bytes | None,
-    reader: _ValueReader,
-) -> StoredRow | None:
-    if keys is None:
-        return None
+def _row(stored: StoredValues, reader: _ValueReader) -> StoredRow:
     return StoredRow(
-        tier=tier,
-        user_id=keys["user_id"],
-        item_id=keys.get("item_id"),
-        model_version=reader.version(version),
-        computed_at=reader.timestamp(computed_at),
+        tier=stored.tier,
+        user_id=stored.keys["user_id"],
+        item_id=stored.keys.get("item_id"),
+        model_version=reader.version(stored.model_version),
+        computed_at=reader.timestamp(stored.computed_at),
     )
-
-
-def _glob_escape(raw: bytes) -> bytes:
-    out = bytearray()
-    for byte in raw:
-        if byte in b"*?[]\\":
-            out += b"\\"
-        out.append(byte)
-    return bytes(out)
 
 
 def _chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
-
-
-def _read_redis(
-    store: FeatureStore,
-    views: dict[Tier, str],
-    max_keys: int,
-    scan_count: int,
-    reader: _ValueReader,
-) -> _Scan:
-    from solaris_feast.store.config import redis_client
-
-    client = redis_client(store, timeout_seconds=10.0)
-    version = store.config.entity_key_serialization_version
-    pair_decoder = _KeyDecoder(["user_id", "item_id"], version)
-    user_decoder = _KeyDecoder(["user_id"], version)
-    project = store.config.project.encode()
-    pair_keys: list[tuple[bytes, dict[str, int]]] = []
-    user_keys: list[tuple[bytes, dict[str, int]]] = []
-    keys_read = 0
-    truncated = False
-    try:
-        # Feast's keys are <serialized entity key><project>; the miss queue's keys do not end
-        # with the project name, and the exact length check drops other projects' suffixes.
-        for key in client.scan_iter(match=b"*" + _glob_escape(project), count=scan_count):
-            if keys_read >= max_keys:
-                truncated = True
-                break
-            keys_read += 1
-            body = key[: -len(project)]
-            decoded = pair_decoder.decode(body)
-            if decoded is not None:
-                pair_keys.append((key, decoded))
-                continue
-            decoded = user_decoder.decode(body)
-            if decoded is not None:
-                user_keys.append((key, decoded))
-        rows: list[StoredRow] = []
-        # Pair and similar live in the same (user, item) hash: one HMGET reads both.
-        pair_tiers = (Tier.EXACT, Tier.SIMILAR)
-        pair_fields = [
-            field
-            for tier in pair_tiers
-            for field in (
-                timestamp_field(views[tier]),
-                online_field(views[tier], "model_version"),
-                online_field(views[tier], "computed_at"),
-            )
-        ]
-        user_view = views[Tier.USER_AGG]
-        user_fields = [
-            timestamp_field(user_view),
-            online_field(user_view, "model_version"),
-            online_field(user_view, "computed_at"),
-        ]
-        for keys, fields, tiers in (
-            (pair_keys, pair_fields, pair_tiers),
-            (user_keys, user_fields, (Tier.USER_AGG,)),
-        ):
-            for batch in _chunks(keys, _READ_BATCH):
-                pipe = client.pipeline(transaction=False)
-                for key, _ in batch:
-                    pipe.hmget(key, fields)
-                for (_, decoded), values in zip(batch, pipe.execute(), strict=True):
-                    for i, tier in enumerate(tiers):
-                        written, version_raw, computed_raw = values[3 * i : 3 * i + 3]
-                        if written is None and version_raw is None:
-                            continue  # this view was never written for the key
-                        row = _row(tier, decoded, version_raw, computed_raw, reader)
-                        if row is not None:
-                            rows.append(row)
-    finally:
-        client.close()
-    return _Scan(rows, keys_read, truncated)
 
 
 def _view_summary(
@@ -330,23 +151,33 @@ def _view_summary(
     now: float,
 ) -> dict[str, Any]:
     histogram = dict.fromkeys((label for label, _ in AGE_BUCKETS), 0)
-    fresh = expired = undated = current = fresh_current = 0
-    versions: Counter[str] = Counter()
-    for row in rows:
-        versions[row.model_version or "<none>"] += 1
-        is_current = expected is not None and row.model_version == expected
-        current += is_current
-        if row.computed_at is None:
-            undated += 1
-            continue
-        age = now - row.computed_at
+    versions: Counter[str] = Counter(row.model_version or "<none>" for row in rows)
+    computed = np.array(
+        [np.nan if r.computed_at is None else r.computed_at for r in rows], dtype=np.float64
+    )
+    is_current = np.array(
+        [expected is not None and r.model_version == expected for r in rows], dtype=bool
+    )
+    dated = np.isfinite(computed)
+    for age in (now - computed[dated]).tolist():
         histogram[age_bucket(age)] += 1
-        # The retriever serves a value whose age is at most the TTL.
-        if max(age, 0.0) <= ttl_seconds:
-            fresh += 1
-            fresh_current += is_current
-        else:
-            expired += 1
+    # The tier rule decides freshness (TTL boundary, clock skew): the status reads no vectors,
+    # so each row counts as a stored, finite vector; "fresh" ignores the version, "servable"
+    # is the rule as serving applies it.
+    n = len(rows)
+    stored = np.ones(n, dtype=bool)
+    no_vectors = np.zeros((n, 1), dtype=np.float32)
+    fresh_rows = usable_rows(
+        no_vectors, stored, stored, computed, now, ttl_seconds, DEFAULT_CLOCK_SKEW_SECONDS
+    )
+    servable = usable_rows(
+        no_vectors, stored, is_current, computed, now, ttl_seconds, DEFAULT_CLOCK_SKEW_SECONDS
+    )
+    undated = int((~dated).sum())
+    fresh = int(fresh_rows.sum())
+    expired = int(dated.sum()) - fresh
+    current = int(is_current.sum())
+    fresh_current = int(servable.sum())
     return {
         "name": name,
         "tier": tier.name,
@@ -354,6 +185,7 @@ def _view_summary(
         "rows": len(rows),
         "fresh": fresh,
         "expired": expired,
+        "future": int((computed[dated] - now > DEFAULT_CLOCK_SKEW_SECONDS).sum()),
         "without_computed_at": undated,
         "expected_version": current,
         "other_version": len(rows) - current,
@@ -468,10 +300,13 @@ def store_status(
 
     kind = online_kind(store)
     reader = _ValueReader()
-    if kind == "redis":
-        scan = _read_redis(store, view_names, max_keys, scan_count, reader)
-    else:
-        scan = _read_sqlite(store, view_names, max_keys, reader)
+    backend = backend_for(store, timeout_seconds=SCAN_TIMEOUT_SECONDS)
+    try:
+        scan = backend.scan(view_names, max_keys, scan_count)
+        depth = MissQueue(store.config.project, backend=backend).pending()
+    finally:
+        backend.close()
+    rows = _rows(scan, reader)
     now = time.time()
 
     source = "given"
@@ -480,7 +315,7 @@ def store_status(
         expected = newest_embedding_version(models_dir)
         source = "model cards"
     if expected is None:
-        stored = Counter(r.model_version for r in scan.rows if r.model_version)
+        stored = Counter(r.model_version for r in rows if r.model_version)
         expected = stored.most_common(1)[0][0] if stored else None
         source = "most common stored version" if expected else "none"
 
@@ -489,7 +324,7 @@ def store_status(
             view_names[tier],
             tier,
             ttl_seconds[tier],
-            [r for r in scan.rows if r.tier == tier],
+            [r for r in rows if r.tier == tier],
             expected,
             now,
         )
@@ -500,13 +335,8 @@ def store_status(
         for label, count in summary["age_histogram"].items():
             histogram[label] += count
 
-    queue = MissQueue.for_store(store)
-    depth = queue.pending()
-
     coverage = (
-        _coverage(store, scan.rows, expected, names, max_users, seed)
-        if expected is not None
-        else None
+        _coverage(store, rows, expected, names, max_users, seed) if expected is not None else None
     )
     return {
         "project": store.config.project,

@@ -8,19 +8,21 @@ PRESENT null) is a miss. Every exact miss goes to the
 :class:`~solaris_feast.serving.miss_queue.MissQueue`
 for the next precompute round.
 
-With Redis all tiers come from one pipeline: Feast keeps one hash per entity key holding every
-view of that key, so N HMGETs on the (user, item) hashes read the pair and similar tiers together
-and one HMGET on the user hash reads the aggregate. With SQLite one ``UNION ALL`` statement reads
-Feast's three tables.
+The read itself is the backend's (``store/backends/``, picked by the Feast online store config):
+all tiers in one round trip, bounded by the deadline (socket and lock waits get what is left of
+it, and a read that cannot finish in time is aborted).
 
-When the store is unreachable or slower than the deadline the answer is ZERO for every item with
-``error=True`` (and a counter), so the VM still scores; ``strict=True`` raises instead.
+When the store fails or is slower than the deadline the answer is ZERO for every item with
+``error=True`` (and a counter), and the error's type is logged, so the VM still scores.
+``strict=True`` raises instead: :class:`~solaris_feast.errors.RetryableStoreError` for what a
+retry may fix (connection, timeout, deadline, a locked database), the original error for a final
+one (a missing table, a wrong password, a bug), as :func:`~solaris_feast.errors.is_retryable`
+classifies them.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,18 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from solaris_feast.errors import ConfigError, RetryableStoreError
-from solaris_feast.serving.miss_queue import MissQueue
-from solaris_feast.store.config import (
-    EntityKeyLayout,
-    FloatListCodec,
-    online_field,
-    online_kind,
-    packed_round_trip,
-    sqlite_path,
-    sqlite_table,
+from solaris_feast.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    RetryableStoreError,
+    ViewsNotAppliedError,
+    is_retryable,
 )
+from solaris_feast.serving.miss_queue import MissQueue
+from solaris_feast.store.backends import OnlineBackend, TierRead, backend_for
 from solaris_feast.store.definitions import SolarisFeastConfig
+from solaris_feast.store.layout import FloatListCodec
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -51,16 +52,8 @@ DEFAULT_DEADLINE_MS = 50.0
 TIER_DTYPE = np.int8
 MAX_REMEMBERED_MISSES = 200_000
 """Pairs a retriever remembers having queued this round before it forgets them all."""
-_FEATURES = ("embedding", "model_version", "computed_at")
 _INT64_MAX = 2**63 - 1
 _SEARCH_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
-
-
-def _hmget_template(fields: list[bytes]) -> tuple[bytes, bytes]:
-    """RESP bytes of ``HMGET <key> <fields...>`` before and after the key."""
-    head = b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
-    tail = b"".join(b"$%d\r\n%s\r\n" % (len(f), f) for f in fields)
-    return head, tail
 
 
 @dataclass(frozen=True)
@@ -93,13 +86,8 @@ class RetrieverStats:
     tier_counts: dict[Tier, int] = field(default_factory=lambda: {t: 0 for t in Tier})
 
 
-@dataclass(frozen=True)
-class _TierRead:
-    """Raw stored values of one tier for N items, as Feast serialized them (None = absent)."""
-
-    embedding: Sequence[bytes | None]
-    model_version: Sequence[bytes | None]
-    computed_at: Sequence[bytes | None]
+_TierRead = TierRead
+"""Raw stored values of one tier for N items (the backends' :class:`TierRead`)."""
 
 
 def validate_request(user_id: Any, item_ids: Any) -> tuple[int, np.ndarray]:
@@ -139,15 +127,18 @@ class SolarisRetriever:
         expected_model_version: the embedding version the VM was trained with; a value made by
             any other version is a miss, so embedding spaces are never mixed.
         deadline_ms: a read slower than this answers ZERO for all with ``error=True``.
-        strict: raise :class:`~solaris_feast.errors.RetryableStoreError` instead of answering
-            ZERO when the store fails or is slow.
+        strict: raise instead of answering ZERO when the store fails or is slow:
+            :class:`~solaris_feast.errors.RetryableStoreError` (or its subclass
+            :class:`~solaris_feast.errors.DeadlineExceededError`) when a retry may fix it, the
+            original error when it is final (e.g.
+            :class:`~solaris_feast.errors.ViewsNotAppliedError`).
         record_misses: queue every exact miss for the next precompute round.
         views: names of the views; TTLs and the dimension are read from the registry.
 
     The Redis connection pool is shared safely between threads; the counters in ``stats`` and
     the memory of queued misses are not locked, so give each serving thread its own retriever.
     With ``redis_type: redis_cluster`` the same commands go through redis-py's cluster pipeline
-    (one round trip per node holding some of the keys).
+    (one round trip per node holding some of the keys); ``redis_sentinel`` is refused.
     """
 
     def __init__(
@@ -175,12 +166,16 @@ class SolarisRetriever:
         names = views or SolarisFeastConfig()
         self.view_names = names.view_name_by_tier()
         self.project = store.config.project
-        self.kind = online_kind(store)
 
         self.ttl_seconds: dict[Tier, float] = {}
         dims = set()
+        from feast.errors import FeatureViewNotFoundException
+
         for tier, name in self.view_names.items():
-            view = store.get_feature_view(name)
+            try:
+                view = store.get_feature_view(name)
+            except FeatureViewNotFoundException as exc:
+                raise ViewsNotAppliedError(str(store.config.repo_path), [name]) from exc
             if view.ttl is None or view.ttl.total_seconds() <= 0:
                 raise ConfigError(f"feature view {name} needs a positive ttl")
             self.ttl_seconds[tier] = view.ttl.total_seconds()
@@ -194,44 +189,13 @@ class SolarisRetriever:
         self._expected_version_bytes = ValueProto(
             string_val=expected_model_version
         ).SerializeToString()
-        version = store.config.entity_key_serialization_version
-        self._pair_key = EntityKeyLayout(["user_id", "item_id"], version)
-        self._user_key = EntityKeyLayout(["user_id"], version)
-        self._project_bytes = self.project.encode()
-        self._redis: Any = None
-        self._sqlite: sqlite3.Connection | None = None
-        self._cluster_fields: tuple[list[bytes], list[bytes], bytes] | None = None
-        if self.kind == "redis":
-            from solaris_feast.store.config import is_redis_cluster, redis_client
-
-            self._redis = redis_client(store, timeout_seconds=self.deadline_ms / 1000.0)
-            pair, similar, user = (self.view_names[t] for t in _SEARCH_ORDER)
-            pair_fields = [online_field(pair, f) for f in _FEATURES] + [
-                online_field(similar, f) for f in _FEATURES
-            ]
-            user_fields = [online_field(user, f) for f in _FEATURES]
-            self._pair_command = _hmget_template(pair_fields)
-            self._user_command = _hmget_template(user_fields)
-            if is_redis_cluster(store):
-                # Keys live on many nodes: no single connection can take the packed pipeline.
-                self._cluster_fields = (
-                    pair_fields,
-                    user_fields,
-                    MissQueue.round_key_for(self.project).encode(),
-                )
+        # The backend's timeouts bound a single wait; each read is bounded by its own deadline.
+        self.backend: OnlineBackend = backend_for(store, timeout_seconds=self.deadline_ms / 1000)
+        self.kind = self.backend.kind
         self.miss_queue: MissQueue | None = None
         if record_misses:
-            # On Redis the queue shares the read client, so it inherits the deadline timeout.
-            self.miss_queue = (
-                MissQueue(self.project, redis=self._redis)
-                if self._redis is not None
-                else MissQueue.for_store(store)
-            )
-        round_key = MissQueue.round_key_for(self.project).encode()
-        self._round_command = b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (
-            len(round_key),
-            round_key,
-        )
+            # The queue shares the read backend, so it inherits the deadline timeout.
+            self.miss_queue = MissQueue(self.project, backend=self.backend)
         # Pairs this process queued in the current round: while the round lasts, a repeated
         # miss needs no second round trip. The round number rides along with every read.
         self._miss_round: bytes | None = None
@@ -256,7 +220,7 @@ class SolarisRetriever:
         self.stats.fetches += 1
         self.stats.items += len(items)
         try:
-            reads = self._read(user, items)
+            reads = self._read(user, items, started + self.deadline_ms / 1000.0)
         except Exception as exc:  # the store's own errors vary by backend and client
             return self._fail(len(items), f"online store read failed: {exc!r}", exc)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
@@ -265,7 +229,7 @@ class SolarisRetriever:
             return self._fail(
                 len(items),
                 f"online store read took {elapsed_ms:.1f} ms, deadline {self.deadline_ms} ms",
-                None,
+                DeadlineExceededError("online store read", self.deadline_ms),
             )
         result = self._resolve(reads, len(items))
         for tier in Tier:
@@ -277,7 +241,7 @@ class SolarisRetriever:
     def _queue_misses(self, user: int, missed: np.ndarray) -> None:
         if self.miss_queue is None or not missed.size:
             return
-        if self.kind == "redis":
+        if self.backend.reads_miss_round:
             now = time.monotonic()
             if (
                 self._miss_round != self._queued_round
@@ -300,131 +264,20 @@ class SolarisRetriever:
             self.stats.miss_queue_errors += 1
             logger.warning("miss queue write failed: %r", exc)
             return
-        if self.kind == "redis":
+        if self.backend.reads_miss_round:
             self._queued.update((user, item) for item in fresh)
 
     def close(self) -> None:
-        if self._redis is not None:
-            self._redis.close()
-        if self._sqlite is not None:
-            self._sqlite.close()
-            self._sqlite = None
+        self.backend.close()
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _read(self, user: int, items: np.ndarray) -> dict[Tier, _TierRead]:
-        if self.kind == "redis":
-            return self._read_redis(user, items)
-        return self._read_sqlite(user, items)
-
-    def _read_redis(self, user: int, items: np.ndarray) -> dict[Tier, _TierRead]:
-        # One pipeline: N HMGETs on the (user, item) hashes (pair and similar fields together,
-        # Feast keeps both views in one hash), one HMGET on the user hash, and the miss queue's
-        # round number. The commands are packed by hand: their shape never changes, and
-        # redis-py's generic packer costs as much as the network round trip at N = 100.
-        project = self._project_bytes
-        pair_key = self._pair_key.key
-        if self._cluster_fields is not None:
-            replies = self._cluster_round_trip(user, items)
-        else:
-            head, tail = self._pair_command
-            parts = []
-            for item in items.tolist():
-                key = pair_key(user, item) + project
-                parts.append(b"%s$%d\r\n%s\r\n%s" % (head, len(key), key, tail))
-            user_key = self._user_key.key(user) + project
-            head, tail = self._user_command
-            parts.append(b"%s$%d\r\n%s\r\n%s" % (head, len(user_key), user_key, tail))
-            parts.append(self._round_command)
-            replies = self._round_trip(b"".join(parts), len(parts))
-        pair_rows = replies[:-2]
-        user_row = replies[-2]
-        self._miss_round = replies[-1]
-        n = len(items)
-        return {
-            Tier.EXACT: _TierRead(
-                [r[0] for r in pair_rows], [r[1] for r in pair_rows], [r[2] for r in pair_rows]
-            ),
-            Tier.SIMILAR: _TierRead(
-                [r[3] for r in pair_rows], [r[4] for r in pair_rows], [r[5] for r in pair_rows]
-            ),
-            Tier.USER_AGG: _TierRead([user_row[0]] * n, [user_row[1]] * n, [user_row[2]] * n),
-        }
-
-    def _cluster_round_trip(self, user: int, items: np.ndarray) -> list[Any]:
-        """The same commands through redis-py's cluster pipeline, which groups them by node."""
-        if self._cluster_fields is None:
-            raise ConfigError("not a Redis Cluster store")
-        pair_fields, user_fields, round_key = self._cluster_fields
-        project = self._project_bytes
-        pipe = self._redis.pipeline()
-        for item in items.tolist():
-            pipe.execute_command("HMGET", self._pair_key.key(user, item) + project, *pair_fields)
-        pipe.execute_command("HMGET", self._user_key.key(user) + project, *user_fields)
-        pipe.execute_command("GET", round_key)
-        return list(pipe.execute(raise_on_error=True))
-
-    def _round_trip(self, payload: bytes, replies: int) -> list[Any]:
-        """Send packed commands on one pooled connection and read ``replies`` answers."""
-        answers = packed_round_trip(self._redis, payload, replies)
-        for answer in answers:
-            if isinstance(answer, Exception):
-                raise answer
-        return answers
-
-    def _sqlite_connection(self) -> sqlite3.Connection:
-        if self._sqlite is None:
-            # Our own connection: Feast's is created lazily and shared with its writes.
-            self._sqlite = sqlite3.connect(
-                sqlite_path(self.store), check_same_thread=False, timeout=self.deadline_ms / 1000
-            )
-        return self._sqlite
-
-    def _read_sqlite(self, user: int, items: np.ndarray) -> dict[Tier, _TierRead]:
-        conn = self._sqlite_connection()
-        deadline = time.perf_counter() + self.deadline_ms / 1000.0
-        # Abort a statement that runs past the deadline instead of blocking the request.
-        conn.set_progress_handler(lambda: int(time.perf_counter() > deadline), 1000)
-        pair_keys = [self._pair_key.key(user, item) for item in items.tolist()]
-        user_key = self._user_key.key(user)
-        marks = ",".join("?" * len(pair_keys))
-        statements = []
-        params: list[Any] = []
-        for tier in _SEARCH_ORDER:
-            table = sqlite_table(self.project, self.view_names[tier]).replace('"', '""')
-            keys = [user_key] if tier == Tier.USER_AGG else pair_keys
-            where = "entity_key = ?" if tier == Tier.USER_AGG else f"entity_key IN ({marks})"
-            statements.append(
-                f'SELECT {int(tier)}, entity_key, feature_name, value FROM "{table}" '
-                f"WHERE {where} AND feature_name IN ('embedding', 'model_version', 'computed_at')"
-            )
-            params.extend(keys)
-        try:
-            rows = conn.execute(" UNION ALL ".join(statements), params).fetchall()
-        finally:
-            conn.set_progress_handler(None, 1000)
-        position = {key: i for i, key in enumerate(pair_keys)}
-        n = len(items)
-        columns: dict[Tier, dict[str, list[bytes | None]]] = {
-            tier: {f: [None] * n for f in _FEATURES} for tier in _SEARCH_ORDER
-        }
-        user_values: dict[str, bytes] = {}
-        for tier_value, key, feature, value in rows:
-            tier = Tier(tier_value)
-            if tier == Tier.USER_AGG:
-                user_values[feature] = value
-            else:
-                columns[tier][feature][position[key]] = value
-        for feature, value in user_values.items():
-            columns[Tier.USER_AGG][feature] = [value] * n
-        return {
-            tier: _TierRead(
-                columns[tier]["embedding"],
-                columns[tier]["model_version"],
-                columns[tier]["computed_at"],
-            )
-            for tier in _SEARCH_ORDER
-        }
+    def _read(self, user: int, items: np.ndarray, deadline_s: float) -> dict[Tier, _TierRead]:
+        """The backend's read of all tiers, aborted at ``deadline_s`` (``perf_counter`` time);
+        the miss queue's round number rides along where the backend reads it."""
+        reads = self.backend.read_tiers(user, items, self.view_names, deadline_s)
+        self._miss_round = reads.miss_round
+        return reads.tiers
 
     # -- resolving ----------------------------------------------------------------------------
 
@@ -463,11 +316,25 @@ class SolarisRetriever:
                 break
         return FetchResult(embeddings=embeddings, tiers=tiers, age_seconds=ages, error=False)
 
-    def _fail(self, n: int, reason: str, exc: BaseException | None) -> FetchResult:
+    def _fail(self, n: int, reason: str, exc: BaseException) -> FetchResult:
+        """ZERO for all with ``error=True``; in strict mode raise, by the error's class."""
         self.stats.errors += 1
+        retryable = is_retryable(exc)
+        if isinstance(exc, DeadlineExceededError):
+            self.stats.deadline_exceeded += 1
         if self.strict:
+            if not retryable:
+                raise exc  # final: a retry repeats it, so the caller sees the cause itself
+            if isinstance(exc, RetryableStoreError):
+                raise exc
             raise RetryableStoreError(reason) from exc
-        logger.warning("serving ZERO for %d items: %s", n, reason)
+        logger.warning(
+            "serving ZERO for %d items: %s error %s: %s",
+            n,
+            "retryable" if retryable else "final",
+            type(exc).__name__,
+            reason,
+        )
         self.stats.tier_counts[Tier.ZERO] += n
         return FetchResult(
             embeddings=np.zeros((n, self.dim), dtype=np.float32),

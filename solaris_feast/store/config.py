@@ -4,24 +4,30 @@
 reads its connection from ``SOLARIS_REDIS_CONNECTION`` (Feast expands environment variables in
 the yaml), which :func:`export_redis_connection` derives from ``REDIS_URL``, so a password never
 sits in a file. Tests and benchmarks build the same configuration in code with
-:func:`build_repo_config`.
+:func:`build_repo_config`. :func:`open_repo_store` derives the connection for the yaml without
+setting the variable (only :func:`export_redis_connection`, called on purpose, writes it).
+
+The online layout lives in :mod:`solaris_feast.store.layout` and the store access in
+:mod:`solaris_feast.store.backends`; their names are re-exported here for existing callers.
 """
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlparse
 
 from solaris_feast.errors import ConfigError
+from solaris_feast.store.backends import OnlineKind
 
 if TYPE_CHECKING:
     from feast import FeatureStore, RepoConfig
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_CONNECTION_ENV = "SOLARIS_REDIS_CONNECTION"
-OnlineKind = Literal["sqlite", "redis"]
 
 
 def redis_connection_string(redis_url: str) -> str:
@@ -47,7 +53,10 @@ def redis_connection_string(redis_url: str) -> str:
 
 
 def export_redis_connection(redis_url: str | None = None) -> str:
-    """Set ``SOLARIS_REDIS_CONNECTION`` from ``REDIS_URL`` for ``feature_store.redis.yaml``."""
+    """Set ``SOLARIS_REDIS_CONNECTION`` from ``REDIS_URL`` for ``feature_store.redis.yaml``.
+
+    This writes ``os.environ`` (process-wide), on purpose: for a shell or a ``feast`` CLI run in
+    the same process. Opening a store needs none of it (:func:`open_repo_store` derives it)."""
     connection = redis_connection_string(
         redis_url or os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
     )
@@ -115,221 +124,66 @@ def open_store(
     )
 
 
-# --- How Feast lays values out in the online store -------------------------------------------
-# The retriever and the writer talk to the online store directly (one round trip for all tiers,
-# newest-wins writes), so they must produce and read exactly the bytes Feast does. Everything
-# below is derived from Feast's own functions and checked against them when built.
+# Where the layout and the backends live now; these names stay importable from here.
+from solaris_feast.store.backends import online_kind  # noqa: E402
+from solaris_feast.store.backends.redis import packed_round_trip, redis_client  # noqa: E402
+from solaris_feast.store.backends.sqlite import sqlite_path  # noqa: E402
+from solaris_feast.store.layout import (  # noqa: E402
+    EntityKeyLayout,
+    FloatListCodec,
+    online_field,
+    sqlite_table,
+    timestamp_field,
+)
 
-
-class EntityKeyLayout:
-    """Feast's serialized entity key for int64 join keys, built without a proto per row.
-
-    ``feast.infra.key_encoding_utils.serialize_entity_key`` builds an ``EntityKeyProto`` per row,
-    which costs more than the network read for 100 candidates. For int64 keys its output is a
-    fixed prefix (sorted join key names) followed by one fixed-size block per value, so the bytes
-    are assembled with ``struct``; the constructor checks the result against Feast's function.
-    """
-
-    def __init__(self, join_keys: list[str], serialization_version: int) -> None:
-        import struct
-
-        from feast.infra.key_encoding_utils import serialize_entity_key_prefix
-        from feast.protos.feast.types.Value_pb2 import ValueType
-
-        if serialization_version < 3:
-            raise ConfigError(
-                f"entity_key_serialization_version {serialization_version} is not supported; "
-                "set entity_key_serialization_version: 3 in feature_store.yaml"
-            )
-        self.join_keys = list(join_keys)
-        self.serialization_version = serialization_version
-        self._sorted = sorted(self.join_keys)
-        # Position of each sorted key in the caller's order.
-        self._order = [self.join_keys.index(k) for k in self._sorted]
-        self._prefix = serialize_entity_key_prefix(self._sorted, serialization_version)
-        self._value_header = struct.pack("<II", ValueType.INT64, 8)
-        self._pack = struct.Struct("<q").pack
-        for sample in (
-            [0] * len(join_keys),
-            list(range(7, 7 + len(join_keys))),
-            [2**40] * len(join_keys),
-        ):
-            if self.key(*sample) != self._feast_key(sample):
-                raise ConfigError(
-                    "Feast's entity key serialization changed; the fast key layout no longer "
-                    f"matches it for join keys {join_keys}"
-                )
-
-    def _feast_key(self, values: list[int]) -> bytes:
-        from feast.infra.key_encoding_utils import serialize_entity_key
-        from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
-        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-
-        proto = EntityKeyProto(
-            join_keys=self.join_keys, entity_values=[ValueProto(int64_val=v) for v in values]
-        )
-        return serialize_entity_key(
-            proto, entity_key_serialization_version=self.serialization_version
-        )
-
-    def key(self, *values: int) -> bytes:
-        """Serialized key for join key values given in ``join_keys`` order."""
-        parts = [self._prefix]
-        for position in self._order:
-            parts.append(self._value_header)
-            parts.append(self._pack(values[position]))
-        return b"".join(parts)
-
-
-class FloatListCodec:
-    """Feast's ``ValueProto(float_list_val=...)`` bytes for vectors of one length ``D``.
-
-    A packed repeated float has a fixed header for a given ``D``, so encoding is header + the
-    little-endian float32 bytes and decoding a ``np.frombuffer``. Values of any other shape (an
-    older writer, another ``D``) fall back to parsing with ``ValueProto``.
-    """
-
-    def __init__(self, dim: int) -> None:
-        from feast.protos.feast.types.Value_pb2 import FloatList
-        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-
-        self.dim = dim
-        probe = ValueProto(float_list_val=FloatList(val=[0.0] * dim)).SerializeToString()
-        self.header = probe[: len(probe) - 4 * dim]
-        self.size = len(probe)
-        check = ValueProto(float_list_val=FloatList(val=[1.5] * dim)).SerializeToString()
-        import numpy as np
-
-        if self.encode(np.full(dim, 1.5, dtype=np.float32)) != check:
-            raise ConfigError("Feast's float list encoding changed; FloatListCodec is stale")
-
-    def encode(self, vector: Any) -> bytes:
-        """``vector``: ``(D,)`` float32 (little-endian on every platform Feast supports)."""
-        import numpy as np
-
-        return self.header + np.ascontiguousarray(vector, dtype="<f4").tobytes()
-
-    def encode_rows(self, matrix: Any) -> list[bytes]:
-        """``matrix``: ``(N, D)`` float32 -> N encoded values."""
-        import numpy as np
-
-        raw = np.ascontiguousarray(matrix, dtype="<f4").tobytes()
-        step = 4 * self.dim
-        header = self.header
-        return [header + raw[i : i + step] for i in range(0, len(raw), step)]
-
-    def decode(self, value: bytes) -> Any:
-        """``(D,)`` float32, or None when the value is empty, null or of another length."""
-        import numpy as np
-
-        if len(value) == self.size and value.startswith(self.header):
-            return np.frombuffer(value, dtype="<f4", offset=len(self.header))
-        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-
-        proto = ValueProto()
-        proto.ParseFromString(value)
-        if proto.WhichOneof("val") != "float_list_val" or len(proto.float_list_val.val) != self.dim:
-            return None
-        return np.asarray(proto.float_list_val.val, dtype=np.float32)
-
-
-def online_field(view_name: str, feature_name: str) -> bytes:
-    """The Redis hash field Feast uses for one feature of one view."""
-    from feast.infra.online_stores.helpers import _mmh3
-
-    return bytes(_mmh3(f"{view_name}:{feature_name}"))
-
-
-def timestamp_field(view_name: str) -> bytes:
-    """The Redis hash field holding a view's event timestamp (a protobuf ``Timestamp``)."""
-    return f"_ts:{view_name}".encode()
-
-
-def sqlite_table(project: str, view_name: str) -> str:
-    """Feast's SQLite online table of one view (online feature view versioning off)."""
-    return f"{project}_{view_name}"
-
-
-def online_kind(store: FeatureStore) -> OnlineKind:
-    """``"redis"`` or ``"sqlite"``; any other online store is refused with a clear error."""
-    kind = str(getattr(store.config.online_store, "type", ""))
-    if kind == "redis" or kind.endswith("RedisOnlineStore"):
-        return "redis"
-    if kind == "sqlite" or kind.endswith("SqliteOnlineStore"):
-        return "sqlite"
-    raise ConfigError(f"online store {kind!r} is not supported; use 'redis' or 'sqlite'")
-
-
-def sqlite_path(store: FeatureStore) -> str:
-    cfg = store.config
-    path = Path(cfg.online_store.path)
-    if not path.is_absolute() and cfg.repo_path is not None:
-        path = Path(cfg.repo_path) / path
-    return str(path)
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "REDIS_CONNECTION_ENV",
+    "EntityKeyLayout",
+    "FloatListCodec",
+    "OnlineKind",
+    "build_repo_config",
+    "export_redis_connection",
+    "is_redis_cluster",
+    "online_field",
+    "online_kind",
+    "open_repo_store",
+    "open_store",
+    "packed_round_trip",
+    "redis_client",
+    "redis_connection_string",
+    "sqlite_path",
+    "sqlite_table",
+    "timestamp_field",
+]
 
 
 def is_redis_cluster(store: FeatureStore) -> bool:
     """True when the online store is configured with ``redis_type: redis_cluster``."""
-    return str(getattr(store.config.online_store, "redis_type", "redis")).endswith("cluster")
+    from solaris_feast.store.backends import backend_kind
+
+    return backend_kind(store) == "redis_cluster"
 
 
-def packed_round_trip(client: Any, payload: bytes, replies: int) -> list[Any]:
-    """Send hand-packed RESP commands on one of ``client``'s pooled connections and read
-    ``replies`` answers (an error reply raises, as redis-py's ``read_response`` does; errors
-    nested in an answer, such as EXEC's, are returned as exception objects)."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command([payload])
-        return [conn.read_response() for _ in range(replies)]
-    except BaseException:
-        # Unread replies would be handed to the next caller: drop the connection.
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
+_ENV_REFERENCE = re.compile(r"\$(\w+|\{[^}]*\})")
 
 
-def redis_client(store: FeatureStore, timeout_seconds: float | None = None) -> Any:
-    """A redis-py client on the store's Redis (a ``RedisCluster`` for ``redis_cluster``), with no
-    retries (fallback code retries itself)."""
-    import redis
-    from feast.infra.online_stores.redis import RedisOnlineStore
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
+def expand_config_text(text: str, environment: Mapping[str, str]) -> str:
+    """``os.path.expandvars`` over a mapping instead of the process environment: ``$NAME`` and
+    ``${NAME}`` are replaced when ``environment`` has them, and left as they are otherwise."""
 
-    cfg = store.config.online_store
-    nodes, params = RedisOnlineStore._parse_connection_string(cfg.connection_string)
-    kwargs: dict[str, Any] = {
-        k: v
-        for k, v in params.items()
-        if k in {"db", "password", "username", "ssl", "socket_keepalive"}
-    }
-    if is_redis_cluster(store):
-        from redis.cluster import ClusterNode, RedisCluster
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1).strip("{}")
+        return environment.get(name, match.group(0))
 
-        kwargs.pop("db", None)  # a cluster has database 0 only
-        return RedisCluster(
-            startup_nodes=[ClusterNode(n["host"], int(n["port"])) for n in nodes],
-            socket_timeout=timeout_seconds,
-            socket_connect_timeout=timeout_seconds,
-            retry=Retry(NoBackoff(), 0),
-            **kwargs,
-        )
-    return redis.Redis(
-        host=nodes[0]["host"],
-        port=int(nodes[0]["port"]),
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        retry=Retry(NoBackoff(), 0),
-        **kwargs,
-    )
+    return _ENV_REFERENCE.sub(replace, text)
 
 
 def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
     """The Feast store of a repo folder, from ``feature_store.yaml`` or another config file
     (a relative ``config`` resolves against the repo); a Redis config's connection comes from
-    ``SOLARIS_REDIS_CONNECTION``, derived from ``REDIS_URL`` when unset."""
+    ``SOLARIS_REDIS_CONNECTION``, derived from ``REDIS_URL`` when unset. ``os.environ`` is read,
+    never written."""
     from feast import FeatureStore
 
     repo = Path(repo)
@@ -341,6 +195,24 @@ def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
             f"{repo} is not a Feast repo ({yaml_file} not found); pass --repo pointing at the "
             "folder you run `feast apply` in, or --config naming its yaml"
         )
-    if REDIS_CONNECTION_ENV not in os.environ:
-        export_redis_connection()  # a SQLite config ignores it
-    return FeatureStore(repo_path=str(repo), fs_yaml_file=yaml_file)
+    # Feast's load_repo_config expands the yaml with os.environ; here the same expansion runs
+    # over a copy of it, with SOLARIS_REDIS_CONNECTION derived from REDIS_URL when unset, so
+    # opening a store changes nothing process-wide (a SQLite config ignores the variable).
+    import yaml
+    from feast.repo_config import FeastConfigError, RepoConfig
+    from pydantic import ValidationError
+
+    environment = dict(os.environ)
+    if REDIS_CONNECTION_ENV not in environment:
+        environment[REDIS_CONNECTION_ENV] = redis_connection_string(
+            environment.get("REDIS_URL", DEFAULT_REDIS_URL)
+        )
+    raw = yaml.safe_load(expand_config_text(yaml_file.read_text(), environment))
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{yaml_file} is not a Feast config (expected a mapping at the top)")
+    try:
+        repo_config = RepoConfig(**raw)
+    except ValidationError as exc:
+        raise FeastConfigError(exc, str(yaml_file)) from exc
+    repo_config.repo_path = repo
+    return FeatureStore(repo_path=str(repo), config=repo_config)

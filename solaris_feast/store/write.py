@@ -17,14 +17,13 @@ finds its file and writes nothing.
 Online, newest wins: Feast's Redis writer reads the stored timestamps, then writes in a second
 pipeline and silently drops a row whose timestamp is not newer than the stored one. Two things go
 wrong with that: a recomputation with the same ``computed_at`` (a fixed model, a retried shard)
-is lost, and two writers can interleave between the read and the write. Here each chunk of rows
-is one Lua script: Redis runs it atomically, comparing the stored ``_ts:<view>`` with the new one
-and writing when the new one is not older (ties go to the later write). Up to ``atomic_rows``
-rows go in one MULTI/EXEC transaction, so a crash mid-batch stores all of it or none. On SQLite one
-``INSERT ... ON CONFLICT DO UPDATE ... WHERE excluded.event_ts >= event_ts`` does the same; Feast's
-own SQLite writer overwrites unconditionally, so an older late write would win there. The bytes
-written are Feast's own (same keys, fields and ``ValueProto`` encodings), so
-``get_online_features`` reads them and the retriever reads what Feast writes.
+is lost, and two writers can interleave between the read and the write. The backend
+(``store/backends/``) writes a row when its timestamp is not older than the stored one (ties go
+to the later write), atomically: on Redis a Lua script per chunk of rows and up to
+``atomic_rows`` rows per MULTI/EXEC transaction, so a crash mid-batch stores all of it or none;
+on SQLite one upsert transaction per batch; on a Redis Cluster atomic per row. The bytes written
+are Feast's own (same keys, fields and ``ValueProto`` encodings), so ``get_online_features``
+reads them and the retriever reads what Feast writes.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import sqlite3
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,20 +39,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from solaris_feast.errors import ConfigError, RetryableStoreError, WriteBatchError
-from solaris_feast.store.config import (
-    EntityKeyLayout,
-    FloatListCodec,
-    is_redis_cluster,
-    online_field,
-    online_kind,
-    packed_round_trip,
-    redis_client,
-    sqlite_path,
-    sqlite_table,
-    timestamp_field,
-)
+from solaris_feast.errors import ConfigError, WriteBatchError
+from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.definitions import CREATED_TIMESTAMP_COLUMN, EVENT_TIMESTAMP_COLUMN
+from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec
 
 if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
@@ -64,77 +52,9 @@ logger = logging.getLogger(__name__)
 DEFAULT_CHUNK_ROWS = 256
 DEFAULT_ATOMIC_ROWS = 1024
 """Rows per Redis transaction: a batch up to this size is all-or-nothing online."""
+WRITE_TIMEOUT_SECONDS = 30.0
 NANOS_PER_SECOND = 1_000_000_000
 NANOS_PER_DAY = 86_400 * NANOS_PER_SECOND
-
-# Newest-wins write of a chunk of rows. ARGV: ts field, number of features F, key TTL (0 = none),
-# the F field names, then per key: the Timestamp proto bytes and the F values. Timestamps are
-# compared as (seconds, nanos) parsed from the protobuf varints: Lua numbers are doubles, which
-# cannot hold nanoseconds since 1970 exactly.
-_WRITE_SCRIPT = """
-local function varint(s, pos)
-  local result, mult = 0, 1
-  while pos <= #s do
-    local b = string.byte(s, pos)
-    pos = pos + 1
-    result = result + (b % 128) * mult
-    if b < 128 then return result, pos end
-    mult = mult * 128
-  end
-  return result, pos
-end
-local function parse_ts(s)
-  local secs, nanos, pos = 0, 0, 1
-  while pos <= #s do
-    local tag = string.byte(s, pos)
-    local v
-    v, pos = varint(s, pos + 1)
-    if tag == 8 then secs = v elseif tag == 16 then nanos = v end
-  end
-  return secs, nanos
-end
-local ts_field = ARGV[1]
-local nf = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
-local base = 3 + nf
-local applied = 0
-for k = 1, #KEYS do
-  local off = base + (k - 1) * (nf + 1)
-  local new_ts = ARGV[off + 1]
-  local old_ts = redis.call('HGET', KEYS[k], ts_field)
-  local write = true
-  if old_ts then
-    local os, on = parse_ts(old_ts)
-    local ns, nn = parse_ts(new_ts)
-    if ns < os or (ns == os and nn < on) then write = false end
-  end
-  if write then
-    local args = {ts_field, new_ts}
-    for f = 1, nf do
-      args[#args + 1] = ARGV[3 + f]
-      args[#args + 1] = ARGV[off + 1 + f]
-    end
-    redis.call('HSET', KEYS[k], unpack(args))
-    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
-    applied = applied + 1
-  end
-end
-return applied
-"""
-
-
-def _bulk(value: bytes) -> bytes:
-    """One RESP bulk string."""
-    return b"$%d\r\n%s\r\n" % (len(value), value)
-
-
-def _as_bytes(values: list[Any]) -> list[bytes]:
-    return [v if isinstance(v, bytes) else str(v).encode() for v in values]
-
-
-_MULTI = b"*1\r\n$5\r\nMULTI\r\n"
-_EXEC = b"*1\r\n$4\r\nEXEC\r\n"
-_EVAL_SCRIPT = _bulk(b"EVAL") + _bulk(_WRITE_SCRIPT.encode())
 
 
 @dataclass(frozen=True)
@@ -236,15 +156,15 @@ class EmbeddingWriter:
         self.key_layout = EntityKeyLayout(
             self.join_keys, store.config.entity_key_serialization_version
         )
-        self.kind = online_kind(store)
+        self.kind = backend_kind(store)  # refuses unsupported stores before any write
         key_ttl = getattr(store.config.online_store, "key_ttl_seconds", None)
         if key_ttl is not None and key_ttl < 0:
             # Feast would pass it to EXPIRE, which deletes the key at once: refuse it instead.
             raise ConfigError(
                 f"online_store.key_ttl_seconds must be positive or unset, got {key_ttl}"
             )
-        self._redis: Any = None
-        self._sqlite: sqlite3.Connection | None = None
+        self.key_ttl_seconds = int(key_ttl or 0)
+        self._backend: OnlineBackend | None = None
 
     # -- public -------------------------------------------------------------------------------
 
@@ -359,11 +279,9 @@ class EmbeddingWriter:
         )
 
     def close(self) -> None:
-        if self._redis is not None:
-            self._redis.close()
-        if self._sqlite is not None:
-            self._sqlite.close()
-            self._sqlite = None
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
 
     # -- checks -------------------------------------------------------------------------------
 
@@ -496,165 +414,18 @@ class EmbeddingWriter:
 
     def _write_online(self, batch: _ValidBatch) -> int:
         names, rows = self._encoded_rows(batch)
-        keys = self._row_keys(batch)
-        if self.kind == "redis":
-            return self._write_redis(keys, names, rows, batch.computed_at_ns)
-        return self._write_sqlite(keys, names, rows, batch.computed_at_ns)
-
-    def _write_redis(
-        self, keys: list[bytes], names: list[str], rows: list[list[bytes]], ts_ns: np.ndarray
-    ) -> int:
-        import redis
-        from google.protobuf.timestamp_pb2 import Timestamp
-
-        if self._redis is None:
-            self._redis = redis_client(self.store, timeout_seconds=30.0)
-        project = self.project.encode()
-        fields = [online_field(self.view_name, name) for name in names]
-        key_ttl = int(getattr(self.store.config.online_store, "key_ttl_seconds", None) or 0)
-        head = [timestamp_field(self.view_name), len(fields), key_ttl, *fields]
-        ts_cache: dict[int, bytes] = {}
-        if is_redis_cluster(self.store):
-            return self._write_redis_cluster(keys, rows, ts_ns, head, ts_cache)
-        # MULTI/EXEC around up to atomic_rows rows of scripts: Redis queues them until EXEC, so
-        # a crash or a dropped connection mid-transaction leaves nothing of it, and no reader
-        # sees part of it. Redis serves nobody while an EXEC runs (about 3-10 us a row here),
-        # so a bigger batch goes in several transactions, each all-or-nothing. The commands are
-        # packed by hand (redis-py's generic packer was a third of the write time) and sent as
-        # EVAL with the script text: a Redis restarted between a SCRIPT LOAD and the EXEC cannot
-        # answer NOSCRIPT for some commands of a transaction and run the others.
-        head_resp = b"".join(_bulk(part) for part in _as_bytes(head))
-        applied = 0
-        for lo in range(0, len(keys), self.atomic_rows):
-            hi = min(lo + self.atomic_rows, len(keys))
-            commands = [_MULTI]
-            for start in range(lo, hi, self.chunk_rows):
-                stop = min(start + self.chunk_rows, hi)
-                parts = [
-                    b"*%d\r\n"
-                    % (3 + (stop - start) + len(head) + (stop - start) * (1 + len(names))),
-                    _EVAL_SCRIPT,
-                    _bulk(b"%d" % (stop - start)),
-                ]
-                parts.extend(_bulk(k + project) for k in keys[start:stop])
-                parts.append(head_resp)
-                for i in range(start, stop):
-                    nanos = int(ts_ns[i])
-                    if nanos not in ts_cache:
-                        ts_cache[nanos] = _bulk(
-                            Timestamp(
-                                seconds=nanos // NANOS_PER_SECOND, nanos=nanos % NANOS_PER_SECOND
-                            ).SerializeToString()
-                        )
-                    parts.append(ts_cache[nanos])
-                    parts.extend(_bulk(value) for value in rows[i])
-                commands.append(b"".join(parts))
-            commands.append(_EXEC)
-            try:
-                answers = self._transaction(b"".join(commands), len(commands))
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                raise RetryableStoreError(
-                    f"{self.view_name}: Redis failed while writing rows {lo}-{hi - 1} of "
-                    f"{len(keys)} ({exc!r}); rows before {lo} are stored, none of rows "
-                    f"{lo}-{hi - 1}; write the batch again (rewrites are idempotent)"
-                ) from exc
-            applied += sum(int(r) for r in answers)
-        return applied
-
-    def _transaction(self, payload: bytes, replies: int) -> list[Any]:
-        """Send MULTI, the commands and EXEC on one pooled connection; EXEC's answers."""
-        import redis
-
-        # +OK for MULTI, QUEUED per command (a refused command raises here, and Redis then
-        # aborts the EXEC), then EXEC's list of script results.
-        answers = packed_round_trip(self._redis, payload, replies)[-1]
-        if not isinstance(answers, list):
-            raise redis.ResponseError(
-                f"{self.view_name}: the transaction was not executed ({answers!r})"
-            )
-        for answer in answers:
-            if isinstance(answer, Exception):
-                # As redis-py's pipeline does: a script that fails at run time (out of memory,
-                # a key of another type) fails the write; Redis has run the others.
-                raise redis.ResponseError(f"{self.view_name}: a write script failed: {answer}")
-        return answers
-
-    def _write_redis_cluster(
-        self,
-        keys: list[bytes],
-        rows: list[list[bytes]],
-        ts_ns: np.ndarray,
-        head: list[Any],
-        ts_cache: dict[int, bytes],
-    ) -> int:
-        """One script call per key: a cluster runs a script on one slot, and keys spread over
-        all of them. Each row stays atomic (no torn row); a batch is not atomic on a cluster."""
-        from google.protobuf.timestamp_pb2 import Timestamp
-
-        sha = self._redis.script_load(_WRITE_SCRIPT)  # on every primary
-        project = self.project.encode()
-        pipe = self._redis.pipeline()
-        for i, key in enumerate(keys):
-            nanos = int(ts_ns[i])
-            if nanos not in ts_cache:
-                ts_cache[nanos] = Timestamp(
-                    seconds=nanos // NANOS_PER_SECOND, nanos=nanos % NANOS_PER_SECOND
-                ).SerializeToString()
-            # execute_command: redis-py blocks the evalsha method on cluster pipelines, not the
-            # command, which it routes by its one key.
-            pipe.execute_command("EVALSHA", sha, 1, key + project, *head, ts_cache[nanos], *rows[i])
-        return sum(int(r) for r in pipe.execute(raise_on_error=True))
-
-    def _write_sqlite(
-        self, keys: list[bytes], names: list[str], rows: list[list[bytes]], ts_ns: np.ndarray
-    ) -> int:
-        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-
-        if self._sqlite is None:
-            self._sqlite = sqlite3.connect(
-                sqlite_path(self.store), check_same_thread=False, timeout=30.0
-            )
-        conn = self._sqlite
-        table = sqlite_table(self.project, self.view_name).replace('"', '""')
-        # Feast stores event_ts as whole unix seconds (its registered datetime adapter).
-        sql = (
-            f'INSERT INTO "{table}" (entity_key, feature_name, value, value_text, event_ts, '
-            "created_ts) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(entity_key, feature_name) DO "
-            "UPDATE SET value = excluded.value, value_text = excluded.value_text, "
-            "event_ts = excluded.event_ts, created_ts = excluded.created_ts "
-            f'WHERE excluded.event_ts >= "{table}".event_ts'
+        if self._backend is None:
+            # Writes may wait for a busy store far longer than a serving read.
+            self._backend = backend_for(self.store, timeout_seconds=WRITE_TIMEOUT_SECONDS)
+        return self._backend.write_batch(
+            OnlineBatch(
+                view_name=self.view_name,
+                keys=self._row_keys(batch),
+                feature_names=names,
+                values=rows,
+                event_ts_ns=batch.computed_at_ns,
+                key_ttl_seconds=self.key_ttl_seconds,
+            ),
+            chunk_rows=self.chunk_rows,
+            atomic_rows=self.atomic_rows,
         )
-        now_seconds = int(pd.Timestamp.now(tz="UTC").timestamp())
-        text_cache: dict[bytes, str | None] = {}
-
-        def value_text(raw: bytes) -> str | None:
-            # Feast fills value_text for strings and numbers (helpers.extract_text_and_num).
-            if raw not in text_cache:
-                proto = ValueProto()
-                proto.ParseFromString(raw)
-                kind = proto.WhichOneof("val")
-                text_cache[raw] = (
-                    str(getattr(proto, kind))
-                    if kind in ("string_val", "int64_val", "int32_val", "double_val", "float_val")
-                    else None
-                )
-            return text_cache[raw]
-
-        params = []
-        for key, row, nanos in zip(keys, rows, ts_ns.tolist(), strict=True):
-            seconds = int(nanos) // NANOS_PER_SECOND
-            for name, raw in zip(names, row, strict=True):
-                text = None if name == "embedding" else value_text(raw)
-                params.append((key, name, raw, text, seconds, now_seconds))
-        try:
-            with conn:
-                before = conn.total_changes
-                conn.executemany(sql, params)
-                changed = conn.total_changes - before
-        except sqlite3.OperationalError as exc:
-            if "no such table" in str(exc):
-                raise ConfigError(
-                    f"online table {table} does not exist: run feast apply first"
-                ) from exc
-            raise
-        return changed // len(names)

@@ -1,0 +1,262 @@
+"""The online store behind one contract: read tiers, write a batch, queue misses, scan.
+
+Feast keeps one ``OnlineStore`` contract and one module per store (``feast/infra/online_stores/``);
+so does this package. Serving (``serving/retriever.py``), the writer (``store/write.py``), the miss
+queue (``serving/miss_queue.py``) and the status (``review/status.py``) hold no backend branches:
+they call an :class:`OnlineBackend` that :func:`backend_for` picks by the Feast online store
+config.
+
+- :mod:`.redis`: one Redis; every operation is one round trip (hand-packed where measured to pay).
+- :mod:`.redis_cluster`: the same layout through redis-py's cluster client (one round trip per
+  node; a batch is atomic per row only, since a cluster cannot run one transaction over slots).
+- :mod:`.sqlite`: Feast's SQLite tables, the embedded default.
+
+Errors: a backend raises what its client raises, or one of :mod:`solaris_feast.errors`; a read
+past its deadline raises :class:`~solaris_feast.errors.DeadlineExceededError`.
+:func:`~solaris_feast.errors.is_retryable` tells which a retry may fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import numpy as np
+
+from solaris_feast.errors import ConfigError
+from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+OnlineKind = Literal["sqlite", "redis"]
+BackendKind = Literal["sqlite", "redis", "redis_cluster"]
+READ_FEATURES = ("embedding", "model_version", "computed_at")
+"""Features of each tier that a serving read fetches, in this order."""
+SEARCH_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
+SCAN_FEATURES = ("model_version", "computed_at")
+
+
+@dataclass(frozen=True)
+class TierRead:
+    """Raw stored values of one tier for N items, as Feast serialized them (None = absent)."""
+
+    embedding: Sequence[bytes | None]
+    model_version: Sequence[bytes | None]
+    computed_at: Sequence[bytes | None]
+
+
+@dataclass(frozen=True)
+class TierReads:
+    """One serving read: the raw values per tier and, where the backend reads it in the same
+    round trip, the miss queue's round counter (None when absent or not read)."""
+
+    tiers: dict[Tier, TierRead]
+    miss_round: bytes | None = None
+
+
+@dataclass(frozen=True)
+class OnlineBatch:
+    """Rows of one view, encoded as Feast stores them, ready for :meth:`OnlineBackend.write_batch`.
+
+    Attributes:
+        view_name: the feature view.
+        keys: ``N`` serialized entity keys (without the project suffix).
+        feature_names: the ``F`` features written per row.
+        values: ``N`` rows of ``F`` ``ValueProto`` bytes, in ``feature_names`` order.
+        event_ts_ns: ``(N,)`` int64 event timestamps in ns since 1970 (newest wins).
+        key_ttl_seconds: Redis only, expire each written hash after this many seconds (0: never).
+    """
+
+    view_name: str
+    keys: list[bytes]
+    feature_names: list[str]
+    values: list[list[bytes]]
+    event_ts_ns: np.ndarray
+    key_ttl_seconds: int = 0
+
+
+@dataclass(frozen=True)
+class StoredValues:
+    """One stored row of one view as the status needs it (raw bytes, None = absent)."""
+
+    tier: Tier
+    keys: dict[str, int]
+    model_version: bytes | None
+    computed_at: bytes | None
+
+
+@dataclass(frozen=True)
+class StoredScan:
+    """What a bounded scan of the online store found."""
+
+    rows: list[StoredValues]
+    keys_read: int
+    truncated: bool
+
+
+@dataclass(frozen=True)
+class QueuedMiss:
+    """One queued (user, item) miss; ``entry_id`` is set by consumer-group reads only."""
+
+    user_id: int
+    item_id: int
+    model_version: str
+    missed_at: int
+    entry_id: str | None = None
+
+
+class OnlineBackend(Protocol):
+    """What serving, writing, the miss queue and the status need from an online store.
+
+    Attributes:
+        kind: ``"redis"``, ``"redis_cluster"`` or ``"sqlite"``.
+        project: the Feast project; it namespaces every key and table.
+        reads_miss_round: True when :meth:`read_tiers` returns the miss queue's round counter,
+            so a reader can skip re-queuing pairs it queued this round.
+        consumer_groups: True when the miss queue supports at-least-once consumer groups.
+    """
+
+    kind: BackendKind
+    project: str
+    reads_miss_round: bool
+    consumer_groups: bool
+
+    def read_tiers(
+        self, user: int, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
+    ) -> TierReads:
+        """Stored values of every tier for ``user`` and ``(N,)`` int64 ``items``, in one round
+        trip; aborted with :class:`~solaris_feast.errors.DeadlineExceededError` when it cannot
+        finish within ``deadline_s`` seconds (a ``time.perf_counter()`` instant)."""
+        ...
+
+    def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
+        """Write newest-wins (a row not older than the stored one replaces it); up to
+        ``atomic_rows`` rows all-or-nothing where the store allows it. Return rows applied."""
+        ...
+
+    def record_misses(
+        self,
+        user: int,
+        items: Sequence[int],
+        model_version: str,
+        *,
+        now: int,
+        round_ttl_seconds: int,
+        max_stream_length: int,
+    ) -> int:
+        """Queue the pairs not already queued this round; return how many were queued."""
+        ...
+
+    def drain_misses(self, max_pairs: int) -> list[QueuedMiss]:
+        """Take up to ``max_pairs`` queued pairs off the queue, oldest first (a new round)."""
+        ...
+
+    def pending_misses(self) -> int:
+        """How many pairs wait in the queue."""
+        ...
+
+    def read_miss_group(
+        self, group: str, consumer: str, max_pairs: int, min_idle_ms: int
+    ) -> list[QueuedMiss]:
+        """Consumer-group read (at-least-once); see ``MissQueue.read_group``."""
+        ...
+
+    def ack_misses(self, group: str, taken: Sequence[QueuedMiss]) -> int:
+        """Acknowledge consumer-group entries; they leave the queue. Return how many."""
+        ...
+
+    def scan(self, views: Mapping[Tier, str], max_keys: int, scan_count: int) -> StoredScan:
+        """Up to ``max_keys`` stored keys of the views, with their version and timestamp."""
+        ...
+
+    def close(self) -> None:
+        """Release connections; the backend may not be used afterwards."""
+        ...
+
+
+def _online_type(store: FeatureStore) -> str:
+    return str(getattr(store.config.online_store, "type", ""))
+
+
+def redis_type(store: FeatureStore) -> str:
+    """``redis`` or ``redis_cluster``; ``redis_sentinel`` is refused with what to do instead.
+
+    Feast's own reader asks the sentinel for the master; the direct reads and writes here would
+    talk to the sentinel itself as if it were the master, so a sentinel config is an error, not
+    a silent misroute.
+    """
+    value = getattr(store.config.online_store, "redis_type", "redis")
+    name = str(getattr(value, "value", value))
+    if name.endswith("sentinel"):
+        raise ConfigError(
+            "online_store.redis_type: redis_sentinel is not supported by solaris-feast's reads "
+            "and writes (they would connect to the sentinel as if it were the master); point "
+            "connection_string at the current master with redis_type: redis, or use a Redis "
+            "Cluster (redis_type: redis_cluster)"
+        )
+    if name.endswith("cluster"):
+        return "redis_cluster"
+    if name.endswith("redis"):
+        return "redis"
+    raise ConfigError(f"online_store.redis_type {name!r} is not supported")
+
+
+def online_kind(store: FeatureStore) -> OnlineKind:
+    """``"redis"`` (one Redis or a cluster) or ``"sqlite"``; any other store is refused."""
+    kind = _online_type(store)
+    if kind == "redis" or kind.endswith("RedisOnlineStore"):
+        redis_type(store)  # refuses a sentinel config here already
+        return "redis"
+    if kind == "sqlite" or kind.endswith("SqliteOnlineStore"):
+        return "sqlite"
+    raise ConfigError(f"online store {kind!r} is not supported; use 'redis' or 'sqlite'")
+
+
+def backend_kind(store: FeatureStore) -> BackendKind:
+    """Which backend module serves this store."""
+    if online_kind(store) == "sqlite":
+        return "sqlite"
+    return "redis_cluster" if redis_type(store) == "redis_cluster" else "redis"
+
+
+def backend_for(store: FeatureStore, timeout_seconds: float | None) -> OnlineBackend:
+    """The backend for a Feast store's online store.
+
+    Args:
+        store: a Feast store with a Redis (``redis`` or ``redis_cluster``) or SQLite online store.
+        timeout_seconds: the longest a single network or lock wait may take (connect, send,
+            receive, SQLite busy wait); reads are bounded tighter by their own deadline.
+
+    Raises:
+        ConfigError: another online store, or ``redis_type: redis_sentinel``.
+    """
+    kind = backend_kind(store)
+    if kind == "sqlite":
+        from solaris_feast.store.backends.sqlite import SqliteBackend
+
+        return SqliteBackend.for_store(store, timeout_seconds)
+    if kind == "redis_cluster":
+        from solaris_feast.store.backends.redis_cluster import RedisClusterBackend
+
+        return RedisClusterBackend.for_store(store, timeout_seconds)
+    from solaris_feast.store.backends.redis import RedisBackend
+
+    return RedisBackend.for_store(store, timeout_seconds)
+
+
+def split_tiers(
+    pair_rows: Sequence[Sequence[Any]], user_row: Sequence[Any], n: int
+) -> dict[Tier, TierRead]:
+    """Tier reads from Redis-shaped replies: per pair ``[pair 3 fields, similar 3 fields]`` and
+    one user row of 3 fields shared by all N items (shared by both Redis backends)."""
+    return {
+        Tier.EXACT: TierRead(
+            [r[0] for r in pair_rows], [r[1] for r in pair_rows], [r[2] for r in pair_rows]
+        ),
+        Tier.SIMILAR: TierRead(
+            [r[3] for r in pair_rows], [r[4] for r in pair_rows], [r[5] for r in pair_rows]
+        ),
+        Tier.USER_AGG: TierRead([user_row[0]] * n, [user_row[1]] * n, [user_row[2]] * n),
+    }

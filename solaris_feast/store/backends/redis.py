@@ -1,0 +1,719 @@
+"""One Redis: Feast's layout (one hash per entity key holding every view of that key), read and
+written in one round trip per call.
+
+Reads: N ``HMGET`` on the (user, item) hashes (pair and similar fields together), one on the user
+hash and a ``GET`` of the miss queue's round counter, in one pipeline. The deadline bounds the
+read itself: the connect, the send and every receive wait at most what is left of it, and a read
+that cannot finish in time is aborted (its connection dropped, since unread replies would be
+handed to the next caller).
+
+Writes: newest wins, atomically. Each chunk of rows is one Lua script (compare the stored
+``_ts:<view>`` with the new one, write when the new one is not older, ties to the later write);
+up to ``atomic_rows`` rows go in one ``MULTI``/``EXEC``, so a crash mid-batch stores all of it or
+none and no reader sees part of it.
+
+The commands of the read and the write are packed by hand (``packed=True``): their shape never
+changes, and redis-py's generic packer and pipeline cost as much as the network round trip at
+N = 100 (``solaris bench serve`` and ``bench write`` measure both side by side). ``packed=False``
+sends the same commands through a redis-py pipeline: the reference the fast path is checked
+against, and the contender in the benchmarks.
+
+Miss queue: a stream ``solaris:{project}:misses``, per-pair markers with a TTL, a round counter
+(see :mod:`solaris_feast.serving.miss_queue`); each operation is one Lua script.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from solaris_feast.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    RetryableStoreError,
+    is_retryable,
+)
+from solaris_feast.store.backends import (
+    READ_FEATURES,
+    SEARCH_ORDER,
+    BackendKind,
+    OnlineBatch,
+    QueuedMiss,
+    StoredScan,
+    StoredValues,
+    TierReads,
+    split_tiers,
+)
+from solaris_feast.store.layout import (
+    EntityKeyLayout,
+    miss_marker_prefix,
+    miss_round_key,
+    miss_stream_key,
+    online_field,
+    timestamp_field,
+)
+from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+NANOS_PER_SECOND = 1_000_000_000
+SCAN_READ_BATCH = 500
+"""Keys per HMGET pipeline of a status scan."""
+
+# Newest-wins write of a chunk of rows. ARGV: ts field, number of features F, key TTL (0 = none),
+# the F field names, then per key: the Timestamp proto bytes and the F values. Timestamps are
+# compared as (seconds, nanos) parsed from the protobuf varints: Lua numbers are doubles, which
+# cannot hold nanoseconds since 1970 exactly.
+WRITE_SCRIPT = """
+local function varint(s, pos)
+  local result, mult = 0, 1
+  while pos <= #s do
+    local b = string.byte(s, pos)
+    pos = pos + 1
+    result = result + (b % 128) * mult
+    if b < 128 then return result, pos end
+    mult = mult * 128
+  end
+  return result, pos
+end
+local function parse_ts(s)
+  local secs, nanos, pos = 0, 0, 1
+  while pos <= #s do
+    local tag = string.byte(s, pos)
+    local v
+    v, pos = varint(s, pos + 1)
+    if tag == 8 then secs = v elseif tag == 16 then nanos = v end
+  end
+  return secs, nanos
+end
+local ts_field = ARGV[1]
+local nf = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local base = 3 + nf
+local applied = 0
+for k = 1, #KEYS do
+  local off = base + (k - 1) * (nf + 1)
+  local new_ts = ARGV[off + 1]
+  local old_ts = redis.call('HGET', KEYS[k], ts_field)
+  local write = true
+  if old_ts then
+    local os, on = parse_ts(old_ts)
+    local ns, nn = parse_ts(new_ts)
+    if ns < os or (ns == os and nn < on) then write = false end
+  end
+  if write then
+    local args = {ts_field, new_ts}
+    for f = 1, nf do
+      args[#args + 1] = ARGV[3 + f]
+      args[#args + 1] = ARGV[off + 1 + f]
+    end
+    redis.call('HSET', KEYS[k], unpack(args))
+    if ttl > 0 then redis.call('EXPIRE', KEYS[k], ttl) end
+    applied = applied + 1
+  end
+end
+return applied
+"""
+
+# One round trip for a whole fetch's misses; SET NX is the dedupe, so two servers missing the
+# same pair at the same moment still queue it once.
+RECORD_SCRIPT = """
+local stream = KEYS[1]
+local marker_prefix = ARGV[1]
+local ttl = tonumber(ARGV[2])
+local maxlen = ARGV[3]
+local user = ARGV[4]
+local version = ARGV[5]
+local now = ARGV[6]
+local queued = 0
+for i = 7, #ARGV do
+  local item = ARGV[i]
+  if redis.call('SET', marker_prefix .. user .. ':' .. item, '1', 'NX', 'EX', ttl) then
+    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+      'user_id', user, 'item_id', item, 'model_version', version, 'missed_at', now)
+    queued = queued + 1
+  end
+end
+return queued
+"""
+
+DRAIN_SCRIPT = """
+local stream = KEYS[1]
+local marker_prefix = ARGV[1]
+local count = tonumber(ARGV[2])
+local entries = redis.call('XRANGE', stream, '-', '+', 'COUNT', count)
+for _, entry in ipairs(entries) do
+  local f = entry[2]
+  local user, item
+  for j = 1, #f, 2 do
+    if f[j] == 'user_id' then user = f[j + 1] elseif f[j] == 'item_id' then item = f[j + 1] end
+  end
+  redis.call('XDEL', stream, entry[1])
+  redis.call('DEL', marker_prefix .. user .. ':' .. item)
+end
+if #entries > 0 then redis.call('INCR', KEYS[2]) end
+return entries
+"""
+
+# Acknowledge entries a consumer group has finished: XACK, drop them from the stream and their
+# markers (so the pair can be queued again next round), bump the round. One script, so a crash
+# cannot acknowledge an entry and leave its marker blocking the pair until the marker expires.
+ACK_SCRIPT = """
+local stream = KEYS[1]
+local group = ARGV[1]
+local marker_prefix = ARGV[2]
+local acked = 0
+for i = 3, #ARGV, 2 do
+  local n = redis.call('XACK', stream, group, ARGV[i])
+  if n > 0 then
+    redis.call('XDEL', stream, ARGV[i])
+    redis.call('DEL', marker_prefix .. ARGV[i + 1])
+    acked = acked + n
+  end
+end
+if acked > 0 then redis.call('INCR', KEYS[2]) end
+return acked
+"""
+
+
+def bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def _as_bytes(values: Sequence[Any]) -> list[bytes]:
+    return [v if isinstance(v, bytes) else str(v).encode() for v in values]
+
+
+_MULTI = b"*1\r\n$5\r\nMULTI\r\n"
+_EXEC = b"*1\r\n$4\r\nEXEC\r\n"
+_EVAL_SCRIPT = bulk(b"EVAL") + bulk(WRITE_SCRIPT.encode())
+
+
+def _hmget_template(fields: list[bytes]) -> tuple[bytes, bytes]:
+    """RESP bytes of ``HMGET <key> <fields...>`` before and after the key."""
+    head = b"*%d\r\n$5\r\nHMGET\r\n" % (len(fields) + 2)
+    tail = b"".join(bulk(f) for f in fields)
+    return head, tail
+
+
+def connection_kwargs(store: FeatureStore) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Nodes and client options from the store's ``connection_string`` (Feast's own parser)."""
+    from feast.infra.online_stores.redis import RedisOnlineStore
+
+    cfg = store.config.online_store
+    nodes, params = RedisOnlineStore._parse_connection_string(cfg.connection_string)
+    kwargs = {
+        k: v
+        for k, v in params.items()
+        if k in {"db", "password", "username", "ssl", "socket_keepalive"}
+    }
+    return nodes, kwargs
+
+
+def redis_client(store: FeatureStore, timeout_seconds: float | None = None) -> Any:
+    """A redis-py client on the store's Redis (a ``RedisCluster`` for ``redis_cluster``), with no
+    retries (fallback code retries itself); ``redis_sentinel`` is refused."""
+    from solaris_feast.store.backends import redis_type
+
+    if redis_type(store) == "redis_cluster":
+        from solaris_feast.store.backends.redis_cluster import cluster_client
+
+        return cluster_client(store, timeout_seconds)
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    nodes, kwargs = connection_kwargs(store)
+    return redis.Redis(
+        host=nodes[0]["host"],
+        port=int(nodes[0]["port"]),
+        socket_timeout=timeout_seconds,
+        socket_connect_timeout=timeout_seconds,
+        retry=Retry(NoBackoff(), 0),
+        **kwargs,
+    )
+
+
+def _remaining(deadline_s: float, deadline_ms: float, what: str) -> float:
+    left = deadline_s - time.perf_counter()
+    if left <= 0:
+        raise DeadlineExceededError(what, deadline_ms)
+    return left
+
+
+def packed_round_trip(
+    client: Any,
+    payload: bytes,
+    replies: int,
+    deadline_s: float | None = None,
+    deadline_ms: float = math.nan,
+) -> list[Any]:
+    """Send hand-packed RESP commands on one of ``client``'s pooled connections and read
+    ``replies`` answers (an error reply raises, as redis-py's ``read_response`` does; errors
+    nested in an answer, such as EXEC's, are returned as exception objects).
+
+    With ``deadline_s`` (a ``time.perf_counter()`` instant) the connect, the send and each
+    receive wait at most what is left, and :class:`DeadlineExceededError` aborts a round trip
+    that cannot finish in time. Uses redis-py 8's connection API (``get_connection()`` without a
+    command name, ``read_response(timeout=...)``); ``pyproject.toml`` pins it.
+    """
+    import redis
+
+    what = "Redis read"
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        if deadline_s is None:
+            conn.send_packed_command([payload])
+            return [conn.read_response() for _ in range(replies)]
+        # The pool connected with the client's timeout; a fresh connect gets what is left.
+        if conn._sock is None:
+            saved = conn.socket_connect_timeout
+            conn.socket_connect_timeout = _remaining(deadline_s, deadline_ms, what)
+            try:
+                conn.connect()
+            finally:
+                conn.socket_connect_timeout = saved
+        # sendall's timeout bounds the whole send (Python >= 3.5), not each chunk.
+        conn._sock.settimeout(_remaining(deadline_s, deadline_ms, what))
+        conn.send_packed_command([payload], check_health=False)
+        answers = []
+        try:
+            for _ in range(replies):
+                left = _remaining(deadline_s, deadline_ms, what)
+                answers.append(conn.read_response(timeout=left))
+        except redis.TimeoutError as exc:
+            if time.perf_counter() >= deadline_s:
+                raise DeadlineExceededError(what, deadline_ms) from exc
+            raise
+        if conn._sock is not None:
+            conn._sock.settimeout(conn.socket_timeout)
+        return answers
+    except BaseException:
+        # Unread replies would be handed to the next caller: drop the connection.
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+class RedisBackend:
+    """One Redis server (see the module docstring for layout, atomicity and cost).
+
+    Args:
+        client: a redis-py ``Redis`` (its pool is shared safely between threads).
+        project: the Feast project.
+        serialization_version: Feast's ``entity_key_serialization_version``.
+        packed: hand-packed RESP for reads and batch writes (True) or a redis-py pipeline.
+    """
+
+    kind: BackendKind = "redis"
+    reads_miss_round = True
+    consumer_groups = True
+
+    def __init__(
+        self, client: Any, project: str, serialization_version: int = 3, *, packed: bool = True
+    ) -> None:
+        self.client = client
+        self.project = project
+        self.packed = packed
+        self._project_bytes = project.encode()
+        self.pair_key = EntityKeyLayout(["user_id", "item_id"], serialization_version)
+        self.user_key = EntityKeyLayout(["user_id"], serialization_version)
+        self._stream_key = miss_stream_key(project)
+        self._round_key = miss_round_key(project)
+        self._marker_prefix = miss_marker_prefix(project)
+        round_key = self._round_key.encode()
+        self._round_command = b"*2\r\n$3\r\nGET\r\n%s" % bulk(round_key)
+        self._read_fields: dict[tuple[str, ...], tuple[list[bytes], list[bytes]]] = {}
+        self._scripts: dict[str, Any] = {}
+
+    @classmethod
+    def for_store(cls, store: FeatureStore, timeout_seconds: float | None) -> RedisBackend:
+        return cls(
+            redis_client(store, timeout_seconds),
+            store.config.project,
+            store.config.entity_key_serialization_version,
+        )
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read_fields(self, views: Mapping[Tier, str]) -> tuple[list[bytes], list[bytes]]:
+        """Hash fields of a serving read: pair then similar on the pair hash, and the user's."""
+        cache_key = tuple(views[t] for t in SEARCH_ORDER)
+        if cache_key not in self._read_fields:
+            pair, similar, user = cache_key
+            pair_fields = [online_field(pair, f) for f in READ_FEATURES] + [
+                online_field(similar, f) for f in READ_FEATURES
+            ]
+            user_fields = [online_field(user, f) for f in READ_FEATURES]
+            self._read_fields[cache_key] = (pair_fields, user_fields)
+        return self._read_fields[cache_key]
+
+    def read_tiers(
+        self, user: int, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
+    ) -> TierReads:
+        deadline_ms = self._deadline_ms(deadline_s)
+        pair_fields, user_fields = self.read_fields(views)
+        project = self._project_bytes
+        pair_key = self.pair_key.key
+        keys = [pair_key(user, item) + project for item in items.tolist()]
+        user_key = self.user_key.key(user) + project
+        if self.packed:
+            head, tail = _hmget_template(pair_fields)
+            parts = [b"%s%s%s" % (head, bulk(key), tail) for key in keys]
+            head, tail = _hmget_template(user_fields)
+            parts.append(b"%s%s%s" % (head, bulk(user_key), tail))
+            parts.append(self._round_command)
+            # Packing 10k commands takes milliseconds: what is left after it bounds the wait.
+            _remaining(deadline_s, deadline_ms, "Redis read")
+            replies = packed_round_trip(
+                self.client, b"".join(parts), len(parts), deadline_s, deadline_ms
+            )
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
+        else:
+            replies = self._pipeline_read(keys, user_key, pair_fields, user_fields, deadline_s)
+        return TierReads(split_tiers(replies[:-2], replies[-2], len(keys)), replies[-1])
+
+    def _pipeline_read(
+        self,
+        keys: list[bytes],
+        user_key: bytes,
+        pair_fields: list[bytes],
+        user_fields: list[bytes],
+        deadline_s: float,
+    ) -> list[Any]:
+        """The same read through redis-py's pipeline: the reference and the bench contender.
+        Bounded by the client's socket timeout per receive, and checked after."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
+            pipe.execute_command("HMGET", key, *pair_fields)
+        pipe.execute_command("HMGET", user_key, *user_fields)
+        pipe.execute_command("GET", self._round_key)
+        replies = list(pipe.execute(raise_on_error=True))
+        _remaining(deadline_s, self._deadline_ms(deadline_s), "Redis read")
+        return replies
+
+    @staticmethod
+    def _deadline_ms(deadline_s: float) -> float:
+        return max(deadline_s - time.perf_counter(), 0.0) * 1000.0
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _write_head(self, batch: OnlineBatch) -> list[Any]:
+        fields = [online_field(batch.view_name, name) for name in batch.feature_names]
+        return [timestamp_field(batch.view_name), len(fields), batch.key_ttl_seconds, *fields]
+
+    @staticmethod
+    def _timestamps(ts_ns: np.ndarray) -> list[bytes]:
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        cache: dict[int, bytes] = {}
+        out = []
+        for nanos in ts_ns.tolist():
+            if nanos not in cache:
+                cache[nanos] = Timestamp(
+                    seconds=nanos // NANOS_PER_SECOND, nanos=nanos % NANOS_PER_SECOND
+                ).SerializeToString()
+            out.append(cache[nanos])
+        return out
+
+    def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
+        import redis
+
+        # MULTI/EXEC around up to atomic_rows rows of scripts: Redis queues them until EXEC, so
+        # a crash or a dropped connection mid-transaction leaves nothing of it, and no reader
+        # sees part of it. Redis serves nobody while an EXEC runs (about 3-10 us a row here),
+        # so a bigger batch goes in several transactions, each all-or-nothing. Sent as EVAL
+        # with the script text: a Redis restarted between a SCRIPT LOAD and the EXEC cannot
+        # answer NOSCRIPT for some commands of a transaction and run the others.
+        head = self._write_head(batch)
+        keys = batch.keys
+        timestamps = self._timestamps(batch.event_ts_ns)
+        applied = 0
+        for lo in range(0, len(keys), atomic_rows):
+            hi = min(lo + atomic_rows, len(keys))
+            try:
+                if self.packed:
+                    answers = self._packed_transaction(batch, head, timestamps, lo, hi, chunk_rows)
+                else:
+                    answers = self._pipeline_transaction(
+                        batch, head, timestamps, lo, hi, chunk_rows
+                    )
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if not is_retryable(exc):
+                    raise  # a wrong password or missing permission: final, as it is
+                raise RetryableStoreError(
+                    f"{batch.view_name}: Redis failed while writing rows {lo}-{hi - 1} of "
+                    f"{len(keys)} ({exc!r}); rows before {lo} are stored, none of rows "
+                    f"{lo}-{hi - 1}; write the batch again (rewrites are idempotent)"
+                ) from exc
+            applied += sum(int(r) for r in answers)
+        return applied
+
+    def _packed_transaction(
+        self,
+        batch: OnlineBatch,
+        head: list[Any],
+        timestamps: list[bytes],
+        lo: int,
+        hi: int,
+        chunk_rows: int,
+    ) -> list[Any]:
+        import redis
+
+        project = self._project_bytes
+        head_resp = b"".join(bulk(part) for part in _as_bytes(head))
+        nf = len(batch.feature_names)
+        commands = [_MULTI]
+        for start in range(lo, hi, chunk_rows):
+            stop = min(start + chunk_rows, hi)
+            rows = stop - start
+            parts = [
+                b"*%d\r\n" % (3 + rows + len(head) + rows * (1 + nf)),
+                _EVAL_SCRIPT,
+                bulk(b"%d" % rows),
+            ]
+            parts.extend(bulk(k + project) for k in batch.keys[start:stop])
+            parts.append(head_resp)
+            for i in range(start, stop):
+                parts.append(bulk(timestamps[i]))
+                parts.extend(bulk(value) for value in batch.values[i])
+            commands.append(b"".join(parts))
+        commands.append(_EXEC)
+        # +OK for MULTI, QUEUED per command (a refused command raises here, and Redis then
+        # aborts the EXEC), then EXEC's list of script results.
+        answers = packed_round_trip(self.client, b"".join(commands), len(commands))[-1]
+        if not isinstance(answers, list):
+            raise redis.ResponseError(
+                f"{batch.view_name}: the transaction was not executed ({answers!r})"
+            )
+        for answer in answers:
+            if isinstance(answer, Exception):
+                # As redis-py's pipeline does: a script that fails at run time (out of memory,
+                # a key of another type) fails the write; Redis has run the others.
+                raise redis.ResponseError(f"{batch.view_name}: a write script failed: {answer}")
+        return answers
+
+    def _pipeline_transaction(
+        self,
+        batch: OnlineBatch,
+        head: list[Any],
+        timestamps: list[bytes],
+        lo: int,
+        hi: int,
+        chunk_rows: int,
+    ) -> list[Any]:
+        """The same transaction through redis-py's pipeline (the reference and bench contender)."""
+        import redis
+
+        project = self._project_bytes
+        pipe = self.client.pipeline(transaction=True)
+        for start in range(lo, hi, chunk_rows):
+            stop = min(start + chunk_rows, hi)
+            args: list[Any] = [k + project for k in batch.keys[start:stop]] + head
+            for i in range(start, stop):
+                args.append(timestamps[i])
+                args.extend(batch.values[i])
+            pipe.execute_command("EVAL", WRITE_SCRIPT, stop - start, *args)
+        try:
+            return list(pipe.execute(raise_on_error=True))
+        except redis.ResponseError as exc:
+            raise redis.ResponseError(f"{batch.view_name}: a write script failed: {exc}") from exc
+
+    # -- miss queue ---------------------------------------------------------------------------
+
+    def _script(self, name: str, text: str) -> Any:
+        if name not in self._scripts:
+            self._scripts[name] = self.client.register_script(text)
+        return self._scripts[name]
+
+    def record_misses(
+        self,
+        user: int,
+        items: Sequence[int],
+        model_version: str,
+        *,
+        now: int,
+        round_ttl_seconds: int,
+        max_stream_length: int,
+    ) -> int:
+        script = self._script("record", RECORD_SCRIPT)
+        return int(
+            script(
+                keys=[self._stream_key],
+                args=[
+                    self._marker_prefix,
+                    round_ttl_seconds,
+                    max_stream_length,
+                    int(user),
+                    model_version,
+                    now,
+                    *items,
+                ],
+            )
+        )
+
+    def drain_misses(self, max_pairs: int) -> list[QueuedMiss]:
+        script = self._script("drain", DRAIN_SCRIPT)
+        entries = script(
+            keys=[self._stream_key, self._round_key], args=[self._marker_prefix, max_pairs]
+        )
+        out = []
+        for _entry_id, flat in entries:
+            fields = {_text(flat[j]): _text(flat[j + 1]) for j in range(0, len(flat), 2)}
+            out.append(_queued(fields))
+        return out
+
+    def pending_misses(self) -> int:
+        return int(self.client.xlen(self._stream_key))
+
+    def read_miss_group(
+        self, group: str, consumer: str, max_pairs: int, min_idle_ms: int
+    ) -> list[QueuedMiss]:
+        import redis
+
+        try:
+            self.client.xgroup_create(self._stream_key, group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        entries: list[tuple[Any, Any]] = []
+        cursor: Any = "0-0"
+        # Bounded: each pass claims up to the remaining count; the cursor ends at 0-0.
+        for _ in range(max_pairs):
+            reply = self.client.xautoclaim(
+                self._stream_key,
+                group,
+                consumer,
+                min_idle_time=min_idle_ms,
+                start_id=cursor,
+                count=max_pairs - len(entries),
+            )
+            cursor, claimed = reply[0], reply[1]
+            # Entries deleted from the stream (drained) while pending come back as None.
+            entries.extend(e for e in claimed if e is not None and e[1] is not None)
+            if len(entries) >= max_pairs or cursor in (b"0-0", "0-0"):
+                break
+        if len(entries) < max_pairs:
+            fresh = self.client.xreadgroup(
+                group, consumer, {self._stream_key: ">"}, count=max_pairs - len(entries)
+            )
+            for _stream, stream_entries in fresh or []:
+                entries.extend(stream_entries)
+        return [
+            _queued({_text(k): _text(v) for k, v in flat.items()}, _text(entry_id))
+            for entry_id, flat in entries
+        ]
+
+    def ack_misses(self, group: str, taken: Sequence[QueuedMiss]) -> int:
+        if not taken:
+            return 0
+        args: list[Any] = [group, self._marker_prefix]
+        for miss in taken:
+            if miss.entry_id is None:
+                raise ValueError("ack needs the entry_id of each pair, as read_group returns it")
+            args += [miss.entry_id, f"{miss.user_id}:{miss.item_id}"]
+        script = self._script("ack", ACK_SCRIPT)
+        return int(script(keys=[self._stream_key, self._round_key], args=args))
+
+    # -- status -------------------------------------------------------------------------------
+
+    def scan(self, views: Mapping[Tier, str], max_keys: int, scan_count: int) -> StoredScan:
+        """``SCAN ... COUNT`` over keys ending with the project name (Feast's layout), never
+        ``KEYS``; stops after ``max_keys`` keys."""
+        project = self._project_bytes
+        pair_keys: list[tuple[bytes, dict[str, int]]] = []
+        user_keys: list[tuple[bytes, dict[str, int]]] = []
+        keys_read = 0
+        truncated = False
+        # The miss queue's keys do not end with the project name, and the exact length check
+        # of the key layouts drops other projects whose names end with this one.
+        for key in self._scan_keys(b"*" + _glob_escape(project), scan_count):
+            if keys_read >= max_keys:
+                truncated = True
+                break
+            keys_read += 1
+            body = key[: -len(project)]
+            decoded = self.pair_key.decode(body)
+            if decoded is not None:
+                pair_keys.append((key, decoded))
+                continue
+            decoded = self.user_key.decode(body)
+            if decoded is not None:
+                user_keys.append((key, decoded))
+        rows: list[StoredValues] = []
+        # Pair and similar live in the same (user, item) hash: one HMGET reads both.
+        pair_tiers = (Tier.EXACT, Tier.SIMILAR)
+        for keys, tiers in ((pair_keys, pair_tiers), (user_keys, (Tier.USER_AGG,))):
+            fields = [
+                field
+                for tier in tiers
+                for field in (
+                    timestamp_field(views[tier]),
+                    online_field(views[tier], "model_version"),
+                    online_field(views[tier], "computed_at"),
+                )
+            ]
+            for start in range(0, len(keys), SCAN_READ_BATCH):
+                batch = keys[start : start + SCAN_READ_BATCH]
+                pipe = self.client.pipeline(transaction=False)
+                for key, _ in batch:
+                    pipe.hmget(key, fields)
+                for (_, decoded), values in zip(batch, pipe.execute(), strict=True):
+                    for i, tier in enumerate(tiers):
+                        written, version_raw, computed_raw = values[3 * i : 3 * i + 3]
+                        if written is None and version_raw is None:
+                            continue  # this view was never written for the key
+                        rows.append(StoredValues(tier, decoded, version_raw, computed_raw))
+        return StoredScan(rows, keys_read, truncated)
+
+    def _scan_keys(self, match: bytes, count: int) -> Iterator[bytes]:
+        yield from self.client.scan_iter(match=match, count=count)
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _glob_escape(raw: bytes) -> bytes:
+    out = bytearray()
+    for byte in raw:
+        if byte in b"*?[]\\":
+            out += b"\\"
+        out.append(byte)
+    return bytes(out)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _queued(fields: dict[str, str], entry_id: str | None = None) -> QueuedMiss:
+    return QueuedMiss(
+        int(fields["user_id"]),
+        int(fields["item_id"]),
+        fields["model_version"],
+        int(fields["missed_at"]),
+        entry_id,
+    )
+
+
+def backend_for_client(client: Any, project: str) -> RedisBackend:
+    """The backend over a client you made (a ``RedisCluster`` gets the cluster backend)."""
+    from redis.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        from solaris_feast.store.backends.redis_cluster import RedisClusterBackend
+
+        return RedisClusterBackend(client, project)
+    if not hasattr(client, "connection_pool"):
+        raise ConfigError(f"expected a redis-py client, got {type(client).__name__}")
+    return RedisBackend(client, project)

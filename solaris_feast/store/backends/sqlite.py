@@ -1,0 +1,381 @@
+"""SQLite, the embedded default: Feast's tables ``<project>_<view>`` (one row per entity key and
+feature) in the online store's database file.
+
+Reads: one ``UNION ALL`` statement over the three tables (split when N passes SQLite's limit of
+bound variables). The deadline bounds the read itself: the busy wait for a writer's lock is at
+most what is left of it, and a progress handler interrupts a statement that runs past it.
+
+Writes: one ``INSERT ... ON CONFLICT DO UPDATE ... WHERE excluded.event_ts >= event_ts`` per
+batch, in one transaction (all-or-nothing). Feast's own SQLite writer overwrites
+unconditionally, so an older late write would win there; here newest wins, ties to the later.
+
+Miss queue: one table ``solaris_miss_queue`` beside Feast's, primary key
+``(project, user_id, item_id)``; ``INSERT OR IGNORE`` is the dedupe and draining deletes the rows.
+
+Status: read-only connection (reading the status must never write to or lock Feast's tables).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from solaris_feast.errors import DeadlineExceededError, ViewsNotAppliedError
+from solaris_feast.store.backends import (
+    READ_FEATURES,
+    SEARCH_ORDER,
+    BackendKind,
+    OnlineBatch,
+    QueuedMiss,
+    StoredScan,
+    StoredValues,
+    TierRead,
+    TierReads,
+)
+from solaris_feast.store.layout import EntityKeyLayout, quoted_sqlite_table
+from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+NANOS_PER_SECOND = 1_000_000_000
+DEFAULT_TIMEOUT_SECONDS = 30.0
+_PROGRESS_STEPS = 1000
+"""SQLite VM instructions between two deadline checks (microseconds each)."""
+
+
+def sqlite_path(store: FeatureStore) -> str:
+    """The online store's database file (a relative path resolves against the repo)."""
+    cfg = store.config
+    path = Path(cfg.online_store.path)
+    if not path.is_absolute() and cfg.repo_path is not None:
+        path = Path(cfg.repo_path) / path
+    return str(path)
+
+
+def _no_such_table(exc: sqlite3.OperationalError) -> bool:
+    return "no such table" in str(exc)
+
+
+class SqliteBackend:
+    """Feast's SQLite online store (see the module docstring for layout and atomicity).
+
+    Args:
+        path: the database file.
+        project: the Feast project.
+        serialization_version: Feast's ``entity_key_serialization_version``.
+        timeout_seconds: the longest a lock wait of a write or a queue operation may take.
+        repo: the repo folder, named in errors.
+    """
+
+    kind: BackendKind = "sqlite"
+    reads_miss_round = False
+    consumer_groups = False
+
+    def __init__(
+        self,
+        path: str,
+        project: str,
+        serialization_version: int = 3,
+        *,
+        timeout_seconds: float | None = DEFAULT_TIMEOUT_SECONDS,
+        repo: str | None = None,
+    ) -> None:
+        self.path = path
+        self.project = project
+        self.timeout_seconds = (
+            DEFAULT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
+        )
+        self.repo = repo or str(Path(path).parent)
+        self.pair_key = EntityKeyLayout(["user_id", "item_id"], serialization_version)
+        self.user_key = EntityKeyLayout(["user_id"], serialization_version)
+        self._conn: sqlite3.Connection | None = None
+        self._queue_ready = False
+
+    @classmethod
+    def for_store(cls, store: FeatureStore, timeout_seconds: float | None) -> SqliteBackend:
+        repo = store.config.repo_path
+        return cls(
+            sqlite_path(store),
+            store.config.project,
+            store.config.entity_key_serialization_version,
+            timeout_seconds=timeout_seconds,
+            repo=str(repo) if repo is not None else None,
+        )
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            # Our own connection: Feast's is created lazily and shared with its writes.
+            self._conn = sqlite3.connect(
+                self.path, check_same_thread=False, timeout=self.timeout_seconds
+            )
+        return self._conn
+
+    def _missing_views(self, exc: sqlite3.OperationalError, views: Sequence[str]) -> Exception:
+        return ViewsNotAppliedError(
+            self.repo,
+            list(views),
+            where=f"the SQLite online store {self.path} has no table ({exc}) for feature view",
+        )
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def read_tiers(
+        self, user: int, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
+    ) -> TierReads:
+        conn = self._connection()
+        deadline_ms = (deadline_s - time.perf_counter()) * 1000.0
+        if deadline_ms <= 0:
+            raise DeadlineExceededError("SQLite read", 0.0)
+        pair_keys = [self.pair_key.key(user, item) for item in items.tolist()]
+        user_key = self.user_key.key(user)
+        # Two IN lists (pair, similar) and the user key per statement.
+        limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+        step = max((limit - 1) // 2, 1)
+        # A writer's lock is waited for at most until the deadline; a statement that runs past
+        # it is interrupted. The busy timeout is restored for writes and queue operations.
+        conn.execute(f"PRAGMA busy_timeout = {max(int(deadline_ms), 1)}")
+        conn.set_progress_handler(lambda: int(time.perf_counter() > deadline_s), _PROGRESS_STEPS)
+        rows: list[Any] = []
+        try:
+            for start in range(0, len(pair_keys), step):
+                rows += self._read_statement(conn, pair_keys[start : start + step], user_key, views)
+                if time.perf_counter() > deadline_s:
+                    raise DeadlineExceededError("SQLite read", deadline_ms)
+        except sqlite3.OperationalError as exc:
+            if _no_such_table(exc):
+                raise self._missing_views(exc, [views[t] for t in SEARCH_ORDER]) from exc
+            if "interrupted" in str(exc) and time.perf_counter() > deadline_s:
+                raise DeadlineExceededError("SQLite read", deadline_ms) from exc
+            raise
+        finally:
+            conn.set_progress_handler(None, _PROGRESS_STEPS)
+            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout_seconds * 1000)}")
+        position = {key: i for i, key in enumerate(pair_keys)}
+        n = len(items)
+        columns: dict[Tier, dict[str, list[bytes | None]]] = {
+            tier: {f: [None] * n for f in READ_FEATURES} for tier in SEARCH_ORDER
+        }
+        user_values: dict[str, bytes] = {}
+        for tier_value, key, feature, value in rows:
+            tier = Tier(tier_value)
+            if tier == Tier.USER_AGG:
+                user_values[feature] = value
+            else:
+                columns[tier][feature][position[key]] = value
+        for feature, value in user_values.items():
+            columns[Tier.USER_AGG][feature] = [value] * n
+        return TierReads(
+            {
+                tier: TierRead(
+                    columns[tier]["embedding"],
+                    columns[tier]["model_version"],
+                    columns[tier]["computed_at"],
+                )
+                for tier in SEARCH_ORDER
+            }
+        )
+
+    def _read_statement(
+        self,
+        conn: sqlite3.Connection,
+        pair_keys: list[bytes],
+        user_key: bytes,
+        views: Mapping[Tier, str],
+    ) -> list[Any]:
+        marks = ",".join("?" * len(pair_keys))
+        statements = []
+        params: list[Any] = []
+        for tier in SEARCH_ORDER:
+            table = quoted_sqlite_table(self.project, views[tier])
+            keys = [user_key] if tier == Tier.USER_AGG else pair_keys
+            where = "entity_key = ?" if tier == Tier.USER_AGG else f"entity_key IN ({marks})"
+            statements.append(
+                f"SELECT {int(tier)}, entity_key, feature_name, value FROM {table} "
+                f"WHERE {where} AND feature_name IN ('embedding', 'model_version', 'computed_at')"
+            )
+            params.extend(keys)
+        return conn.execute(" UNION ALL ".join(statements), params).fetchall()
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
+        """The whole batch in one transaction (``chunk_rows`` and ``atomic_rows`` are Redis's)."""
+        import pandas as pd
+        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+        conn = self._connection()
+        table = quoted_sqlite_table(self.project, batch.view_name)
+        # Feast stores event_ts as whole unix seconds (its registered datetime adapter).
+        sql = (
+            f"INSERT INTO {table} (entity_key, feature_name, value, value_text, event_ts, "
+            "created_ts) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(entity_key, feature_name) DO "
+            "UPDATE SET value = excluded.value, value_text = excluded.value_text, "
+            "event_ts = excluded.event_ts, created_ts = excluded.created_ts "
+            f"WHERE excluded.event_ts >= {table}.event_ts"
+        )
+        now_seconds = int(pd.Timestamp.now(tz="UTC").timestamp())
+        text_cache: dict[bytes, str | None] = {}
+
+        def value_text(raw: bytes) -> str | None:
+            # Feast fills value_text for strings and numbers (helpers.extract_text_and_num).
+            if raw not in text_cache:
+                proto = ValueProto()
+                proto.ParseFromString(raw)
+                kind = proto.WhichOneof("val")
+                text_cache[raw] = (
+                    str(getattr(proto, kind))
+                    if kind in ("string_val", "int64_val", "int32_val", "double_val", "float_val")
+                    else None
+                )
+            return text_cache[raw]
+
+        names = batch.feature_names
+        params = []
+        for key, row, nanos in zip(
+            batch.keys, batch.values, batch.event_ts_ns.tolist(), strict=True
+        ):
+            seconds = int(nanos) // NANOS_PER_SECOND
+            for name, raw in zip(names, row, strict=True):
+                text = None if name == "embedding" else value_text(raw)
+                params.append((key, name, raw, text, seconds, now_seconds))
+        try:
+            with conn:
+                before = conn.total_changes
+                conn.executemany(sql, params)
+                changed = conn.total_changes - before
+        except sqlite3.OperationalError as exc:
+            if _no_such_table(exc):
+                raise self._missing_views(exc, [batch.view_name]) from exc
+            raise
+        return changed // len(names)
+
+    # -- miss queue ---------------------------------------------------------------------------
+
+    def _queue(self) -> sqlite3.Connection:
+        conn = self._connection()
+        if not self._queue_ready:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS solaris_miss_queue ("
+                "project TEXT NOT NULL, user_id INTEGER NOT NULL, item_id INTEGER NOT NULL, "
+                "model_version TEXT NOT NULL, missed_at INTEGER NOT NULL, "
+                "PRIMARY KEY (project, user_id, item_id))"
+            )
+            conn.commit()
+            self._queue_ready = True
+        return conn
+
+    def record_misses(
+        self,
+        user: int,
+        items: Sequence[int],
+        model_version: str,
+        *,
+        now: int,
+        round_ttl_seconds: int,
+        max_stream_length: int,
+    ) -> int:
+        conn = self._queue()
+        with conn:
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT OR IGNORE INTO solaris_miss_queue "
+                "(project, user_id, item_id, model_version, missed_at) VALUES (?, ?, ?, ?, ?)",
+                [(self.project, int(user), int(item), model_version, now) for item in items],
+            )
+            return conn.total_changes - before
+
+    def drain_misses(self, max_pairs: int) -> list[QueuedMiss]:
+        conn = self._queue()
+        with conn:
+            rows = conn.execute(
+                "SELECT user_id, item_id, model_version, missed_at FROM solaris_miss_queue "
+                "WHERE project = ? ORDER BY missed_at, rowid LIMIT ?",
+                (self.project, max_pairs),
+            ).fetchall()
+            conn.executemany(
+                "DELETE FROM solaris_miss_queue WHERE project = ? AND user_id = ? AND item_id = ?",
+                [(self.project, r[0], r[1]) for r in rows],
+            )
+        return [QueuedMiss(int(r[0]), int(r[1]), str(r[2]), int(r[3])) for r in rows]
+
+    def pending_misses(self) -> int:
+        row = (
+            self._queue()
+            .execute("SELECT COUNT(*) FROM solaris_miss_queue WHERE project = ?", (self.project,))
+            .fetchone()
+        )
+        return int(row[0])
+
+    def read_miss_group(
+        self, group: str, consumer: str, max_pairs: int, min_idle_ms: int
+    ) -> list[QueuedMiss]:
+        raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+
+    def ack_misses(self, group: str, taken: Sequence[QueuedMiss]) -> int:
+        raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+
+    # -- status -------------------------------------------------------------------------------
+
+    def scan(self, views: Mapping[Tier, str], max_keys: int, scan_count: int) -> StoredScan:
+        path = Path(self.path)
+        if not path.is_file():
+            return StoredScan([], 0, False)
+        layouts = {
+            Tier.EXACT: self.pair_key,
+            Tier.SIMILAR: self.pair_key,
+            Tier.USER_AGG: self.user_key,
+        }
+        rows: list[StoredValues] = []
+        truncated = False
+        keys_read = 0
+        # Read-only: reading the status must never write to or lock Feast's serving tables.
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=self.timeout_seconds)
+        try:
+            for tier in SEARCH_ORDER:
+                table = quoted_sqlite_table(self.project, views[tier])
+                budget = max_keys - keys_read
+                try:
+                    (total,) = conn.execute(
+                        f"SELECT COUNT(DISTINCT entity_key) FROM {table}"
+                    ).fetchone()
+                    found = conn.execute(
+                        f"SELECT entity_key, feature_name, value FROM {table} "
+                        "WHERE feature_name IN ('model_version', 'computed_at') AND entity_key IN "
+                        f"(SELECT DISTINCT entity_key FROM {table} ORDER BY entity_key LIMIT ?)",
+                        (max(budget, 0),),
+                    ).fetchall()
+                except sqlite3.OperationalError as exc:
+                    if not _no_such_table(exc):
+                        raise
+                    continue  # `feast apply` makes the table: without it nothing is stored
+                truncated = truncated or total > budget
+                by_key: dict[bytes, dict[str, bytes]] = {}
+                for key, feature, value in found:
+                    by_key.setdefault(bytes(key), {})[feature] = value
+                keys_read += len(by_key)
+                for key, values in by_key.items():
+                    decoded = layouts[tier].decode(key)
+                    if decoded is not None:
+                        rows.append(
+                            StoredValues(
+                                tier,
+                                decoded,
+                                values.get("model_version"),
+                                values.get("computed_at"),
+                            )
+                        )
+        finally:
+            conn.close()
+        return StoredScan(rows, keys_read, truncated)
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+            self._queue_ready = False
