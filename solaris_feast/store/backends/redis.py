@@ -24,7 +24,6 @@ Miss queue: a stream ``solaris:{project}:misses``, per-pair markers with a TTL, 
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -247,60 +246,83 @@ def _remaining(deadline_s: float, deadline_ms: float, what: str) -> float:
     return left
 
 
-def packed_round_trip(
-    client: Any,
-    payload: bytes,
-    replies: int,
-    deadline_s: float | None = None,
-    deadline_ms: float = math.nan,
-) -> list[Any]:
+def packed_round_trip(client: Any, payload: bytes, replies: int) -> list[Any]:
     """Send hand-packed RESP commands on one of ``client``'s pooled connections and read
     ``replies`` answers (an error reply raises, as redis-py's ``read_response`` does; errors
-    nested in an answer, such as EXEC's, are returned as exception objects).
-
-    With ``deadline_s`` (a ``time.perf_counter()`` instant) the connect, the send and each
-    receive wait at most what is left, and :class:`DeadlineExceededError` aborts a round trip
-    that cannot finish in time. Uses redis-py 8's connection API (``get_connection()`` without a
-    command name, ``read_response(timeout=...)``); ``pyproject.toml`` pins it.
-    """
-    import redis
-
-    what = "Redis read"
+    nested in an answer, such as EXEC's, are returned as exception objects). Waits are bounded
+    by the client's socket timeout; reads with a deadline use :class:`DeadlineConnections`."""
     pool = client.connection_pool
     conn = pool.get_connection()
     try:
-        if deadline_s is None:
-            conn.send_packed_command([payload])
-            return [conn.read_response() for _ in range(replies)]
-        # The pool connected with the client's timeout; a fresh connect gets what is left.
-        if conn._sock is None:
-            saved = conn.socket_connect_timeout
-            conn.socket_connect_timeout = _remaining(deadline_s, deadline_ms, what)
-            try:
-                conn.connect()
-            finally:
-                conn.socket_connect_timeout = saved
-        # sendall's timeout bounds the whole send (Python >= 3.5), not each chunk.
-        conn._sock.settimeout(_remaining(deadline_s, deadline_ms, what))
-        conn.send_packed_command([payload], check_health=False)
-        answers = []
-        try:
-            for _ in range(replies):
-                left = _remaining(deadline_s, deadline_ms, what)
-                answers.append(conn.read_response(timeout=left))
-        except redis.TimeoutError as exc:
-            if time.perf_counter() >= deadline_s:
-                raise DeadlineExceededError(what, deadline_ms) from exc
-            raise
-        if conn._sock is not None:
-            conn._sock.settimeout(conn.socket_timeout)
-        return answers
+        conn.send_packed_command([payload])
+        return [conn.read_response() for _ in range(replies)]
     except BaseException:
         # Unread replies would be handed to the next caller: drop the connection.
         conn.disconnect()
         raise
     finally:
         pool.release(conn)
+
+
+class DeadlineConnections:
+    """Connections for reads bounded by a deadline, made like the client's own.
+
+    redis-py's pool connects (and runs its handshake) with the client's fixed timeouts, inside
+    ``get_connection``; a read that must end at a deadline needs every wait, the connect
+    included, to get only what is left of it. So reads keep their own few connections, built
+    from the pool's class and arguments: a new one connects within the remaining time, and
+    before the send and each receive the socket timeout is set to what is left. A connection
+    whose round trip failed or was aborted is dropped (unread replies would reach the next
+    read). Uses redis-py 8's connection API (``connection_class``/``connection_kwargs``,
+    ``read_response(timeout=...)``); ``pyproject.toml`` pins it.
+    """
+
+    def __init__(self, client: Any) -> None:
+        import threading
+
+        self._pool = client.connection_pool
+        self._idle: list[Any] = []
+        self._lock = threading.Lock()
+
+    def round_trip(
+        self, payload: bytes, replies: int, deadline_s: float, deadline_ms: float
+    ) -> list[Any]:
+        import redis
+
+        what = "Redis read"
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        try:
+            if conn is None:
+                left = _remaining(deadline_s, deadline_ms, what)
+                kwargs = dict(self._pool.connection_kwargs)
+                kwargs.update(socket_timeout=left, socket_connect_timeout=left)
+                conn = self._pool.connection_class(**kwargs)
+                conn.connect()
+            # sendall's timeout bounds the whole send (Python >= 3.5), not each chunk.
+            conn._sock.settimeout(_remaining(deadline_s, deadline_ms, what))
+            conn.send_packed_command([payload], check_health=False)
+            answers = []
+            for _ in range(replies):
+                left = _remaining(deadline_s, deadline_ms, what)
+                answers.append(conn.read_response(timeout=left))
+        except BaseException as exc:
+            if conn is not None:
+                conn.disconnect()
+            # The socket's clock and perf_counter differ by a little: a connect, send or
+            # receive that timed out within a millisecond of the deadline ran into it.
+            if isinstance(exc, redis.TimeoutError) and time.perf_counter() >= deadline_s - 0.001:
+                raise DeadlineExceededError(what, deadline_ms) from exc
+            raise
+        with self._lock:
+            self._idle.append(conn)
+        return answers
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.disconnect()
 
 
 class RedisBackend:
@@ -333,6 +355,7 @@ class RedisBackend:
         self._round_command = b"*2\r\n$3\r\nGET\r\n%s" % bulk(round_key)
         self._read_fields: dict[tuple[str, ...], tuple[list[bytes], list[bytes]]] = {}
         self._scripts: dict[str, Any] = {}
+        self._reads = DeadlineConnections(client)
 
     @classmethod
     def for_store(cls, store: FeatureStore, timeout_seconds: float | None) -> RedisBackend:
@@ -372,10 +395,7 @@ class RedisBackend:
             parts.append(b"%s%s%s" % (head, bulk(user_key), tail))
             parts.append(self._round_command)
             # Packing 10k commands takes milliseconds: what is left after it bounds the wait.
-            _remaining(deadline_s, deadline_ms, "Redis read")
-            replies = packed_round_trip(
-                self.client, b"".join(parts), len(parts), deadline_s, deadline_ms
-            )
+            replies = self._reads.round_trip(b"".join(parts), len(parts), deadline_s, deadline_ms)
             for reply in replies:
                 if isinstance(reply, Exception):
                     raise reply
@@ -680,6 +700,7 @@ class RedisBackend:
         yield from self.client.scan_iter(match=match, count=count)
 
     def close(self) -> None:
+        self._reads.close()
         self.client.close()
 
 

@@ -150,7 +150,12 @@ class SqliteBackend:
         except sqlite3.OperationalError as exc:
             if _no_such_table(exc):
                 raise self._missing_views(exc, [views[t] for t in SEARCH_ORDER]) from exc
-            if "interrupted" in str(exc) and time.perf_counter() > deadline_s:
+            # Interrupted by the progress handler, or a writer's lock held past the busy wait:
+            # either way the deadline ran out.
+            message = str(exc)
+            if ("interrupted" in message or "locked" in message) and (
+                time.perf_counter() >= deadline_s - 0.001
+            ):
                 raise DeadlineExceededError("SQLite read", deadline_ms) from exc
             raise
         finally:

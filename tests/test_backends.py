@@ -1,0 +1,478 @@
+"""The online store backends: one contract for Redis and SQLite, a deadline that bounds the read
+itself, errors classified by type, and configurations that are refused.
+
+Redis servers started here use a free port and are stopped in ``finally``; the shared Redis is
+used with this test's own Feast project (its keys are deleted by the ``feast_project`` fixture).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import redis
+from conftest import free_port, start_throwaway_redis
+
+from solaris_feast.errors import (
+    ConfigError,
+    DeadlineExceededError,
+    RetryableStoreError,
+    ViewsNotAppliedError,
+    is_retryable,
+)
+from solaris_feast.serving.miss_queue import MissQueue
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.backends import (
+    OnlineBatch,
+    backend_for,
+    online_kind,
+)
+from solaris_feast.store.backends.redis import RedisBackend, redis_client
+from solaris_feast.store.config import (
+    REDIS_CONNECTION_ENV,
+    build_repo_config,
+    open_repo_store,
+    open_store,
+    redis_connection_string,
+)
+from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.layout import EntityKeyLayout, sqlite_table
+from solaris_feast.store.write import EmbeddingWriter
+from solaris_feast.tiers import Tier
+
+DIM = 32
+VERSION = "cmp-backends-v1"
+DEADLINE_MS = 50.0
+# The issue's target: an answer within 1.5x the deadline, plus scheduling slack on a shared box.
+ANSWER_BOUND_MS = 1.5 * DEADLINE_MS + 20.0
+MANY = 10_000
+
+
+def pair_frame(user: int, items: np.ndarray, vectors: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "user_id": np.full(len(items), user, dtype=np.int64),
+            "item_id": np.asarray(items, dtype=np.int64),
+            "embedding": list(vectors),
+            "model_version": VERSION,
+            "computed_at": pd.Timestamp.now(tz="UTC"),
+        }
+    )
+
+
+def store_with_online(project: str, repo: Path, online_store: dict[str, object]) -> object:
+    """A Feast store like ``build_repo_config``'s with another online store section."""
+    from feast import FeatureStore, RepoConfig
+
+    base = build_repo_config(project, repo, online="sqlite")
+    config = RepoConfig(
+        project=project,
+        provider="local",
+        registry=base.registry_config,
+        online_store=online_store,
+        offline_store={"type": "file"},
+        entity_key_serialization_version=3,
+        repo_path=base.repo_path,
+    )
+    return FeatureStore(config=config)
+
+
+def applied_store(project: str, repo: Path, online: str, redis_url: str | None = None) -> object:
+    store = open_store(project, repo, online=online, redis_url=redis_url)  # type: ignore[arg-type]
+    store.apply(solaris_definitions().all())
+    return store
+
+
+@pytest.fixture
+def debug_redis() -> Iterator[str]:
+    """A throwaway redis-server that allows ``DEBUG SLEEP`` (a deliberately slowed store)."""
+    port = free_port()
+    workdir = tempfile.mkdtemp(prefix="solaris-backends-")
+    proc = start_throwaway_redis(port, workdir, "--enable-debug-command", "yes")
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _timed_fetch(retriever: SolarisRetriever, user: int, items: np.ndarray) -> tuple[object, float]:
+    started = time.perf_counter()
+    result = retriever.fetch(user, items)
+    return result, (time.perf_counter() - started) * 1000.0
+
+
+# -- the deadline bounds the read -----------------------------------------------------------------
+
+
+def test_10k_candidates_on_a_sleeping_redis_answer_zero_within_1_5x_the_deadline(
+    debug_redis: str, tmp_path: Path, feast_project: str
+) -> None:
+    store = applied_store(feast_project, tmp_path / "repo", "redis", debug_redis)
+    vectors = np.ones((3, DIM), dtype=np.float32)
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(  # type: ignore[arg-type]
+        pair_frame(1, np.arange(3), vectors)
+    )
+    items = np.arange(MANY, dtype=np.int64)
+    retriever = SolarisRetriever(
+        store,  # type: ignore[arg-type]
+        VERSION,
+        deadline_ms=DEADLINE_MS,
+        record_misses=False,
+    )
+    strict = SolarisRetriever(
+        store,  # type: ignore[arg-type]
+        VERSION,
+        deadline_ms=DEADLINE_MS,
+        record_misses=False,
+        strict=True,
+    )
+    sleeper = redis.Redis.from_url(debug_redis)
+    try:
+        for _ in range(2):
+            # The server answers nobody for 600 ms; the read must give up at the deadline.
+            blocker = threading.Thread(
+                target=sleeper.execute_command, args=("DEBUG", "SLEEP", "0.6"), daemon=True
+            )
+            blocker.start()
+            time.sleep(0.05)
+            result, elapsed_ms = _timed_fetch(retriever, 1, items)
+            assert result.error  # type: ignore[attr-defined]
+            assert (result.tiers == Tier.ZERO).all()  # type: ignore[attr-defined]
+            assert not result.embeddings.any()  # type: ignore[attr-defined]
+            assert elapsed_ms < ANSWER_BOUND_MS, elapsed_ms
+            started = time.perf_counter()
+            with pytest.raises(DeadlineExceededError):
+                strict.fetch(1, items)
+            assert (time.perf_counter() - started) * 1000.0 < ANSWER_BOUND_MS
+            blocker.join(timeout=5)
+        assert retriever.stats.deadline_exceeded == 2
+        # The aborted reads dropped their connections: the next read is whole and correct.
+        relaxed = SolarisRetriever(
+            store,  # type: ignore[arg-type]
+            VERSION,
+            deadline_ms=10_000,
+            record_misses=False,
+        )
+        served = relaxed.fetch(1, items)
+        assert not served.error
+        assert served.tiers[:3].tolist() == [Tier.EXACT] * 3
+        assert (served.tiers[3:] == Tier.ZERO).all()
+        relaxed.close()
+    finally:
+        retriever.close()
+        strict.close()
+        sleeper.close()
+
+
+def test_10k_candidates_on_a_locked_sqlite_answer_zero_within_1_5x_the_deadline(
+    tmp_path: Path, feast_project: str
+) -> None:
+    store = applied_store(feast_project, tmp_path / "repo", "sqlite")
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(  # type: ignore[arg-type]
+        pair_frame(1, np.arange(3), np.ones((3, DIM), dtype=np.float32))
+    )
+    items = np.arange(MANY, dtype=np.int64)
+    retriever = SolarisRetriever(
+        store,  # type: ignore[arg-type]
+        VERSION,
+        deadline_ms=DEADLINE_MS,
+        record_misses=False,
+    )
+    strict = SolarisRetriever(
+        store,  # type: ignore[arg-type]
+        VERSION,
+        deadline_ms=DEADLINE_MS,
+        record_misses=False,
+        strict=True,
+    )
+    # A writer holds an exclusive lock: readers wait (busy) until it commits.
+    writer = sqlite3.connect(tmp_path / "repo" / "data" / "online.db", isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")
+    try:
+        result, elapsed_ms = _timed_fetch(retriever, 1, items)
+        assert result.error and (result.tiers == Tier.ZERO).all()  # type: ignore[attr-defined]
+        assert elapsed_ms < ANSWER_BOUND_MS, elapsed_ms
+        assert retriever.stats.deadline_exceeded == 1
+        with pytest.raises(RetryableStoreError):
+            strict.fetch(1, items)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    served = retriever.fetch(1, np.arange(3))
+    assert not served.error and served.tiers.tolist() == [Tier.EXACT] * 3
+    retriever.close()
+    strict.close()
+
+
+def test_sqlite_reads_more_candidates_than_sqlite_binds_in_one_statement(
+    tmp_path: Path, feast_project: str
+) -> None:
+    store = applied_store(feast_project, tmp_path / "repo", "sqlite")
+    vectors = np.arange(2 * DIM, dtype=np.float32).reshape(2, DIM)
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(  # type: ignore[arg-type]
+        pair_frame(5, np.array([7, 39_999]), vectors)
+    )
+    retriever = SolarisRetriever(
+        store,  # type: ignore[arg-type]
+        VERSION,
+        deadline_ms=30_000,
+        record_misses=False,
+    )
+    # 40k candidates: two IN lists of 40k would pass SQLite's 32766 bound variables.
+    served = retriever.fetch(5, np.arange(40_000, dtype=np.int64))
+    assert not served.error
+    assert np.flatnonzero(served.tiers == Tier.EXACT).tolist() == [7, 39_999]
+    np.testing.assert_array_equal(served.embeddings[[7, 39_999]], vectors)
+    retriever.close()
+
+
+# -- errors by type -------------------------------------------------------------------------------
+
+
+def test_a_missing_table_is_final_raised_as_itself_in_strict_mode_and_logged_by_type(
+    tmp_path: Path, feast_project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = applied_store(feast_project, tmp_path / "repo", "sqlite")
+    retriever = SolarisRetriever(store, VERSION, record_misses=False)  # type: ignore[arg-type]
+    strict = SolarisRetriever(  # type: ignore[arg-type]
+        store, VERSION, record_misses=False, strict=True
+    )
+    with sqlite3.connect(tmp_path / "repo" / "data" / "online.db") as conn:
+        conn.execute(f'DROP TABLE "{sqlite_table(feast_project, "solaris_similar")}"')
+    with pytest.raises(ViewsNotAppliedError) as raised:
+        strict.fetch(1, [1, 2])
+    assert not isinstance(raised.value, RetryableStoreError)
+    assert "solaris_similar" in str(raised.value) and "feast apply" in str(raised.value)
+    with caplog.at_level(logging.WARNING, logger="solaris_feast.serving.retriever"):
+        answer = retriever.fetch(1, [1, 2])
+    assert answer.error and answer.tiers.tolist() == [Tier.ZERO, Tier.ZERO]
+    assert "final error ViewsNotAppliedError" in caplog.text
+    retriever.close()
+    strict.close()
+
+
+def test_a_wrong_redis_password_is_final_not_retryable(
+    tmp_path: Path, feast_project: str, redis_url: str
+) -> None:
+    good = applied_store(feast_project, tmp_path / "repo", "redis", redis_url)
+    host_port = redis_connection_string(redis_url).split(",")[0]
+    bad: Any = store_with_online(
+        feast_project,
+        tmp_path / "repo",
+        {"type": "redis", "connection_string": f"{host_port},username=nobody,password=wrong"},
+    )
+    assert good is not None and bad.get_feature_view("solaris_pair").name == "solaris_pair"
+    strict = SolarisRetriever(bad, VERSION, record_misses=False, strict=True)
+    with pytest.raises(redis.AuthenticationError) as raised:
+        strict.fetch(1, [1])
+    assert not isinstance(raised.value, RetryableStoreError)
+    assert not is_retryable(raised.value)
+    lenient = SolarisRetriever(bad, VERSION, record_misses=False)
+    assert lenient.fetch(1, [1]).error
+    strict.close()
+    lenient.close()
+
+
+def test_a_refused_connection_is_retryable_in_strict_mode_and_zero_otherwise(
+    tmp_path: Path, feast_project: str, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = applied_store(feast_project, tmp_path / "repo", "redis", redis_url)
+    nobody = f"redis://127.0.0.1:{free_port()}/0"
+    down = open_store(feast_project, tmp_path / "repo", online="redis", redis_url=nobody)
+    assert down.get_feature_view("solaris_pair").name == "solaris_pair"
+    strict = SolarisRetriever(down, VERSION, record_misses=False, strict=True)
+    with pytest.raises(RetryableStoreError) as raised:
+        strict.fetch(1, [1, 2])
+    assert is_retryable(raised.value.__cause__)  # type: ignore[arg-type]
+    lenient = SolarisRetriever(down, VERSION, record_misses=False)
+    with caplog.at_level(logging.WARNING, logger="solaris_feast.serving.retriever"):
+        answer = lenient.fetch(1, [1, 2])
+    assert answer.error and answer.tiers.tolist() == [Tier.ZERO, Tier.ZERO]
+    assert "retryable error ConnectionError" in caplog.text
+    assert store is not None
+    strict.close()
+    lenient.close()
+
+
+@pytest.mark.parametrize(
+    ("error", "retryable"),
+    [
+        (sqlite3.OperationalError("database is locked"), True),
+        (sqlite3.OperationalError("interrupted"), True),
+        (sqlite3.OperationalError("no such table: p_solaris_pair"), False),
+        (redis.TimeoutError("Timeout reading from socket"), True),
+        (redis.ConnectionError("Connection refused"), True),
+        (ConnectionRefusedError(111, "refused"), True),
+        (redis.AuthenticationError("invalid username-password pair"), False),
+        (redis.ResponseError("WRONGTYPE Operation against a key"), False),
+        (DeadlineExceededError("Redis read", 50.0), True),
+        (ViewsNotAppliedError("repo", ["solaris_pair"]), False),
+        (ConfigError("bad yaml"), False),
+        (TypeError("a bug"), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_errors_are_retryable_only_for_an_explicit_tuple(
+    error: BaseException, retryable: bool
+) -> None:
+    assert is_retryable(error) is retryable
+
+
+# -- configurations refused or derived -------------------------------------------------------------
+
+
+def test_redis_sentinel_is_refused_with_a_clear_config_error(tmp_path: Path) -> None:
+    store: Any = store_with_online(
+        "sentinel_check",
+        tmp_path,
+        {"type": "redis", "redis_type": "redis_sentinel", "connection_string": "127.0.0.1:26379"},
+    )
+    for call in (
+        lambda: backend_for(store, 1.0),
+        lambda: online_kind(store),
+        lambda: redis_client(store, 1.0),
+        lambda: MissQueue.for_store(store),
+    ):
+        with pytest.raises(ConfigError, match="redis_sentinel is not supported") as raised:
+            call()
+        assert "redis_type: redis" in str(raised.value)
+
+
+def test_open_repo_store_derives_the_redis_connection_without_touching_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(REDIS_CONNECTION_ENV, raising=False)
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6390/3")
+    (tmp_path / "feature_store.redis.yaml").write_text(
+        "project: env_check\nprovider: local\nregistry: data/registry.db\n"
+        "online_store:\n  type: redis\n  connection_string: ${SOLARIS_REDIS_CONNECTION}\n"
+        "entity_key_serialization_version: 3\n"
+    )
+    before = dict(os.environ)
+    store = open_repo_store(tmp_path, Path("feature_store.redis.yaml"))
+    assert store.config.online_store.connection_string == "127.0.0.1:6390,db=3"
+    assert dict(os.environ) == before
+    # An explicit variable wins over REDIS_URL, as Feast's own expansion would have it.
+    monkeypatch.setenv(REDIS_CONNECTION_ENV, "127.0.0.1:6391")
+    assert (
+        open_repo_store(
+            tmp_path, Path("feature_store.redis.yaml")
+        ).config.online_store.connection_string
+        == "127.0.0.1:6391"
+    )
+
+
+# -- the contract, on every backend ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("online", ["sqlite", "redis"])
+def test_every_backend_writes_reads_queues_and_scans_the_same_rows(
+    online: str, tmp_path: Path, feast_project: str, redis_url: str
+) -> None:
+    store = applied_store(feast_project, tmp_path / "repo", online, redis_url)
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)  # type: ignore[arg-type]
+    vectors = np.arange(3 * DIM, dtype=np.float32).reshape(3, DIM)
+    assert writer.write(pair_frame(4, np.array([1, 2, 3]), vectors)).online_applied == 3
+    writer.close()
+    backend = backend_for(store, 5.0)  # type: ignore[arg-type]
+    try:
+        assert backend.kind == online
+        views = {Tier.EXACT: "solaris_pair", Tier.SIMILAR: "solaris_similar"}
+        views[Tier.USER_AGG] = "solaris_user"
+        reads = backend.read_tiers(4, np.array([3, 9, 1]), views, time.perf_counter() + 5.0)
+        exact = reads.tiers[Tier.EXACT]
+        assert [e is not None and len(e) > 0 for e in exact.embedding] == [True, False, True]
+        assert not any(reads.tiers[Tier.SIMILAR].embedding)
+        assert (
+            backend.record_misses(
+                4, [9, 10], VERSION, now=1, round_ttl_seconds=60, max_stream_length=100
+            )
+            == 2
+        )
+        assert (
+            backend.record_misses(
+                4, [9], VERSION, now=2, round_ttl_seconds=60, max_stream_length=100
+            )
+            == 0
+        )  # queued once per round
+        assert backend.pending_misses() == 2
+        drained = backend.drain_misses(10)
+        assert sorted((m.user_id, m.item_id) for m in drained) == [(4, 9), (4, 10)]
+        scan = backend.scan(views, 100, 100)
+        assert sorted(r.keys["item_id"] for r in scan.rows if r.tier == Tier.EXACT) == [1, 2, 3]
+        assert scan.keys_read == 3 and not scan.truncated
+    finally:
+        backend.close()
+
+
+def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
+    tmp_path: Path, feast_project: str, redis_url: str
+) -> None:
+    """The fast path against the obviously right one: same bytes written, same tiers read."""
+    store = applied_store(feast_project, tmp_path / "repo", "redis", redis_url)
+    client = redis.Redis.from_url(redis_url)
+    packed = RedisBackend(redis_client(store, 5.0), feast_project, packed=True)  # type: ignore[arg-type]
+    plain = RedisBackend(redis_client(store, 5.0), feast_project, packed=False)  # type: ignore[arg-type]
+    layout = EntityKeyLayout(["user_id", "item_id"], 3)
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+    def batch(user: int, items: list[int], ts_ns: int) -> OnlineBatch:
+        values = [
+            [
+                ValueProto(float_list_val={"val": [float(i)] * DIM}).SerializeToString(),
+                ValueProto(string_val=VERSION).SerializeToString(),
+                ValueProto(unix_timestamp_val=ts_ns // 10**9).SerializeToString(),
+            ]
+            for i in items
+        ]
+        return OnlineBatch(
+            "solaris_pair",
+            [layout.key(user, i) for i in items],
+            ["embedding", "model_version", "computed_at"],
+            values,
+            np.full(len(items), ts_ns, dtype=np.int64),
+        )
+
+    now_ns = time.time_ns()
+    try:
+        assert packed.write_batch(batch(1, [1, 2, 3], now_ns), chunk_rows=2, atomic_rows=2) == 3
+        assert plain.write_batch(batch(2, [1, 2, 3], now_ns), chunk_rows=2, atomic_rows=2) == 3
+        # Newest wins on both: an older rewrite is dropped, a tie is applied.
+        assert packed.write_batch(batch(1, [1], now_ns - 1), chunk_rows=8, atomic_rows=8) == 0
+        assert plain.write_batch(batch(2, [1], now_ns - 1), chunk_rows=8, atomic_rows=8) == 0
+        assert plain.write_batch(batch(2, [1], now_ns), chunk_rows=8, atomic_rows=8) == 1
+        for item in (1, 2, 3):
+            first = client.hgetall(layout.key(1, item) + feast_project.encode())
+            second = client.hgetall(layout.key(2, item) + feast_project.encode())
+            assert first == second and first
+        views = {Tier.EXACT: "solaris_pair", Tier.SIMILAR: "solaris_similar"}
+        views[Tier.USER_AGG] = "solaris_user"
+        items = np.array([3, 1, 99])
+        deadline = time.perf_counter() + 5.0
+        assert packed.read_tiers(1, items, views, deadline) == plain.read_tiers(
+            1, items, views, deadline
+        )
+    finally:
+        packed.close()
+        plain.close()
+        client.close()
+
+
+def test_entity_key_layout_decodes_its_own_keys_and_refuses_others() -> None:
+    pair = EntityKeyLayout(["user_id", "item_id"], 3)
+    user = EntityKeyLayout(["user_id"], 3)
+    assert pair.decode(pair.key(12, 2**40)) == {"user_id": 12, "item_id": 2**40}
+    assert user.decode(user.key(7)) == {"user_id": 7}
+    assert pair.decode(user.key(7)) is None and user.decode(pair.key(1, 2)) is None
+    assert pair.decode(pair.key(1, 2)[:-1]) is None
