@@ -144,6 +144,7 @@ def run_serve_benchmark(
 ) -> dict[str, Any]:
     """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N."""
     from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.backends.redis import RedisBackend
     from solaris_feast.store.config import EntityKeyLayout, online_field, redis_client
     from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
 
@@ -153,6 +154,7 @@ def run_serve_benchmark(
         _populate(store, max(candidates), dim, version)
         retriever = SolarisRetriever(store, version, deadline_ms=1000.0)
         client = redis_client(store, timeout_seconds=5.0)
+        pipeline_backend = RedisBackend(client, store.config.project, packed=False)
         project = store.config.project.encode()
         pair_key = EntityKeyLayout(["user_id", "item_id"], 3).key
         user_key = EntityKeyLayout(["user_id"], 3).key(BENCH_USER) + project
@@ -194,7 +196,13 @@ def run_serve_benchmark(
             def raw_packed(items: np.ndarray = items) -> object:
                 # The retriever's own hand-packed read without decoding: its floor.
                 return retriever.backend.read_tiers(
-                    BENCH_USER, items, retriever.view_names, time.perf_counter() + 1.0
+                    BENCH_USER, items, retriever.view_names, time.perf_counter() + 5.0
+                )
+
+            def raw_pipeline_backend(items: np.ndarray = items) -> object:
+                # The same read and reply handling through redis-py's pipeline.
+                return pipeline_backend.read_tiers(
+                    BENCH_USER, items, retriever.view_names, time.perf_counter() + 5.0
                 )
 
             def resolved(items: np.ndarray = items) -> object:
@@ -207,6 +215,7 @@ def run_serve_benchmark(
                 "feast_single_view": feast_single,
                 "raw_redis": raw,
                 "raw_redis_hand_packed": raw_packed,
+                "raw_redis_py_pipeline_backend": raw_pipeline_backend,
                 "feast_resolved_view": feast_resolved,
             }
             samples: dict[str, list[float]] = {name: [] for name in contenders}
@@ -233,6 +242,7 @@ def run_serve_benchmark(
             "feast_single_view",
             "raw_redis",
             "raw_redis_hand_packed",
+            "raw_redis_py_pipeline_backend",
             "feast_resolved_view",
         ):
             results[f"{name}_p50_ms"] = at_100[name]["p50_ms"]
@@ -242,6 +252,11 @@ def run_serve_benchmark(
         )
         results["resolved_vs_raw_redis_p50"] = round(
             results["resolved_p50_ms"] / results["raw_redis_p50_ms"], 3
+        )
+        results["hand_packed_vs_redis_py_pipeline_p50"] = round(
+            results["raw_redis_hand_packed_p50_ms"]
+            / results["raw_redis_py_pipeline_backend_p50_ms"],
+            3,
         )
     results["meta"] = _meta(iterations=iterations, dim=dim)
     return results
@@ -270,9 +285,26 @@ def run_write_benchmark(
 
     results: dict[str, Any] = {}
     with bench_store(redis_url, dim) as store:
+        from solaris_feast.store.backends.redis import RedisBackend
+
         online_writer = EmbeddingWriter(store, "solaris_pair", offline=False)
         full_writer = EmbeddingWriter(store, "solaris_pair", offline=True)
-        timings: dict[str, list[float]] = {"solaris": [], "solaris_with_offline": [], "feast": []}
+        # The same transactions and scripts sent through redis-py's pipeline instead of packed
+        # by hand: what the hand-packed RESP has to beat to stay.
+        pipeline_writer = EmbeddingWriter(
+            store,
+            "solaris_pair",
+            offline=False,
+            backend=RedisBackend(
+                redis_client(store, timeout_seconds=30.0), store.config.project, packed=False
+            ),
+        )
+        timings: dict[str, list[float]] = {
+            "solaris": [],
+            "solaris_redis_py_pipeline": [],
+            "solaris_with_offline": [],
+            "feast": [],
+        }
         offset = 0
         for _ in range(repeats):
             for name in timings:
@@ -281,6 +313,8 @@ def run_write_benchmark(
                 started = time.perf_counter()
                 if name == "solaris":
                     online_writer.write(frame)
+                elif name == "solaris_redis_py_pipeline":
+                    pipeline_writer.write(frame)
                 elif name == "solaris_with_offline":
                     full_writer.write(frame)
                 else:
@@ -296,6 +330,11 @@ def run_write_benchmark(
         results["solaris_vs_feast"] = round(
             results["solaris_rows_per_s"] / results["feast_rows_per_s"], 3
         )
+        results["hand_packed_vs_redis_py_pipeline"] = round(
+            results["solaris_rows_per_s"] / results["solaris_redis_py_pipeline_rows_per_s"], 3
+        )
+        for writer in (online_writer, full_writer, pipeline_writer):
+            writer.close()
 
         client = redis_client(store, timeout_seconds=5.0)
         project = store.config.project.encode()

@@ -114,6 +114,8 @@ class EmbeddingWriter:
             is written all-or-nothing: a crash mid-batch leaves none of it and readers never see
             part of it. Bigger batches are written as several such transactions, because Redis
             answers no reader while one runs.
+        backend: the online backend to write through (default: the store's own, made on the
+            first write); the writer closes it.
     """
 
     def __init__(
@@ -125,6 +127,7 @@ class EmbeddingWriter:
         online: bool = True,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         atomic_rows: int = DEFAULT_ATOMIC_ROWS,
+        backend: OnlineBackend | None = None,
     ) -> None:
         if chunk_rows <= 0 or atomic_rows <= 0:
             raise ValueError(
@@ -164,7 +167,11 @@ class EmbeddingWriter:
                 f"online_store.key_ttl_seconds must be positive or unset, got {key_ttl}"
             )
         self.key_ttl_seconds = int(key_ttl or 0)
-        self._backend: OnlineBackend | None = None
+        if backend is not None and backend.project != self.project:
+            raise ConfigError(
+                f"the backend writes project {backend.project!r}, the store is {self.project!r}"
+            )
+        self._backend: OnlineBackend | None = backend
 
     # -- public -------------------------------------------------------------------------------
 
