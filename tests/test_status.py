@@ -226,3 +226,30 @@ def test_status_command_prints_tables_and_writes_json_and_plot(
     result = CliRunner().invoke(app, ["status", "--repo", str(unapplied)])
     assert result.exit_code == 2
     assert "run `feast apply`" in result.output
+
+
+def test_status_counts_freshness_by_the_tier_rule_future_values_included(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """Fresh means what serving's rule says: a value within the clock-skew allowance in the
+    future is fresh, one further ahead (a broken clock) is not, nor is one past its TTL."""
+    store = open_store(feast_project, tmp_path, online="sqlite")
+    store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=DIM)).all())
+    now = pd.Timestamp.now(tz="UTC")
+    ahead = [pd.Timedelta(seconds=60), pd.Timedelta(hours=1), pd.Timedelta(hours=-7)]
+    frame = pd.DataFrame(
+        {
+            "user_id": pd.array([5, 5, 5], dtype="int64"),
+            "item_id": pd.array([1, 2, 3], dtype="int64"),
+            "embedding": [[1.0, 0.5, 0.25, 1.0]] * 3,
+            "model_version": [VERSION] * 3,
+            "computed_at": pd.Series([now + a for a in ahead], dtype="datetime64[ns, UTC]"),
+        }
+    )
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+    writer.write(frame)
+    writer.close()
+    status = store_status(store, VERSION)
+    pair = next(v for v in status["views"] if v["name"] == "solaris_pair")
+    assert (pair["rows"], pair["fresh"], pair["expired"], pair["future"]) == (3, 1, 2, 1)
+    assert pair["fresh_expected_version"] == 1
