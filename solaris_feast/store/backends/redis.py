@@ -355,7 +355,8 @@ class RedisBackend:
         self._round_command = b"*2\r\n$3\r\nGET\r\n%s" % bulk(round_key)
         self._read_fields: dict[tuple[str, ...], tuple[list[bytes], list[bytes]]] = {}
         self._scripts: dict[str, Any] = {}
-        self._reads = DeadlineConnections(client)
+        # Made on the first packed read: a cluster client has no single pool to take it from.
+        self._reads: DeadlineConnections | None = None
 
     @classmethod
     def for_store(cls, store: FeatureStore, timeout_seconds: float | None) -> RedisBackend:
@@ -395,6 +396,8 @@ class RedisBackend:
             parts.append(b"%s%s%s" % (head, bulk(user_key), tail))
             parts.append(self._round_command)
             # Packing 10k commands takes milliseconds: what is left after it bounds the wait.
+            if self._reads is None:
+                self._reads = DeadlineConnections(self.client)
             replies = self._reads.round_trip(b"".join(parts), len(parts), deadline_s, deadline_ms)
             for reply in replies:
                 if isinstance(reply, Exception):
@@ -700,7 +703,8 @@ class RedisBackend:
         yield from self.client.scan_iter(match=match, count=count)
 
     def close(self) -> None:
-        self._reads.close()
+        if self._reads is not None:
+            self._reads.close()
         self.client.close()
 
 
