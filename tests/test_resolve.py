@@ -156,3 +156,37 @@ def test_resolve_refuses_inconsistent_tiers() -> None:
         )
     with pytest.raises(ValueError, match="no ttl"):
         resolve({Tier.EXACT: three}, now_s=NOW, ttl_seconds={Tier.SIMILAR: 1.0})
+
+
+def test_user_aggregate_window_uses_the_serving_boundary_and_skips_non_finite_pairs() -> None:
+    import pandas as pd
+
+    from solaris_feast.precompute.aggregate import (
+        AggregateConfig,
+        PairEmbeddings,
+        aggregate_user_embeddings,
+    )
+
+    window = 3600
+    now = pd.Timestamp(NOW, unit="s", tz="UTC")
+    ages = [0.0, window - 1, window, window + 1, -1.0, 10.0]
+    vectors = np.arange(len(ages) * 2, dtype=np.float32).reshape(len(ages), 2) + 1
+    vectors[5, 0] = np.nan  # a poisoned pair must not poison the user's mean
+    pairs = PairEmbeddings(
+        user_ids=np.full(len(ages), 7, dtype=np.int64),
+        item_ids=np.arange(len(ages), dtype=np.int64),
+        vectors=vectors,
+        computed_at_s=NOW - np.asarray(ages),
+        model_versions=np.full(len(ages), "v1", dtype=object),
+    )
+
+    rows = aggregate_user_embeddings(pairs, now, "v1", AggregateConfig(window_seconds=window))
+
+    # Exactly the rows the serving rule calls fresh at `now` with TTL = window (no skew: the
+    # future row is left out, so a re-run for the same interval makes the same rows).
+    served = usable_rows(
+        vectors, np.ones(6, bool), np.ones(6, bool), NOW - np.asarray(ages), NOW, window, 0.0
+    )
+    assert served.tolist() == [True, True, True, False, False, False]
+    assert rows["pair_count"].tolist() == [3]
+    np.testing.assert_allclose(rows["embedding"].iloc[0], vectors[:3].mean(axis=0))
