@@ -288,6 +288,14 @@ def test_undecodable_bytes_are_a_counted_miss_for_the_retriever_and_change_nothi
     assert result.tiers.tolist() == [Tier.USER_AGG] * 3
     assert retriever.stats.undecodable == 3
     assert snapshot(store) == before
+    # A garbage user aggregate is one stored value, a miss for (and counted with) each candidate.
+    write_user_aggregate(store, 3)
+    user_key = EntityKeyLayout(["user_id"], 3).key(3)
+    write_raw(store, CFG.user_view_name, user_key, "embedding", TRUNCATED)
+    before = snapshot(store)
+    assert retriever.fetch(3, [0, 1, 2]).tiers.tolist() == [Tier.ZERO] * 3
+    assert retriever.stats.undecodable == 3 + 3
+    assert snapshot(store) == before
     # Feast itself cannot read the row: its online read raises for the whole request before
     # the resolved view runs (feast 0.67, both stores). Pinned so a change in Feast is noticed.
     with pytest.raises(DecodeError, match="Wire format was corrupt"):

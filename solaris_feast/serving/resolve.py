@@ -209,7 +209,7 @@ def resolve(
             float(ttl_seconds[tier]),
             clock_skew_seconds,
         )
-        if count_rejections:
+        if count_rejections and (open_rows & values.present & ~ok).any():
             for reason, count in rejection_counts(
                 values, now_s, float(ttl_seconds[tier]), clock_skew_seconds, rows=open_rows
             ).items():

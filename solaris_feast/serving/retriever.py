@@ -22,6 +22,7 @@ When the store is unreachable or slower than the deadline the answer is ZERO for
 
 from __future__ import annotations
 
+import functools
 import logging
 import sqlite3
 import time
@@ -121,9 +122,11 @@ class _TierRead:
     computed_at: Sequence[bytes | None]
 
 
+@functools.lru_cache(maxsize=4096)
 def _decode_timestamp(raw: Any) -> float:
     """Unix seconds of a stored ``computed_at`` (``ValueProto(unix_timestamp_val=...)``), NaN
-    when it is absent or does not parse as one."""
+    when it is absent or does not parse as one. Cached: a precompute round writes one
+    ``computed_at`` for many pairs, so a request sees few distinct ones."""
     from feast.protos.feast.types.Value_pb2 import Value as ValueProto
     from google.protobuf.message import DecodeError
 
@@ -494,39 +497,62 @@ class SolarisRetriever:
     def _decode_tier(self, read: _TierRead, n: int) -> TierValues:
         """Decode one tier's raw values; a value that does not decode is not present (and
         counted), never an error: one bad stored value must not fail the whole request."""
+        embedding, model_version, computed_at = read.embedding, read.model_version, read.computed_at
+        if n > 1 and all(len({id(v) for v in column}) == 1 for column in read.__dict__.values()):
+            # The user aggregate: one stored value for every candidate; decode it once.
+            one = self._decode_tier(_TierRead(embedding[:1], model_version[:1], computed_at[:1]), 1)
+            if embedding[0] and not one.present[0]:
+                self.stats.undecodable += n - 1  # counted once per candidate, like the rest
+            return TierValues(
+                vectors=np.repeat(one.vectors, n, axis=0),
+                present=np.repeat(one.present, n),
+                version_matches=np.repeat(one.version_matches, n),
+                computed_at_s=np.repeat(one.computed_at_s, n),
+            )
+        codec = self.codec
+        size, header = codec.size, codec.header
+        # Redis answers a missing entity with empty values: a miss, never a zero vector.
+        stored = [i for i, raw in enumerate(embedding) if raw]
+        stamps = [_decode_timestamp(computed_at[i]) for i in stored]
+        versions = [model_version[i] for i in stored]
+        rows: list[int] = []
+        packed: list[bytes] = []  # Feast's own layout for length D: header + D floats
+        packed_rows: list[int] = []
+        other: list[tuple[int, np.ndarray]] = []  # any other layout, parsed as a proto
+        for i, stamp, version in zip(stored, stamps, versions, strict=True):
+            if stamp != stamp or type(version) is not bytes:  # NaN: no usable computed_at
+                continue
+            raw = embedding[i]
+            if type(raw) is bytes and len(raw) == size and raw.startswith(header):
+                packed.append(raw)
+                packed_rows.append(i)
+            else:
+                vector = codec.decode(raw)
+                if vector is None:  # garbage, truncated, another length or type
+                    continue
+                other.append((i, vector))
+            rows.append(i)
+        self.stats.undecodable += len(stored) - len(rows)
         vectors = np.zeros((n, self.dim), dtype=np.float32)
-        present = np.zeros(n, dtype=bool)
-        version_matches = np.zeros(n, dtype=bool)
-        computed_at = np.full(n, np.nan)
-        expected = self._expected_version_bytes
-        decode = self.codec.decode
-        # The user aggregate is one stored value repeated for every candidate: decode it once.
-        last: tuple[Any, Any, Any] | None = None
-        decoded: tuple[Any, float] = (None, np.nan)
-        undecodable = 0
-        for i in range(n):
-            raw, version, stamp = read.embedding[i], read.model_version[i], read.computed_at[i]
-            # Redis answers a missing entity with empty values: a miss, never a zero vector.
-            if not raw:
-                continue
-            if last is None or raw is not last[0] or stamp is not last[2]:
-                decoded = (decode(raw), _decode_timestamp(stamp))
-                last = (raw, version, stamp)
-            vector, seconds = decoded
-            if vector is None or np.isnan(seconds) or not isinstance(version, bytes):
-                undecodable += 1
-                continue
+        if packed:
+            as_bytes = np.frombuffer(b"".join(packed), dtype=np.uint8).reshape(len(packed), size)
+            vectors[packed_rows] = np.ascontiguousarray(as_bytes[:, len(header) :]).view("<f4")
+        for i, vector in other:
             vectors[i] = vector
-            present[i] = True
-            # Feast serializes a string the same way every time: equal bytes, equal versions.
-            version_matches[i] = version == expected
-            computed_at[i] = seconds
-        self.stats.undecodable += undecodable
+        present = np.zeros(n, dtype=bool)
+        present[rows] = True
+        # Feast serializes a string the same way every time: equal bytes, equal versions.
+        version_matches = np.zeros(n, dtype=bool)
+        version_matches[stored] = np.asarray(versions, dtype=object) == self._expected_version_bytes
+        version_matches &= present
+        computed = np.full(n, np.nan)
+        computed[stored] = stamps
+        computed[~present] = np.nan
         return TierValues(
             vectors=vectors,
             present=present,
             version_matches=version_matches,
-            computed_at_s=computed_at,
+            computed_at_s=computed,
         )
 
     def _fail(self, n: int, reason: str, exc: BaseException | None) -> FetchResult:
