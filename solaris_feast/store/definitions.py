@@ -230,29 +230,23 @@ def {function_name}(inputs):
         values = inputs.get(view + "__" + feature)
         return [None] * n if values is None else values
 
-    def vectors_of(values):
-        # Fast path: every row a list of D floats. Otherwise nulls, other lengths or other
-        # types are among them: those rows are not present (misses), the rest are kept.
-        try:
-            matrix = np.asarray(values)
-        except (ValueError, TypeError):
-            matrix = None
-        if matrix is not None and matrix.dtype.kind == "f" and matrix.shape == (n, dim):
-            return matrix.astype(np.float32), np.ones(n, dtype=bool)
-        present = np.fromiter(
-            (
-                isinstance(v, list) and len(v) == dim and all(type(x) is float for x in v)
-                for v in values
-            ),
-            dtype=bool,
-            count=n,
-        )
+    def vectors_of(values, candidates):
+        # Nulls, other lengths or other types are misses (not present); the rest are kept.
+        # A float list from Feast holds floats only (one proto type per value), so its first
+        # element tells an embedding from an int, bool or string list of the same length.
+        rows = [
+            i
+            for i in candidates.tolist()
+            if isinstance(values[i], list)
+            and len(values[i]) == dim
+            and (dim == 0 or type(values[i][0]) is float)
+        ]
+        present = np.zeros(n, dtype=bool)
+        present[rows] = True
         vectors = np.zeros((n, dim), dtype=np.float32)
-        if present.any():
-            vectors[present] = np.asarray(
-                [values[i] for i in np.flatnonzero(present)], dtype=np.float32
-            )
-        return vectors, present
+        if rows:
+            vectors[rows] = np.asarray([values[i] for i in rows], dtype=np.float32)
+        return vectors, present, rows
 
     def seconds(value):
         if not isinstance(value, _dt.datetime):
@@ -266,8 +260,11 @@ def {function_name}(inputs):
     age_out = np.full(n, -1.0)
     open_rows = np.ones(n, dtype=bool)
     for tier, view, ttl_seconds in tiers:
-        vectors, present = vectors_of(column(view, "embedding"))
-        computed = np.fromiter(map(seconds, column(view, "computed_at")), dtype=np.float64)
+        # Only the rows a better tier has not served are looked at, as the rule's order says.
+        vectors, present, rows = vectors_of(column(view, "embedding"), np.flatnonzero(open_rows))
+        stamps = column(view, "computed_at")
+        computed = np.full(n, np.nan)
+        computed[rows] = [seconds(stamps[i]) for i in rows]
         versions = np.fromiter(column(view, "model_version"), dtype=object, count=n)
         take = open_rows & usable_rows(
             vectors,
