@@ -34,7 +34,7 @@ def _brute_force(pairs: PairEmbeddings, cfg: AggregateConfig) -> dict[int, tuple
     newest: dict[tuple[int, int], tuple[float, np.ndarray]] = {}
     for r in range(len(pairs)):
         t = pairs.computed_at_s[r]
-        if pairs.model_versions[r] != "v1" or not NOW_S - cfg.window_seconds < t <= NOW_S:
+        if pairs.model_versions[r] != "v1" or not NOW_S - cfg.window_seconds <= t <= NOW_S:
             continue
         key = (int(pairs.user_ids[r]), int(pairs.item_ids[r]))
         if key not in newest or t > newest[key][0]:
@@ -107,7 +107,7 @@ def test_only_the_requested_model_version_is_averaged() -> None:
     expected_users = {
         int(u)
         for u, v, t in zip(pairs.user_ids, pairs.model_versions, pairs.computed_at_s, strict=True)
-        if v == "v0" and NOW_S - 86400 < t <= NOW_S
+        if v == "v0" and NOW_S - 86400 <= t <= NOW_S
     }
     assert set(rows["user_id"]) == expected_users
     assert aggregate_user_embeddings(pairs, NOW, "v9").empty

@@ -11,6 +11,7 @@ keys, not the shared server's keyspace.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -185,6 +186,125 @@ def test_a_100k_item_request_is_answered_or_flagged_never_raised(
         np.testing.assert_array_equal(result.embeddings[:KNOWN_ITEMS], fuzz_store.vectors)
     if deadline_ms >= 30_000:
         assert not result.error
+
+
+# -- stored values ----------------------------------------------------------------------------
+
+STORED_USER = 2**40 + 7  # no other test of this module reads or writes it
+NOW_S = float(int(time.time()))
+
+
+def _value(**field: Any) -> bytes:
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+    return ValueProto(**field).SerializeToString()
+
+
+def _reference_served(embedding: bytes, version: bytes, computed_at: bytes, ttl: float) -> bool:
+    """Independent of the retriever's codecs: parse every field with Feast's proto, or miss."""
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+    from google.protobuf.message import DecodeError
+
+    parsed = []
+    for raw in (embedding, version, computed_at):
+        proto = ValueProto()
+        try:
+            proto.ParseFromString(raw)
+        except DecodeError:
+            return False
+        parsed.append(proto)
+    vector, model, stamp = parsed
+    if vector.WhichOneof("val") != "float_list_val" or len(vector.float_list_val.val) != DIM:
+        return False
+    if not np.isfinite(np.asarray(vector.float_list_val.val)).all():
+        return False
+    if model.WhichOneof("val") != "string_val" or model.string_val != VERSION:
+        return False
+    if stamp.WhichOneof("val") != "unix_timestamp_val":
+        return False
+    age = NOW_S - stamp.unix_timestamp_val
+    return -300.0 <= age <= ttl
+
+
+def _maybe_broken(valid: st.SearchStrategy[bytes]) -> st.SearchStrategy[bytes]:
+    """A valid value, a truncation or a one-byte mutation of it, or any bytes at all."""
+
+    def flip(data: tuple[bytes, int, int]) -> bytes:
+        raw, at, byte = data
+        if not raw:
+            return raw
+        at %= len(raw)
+        return raw[:at] + bytes([byte]) + raw[at + 1 :]
+
+    return st.one_of(
+        valid,  # listed thrice: a third of the examples store all three fields well-formed
+        valid,
+        valid,
+        valid.flatmap(lambda raw: st.integers(0, len(raw)).map(lambda n: raw[:n])),
+        st.tuples(valid, st.integers(0, 10_000), st.integers(0, 255)).map(flip),
+        st.binary(min_size=1, max_size=200),
+    )
+
+
+floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
+stored_embeddings = _maybe_broken(
+    st.one_of(
+        st.lists(st.floats(-1, 1, width=32), min_size=DIM, max_size=DIM),
+        st.lists(st.floats(-1, 1, width=32), min_size=DIM, max_size=DIM),
+        st.lists(floats32, min_size=DIM, max_size=DIM),  # NaN and inf among them
+        st.lists(st.floats(-1, 1, width=32), min_size=0, max_size=DIM + 2),
+    ).map(lambda v: _value(float_list_val={"val": v}))
+    | st.just(_value(string_val="not a vector"))
+)
+stored_versions = _maybe_broken(
+    st.sampled_from([VERSION, "cmp-old", ""]).map(lambda v: _value(string_val=v))
+)
+stored_stamps = _maybe_broken(
+    st.sampled_from([0.0, 60.0, 6 * 3600.0, 6 * 3600.0 + 1, -299.0, -301.0, -1e9]).map(
+        lambda age: _value(unix_timestamp_val=int(NOW_S - age))
+    )
+)
+
+
+@settings(FUZZ, max_examples=150)
+@given(embedding=stored_embeddings, version=stored_versions, computed_at=stored_stamps)
+def test_fuzzed_stored_bytes_are_served_or_a_counted_miss_never_an_error(
+    fuzz_store: FuzzStore,
+    embedding: bytes,
+    version: bytes,
+    computed_at: bytes,
+) -> None:
+    from solaris_feast.store.config import EntityKeyLayout, online_field
+
+    key = EntityKeyLayout(["user_id", "item_id"], 3).key(STORED_USER, 0)
+    fuzz_store.client.hset(
+        key + fuzz_store.project.encode(),
+        mapping={
+            online_field("solaris_pair", "embedding"): embedding,
+            online_field("solaris_pair", "model_version"): version,
+            online_field("solaris_pair", "computed_at"): computed_at,
+        },
+    )
+    retriever = SolarisRetriever(fuzz_store.store, VERSION, deadline_ms=5000, record_misses=False)
+    before = fuzz_store.snapshot()
+    with pytest.MonkeyPatch.context() as clock:
+        clock.setattr(time, "time", lambda: NOW_S)  # the age boundaries are hit to the second
+        try:
+            result = retriever.fetch(STORED_USER, [0])
+        finally:
+            retriever.close()
+
+    served = _reference_served(embedding, version, computed_at, 6 * 3600.0)
+    CASES["stored_served" if served else "stored_missed"] += 1
+    assert not result.error
+    assert result.tiers.tolist() == [Tier.EXACT if served else Tier.ZERO]
+    refused = retriever.stats.undecodable + sum(retriever.stats.rejected.values())
+    # An empty value is no value (absent, as Redis answers a missing field), not a refusal.
+    expected_refused = 0 if served or not embedding else 1
+    assert refused == expected_refused, "a refused stored value must be counted once"
+    if not served:
+        assert not result.embeddings.any()
+    assert fuzz_store.snapshot() == before, "a read changed what is stored"
 
 
 # -- write batches ----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from solaris_feast.data.schema import ITEM_ID, USER_ID
 from solaris_feast.errors import SchemaError
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
+from solaris_feast.serving.resolve import usable_rows
 
 logger = logging.getLogger(__name__)
 
@@ -95,17 +96,27 @@ class PairEmbeddings:
             model_versions=self.model_versions[rows],
         )
 
-    def usable(self, model_version: str, start_s: float, end_s: float) -> PairEmbeddings:
-        """Rows of ``model_version`` computed in ``(start_s, end_s]``, newest per pair only,
-        sorted by ``(user_id, item_id)``."""
-        return self.select(self.usable_rows(model_version, start_s, end_s))
+    def usable(self, model_version: str, now_s: float, ttl_seconds: float) -> PairEmbeddings:
+        """Rows the tier rule would serve at ``now_s`` with ``ttl_seconds``, newest per pair
+        only, sorted by ``(user_id, item_id)``; see :meth:`usable_rows`."""
+        return self.select(self.usable_rows(model_version, now_s, ttl_seconds))
 
-    def usable_rows(self, model_version: str, start_s: float, end_s: float) -> np.ndarray:
-        """Indices of the rows :meth:`usable` keeps, in its order (no vectors are copied)."""
-        keep = (
-            (self.model_versions == model_version)
-            & (self.computed_at_s > start_s)
-            & (self.computed_at_s <= end_s)
+    def usable_rows(self, model_version: str, now_s: float, ttl_seconds: float) -> np.ndarray:
+        """Indices of the rows :meth:`usable` keeps, in its order (no vectors are copied).
+
+        Freshness is the serving rule itself (:func:`~solaris_feast.serving.resolve.usable_rows`:
+        ``0 <= now_s - computed_at <= ttl_seconds``, a vector exactly TTL old is in, as served),
+        with no clock-skew allowance: a pair computed after ``now_s`` is never averaged, so a
+        re-run for the same interval makes the same rows. NaN or inf vectors are left out too.
+        """
+        keep = usable_rows(
+            self.vectors,
+            np.ones(len(self), dtype=bool),
+            self.model_versions == model_version,
+            self.computed_at_s,
+            now_s,
+            ttl_seconds,
+            clock_skew_seconds=0.0,
         )
         rows = np.flatnonzero(keep)
         if len(rows) == 0:
@@ -133,7 +144,8 @@ class AggregateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     window_seconds: int = Field(default=86400, gt=0)
-    """Pairs computed in ``(now - window_seconds, now]`` are averaged."""
+    """Pairs computed in ``[now - window_seconds, now]`` are averaged (the tier rule's TTL
+    boundary: a pair exactly ``window_seconds`` old is in)."""
     weighting: Literal["uniform", "recency"] = "uniform"
     """``uniform``: plain mean; ``recency``: weight ``0.5 ** (age / half_life_seconds)``."""
     half_life_seconds: float = Field(default=6 * 3600.0, gt=0)
@@ -152,7 +164,8 @@ def aggregate_user_embeddings(
 
     Args:
         pairs: Exact pair embeddings (:class:`PairEmbeddings` or its frame form); rows of another
-            ``model_version``, outside the window or after ``now`` are ignored.
+            ``model_version``, outside the window, after ``now`` or with a NaN/inf component
+            are ignored.
         now: End of the window (UTC); also the ``computed_at`` of the rows, so a re-run for the
             same interval writes the same rows.
         model_version: The embedding version to average (the compressor card's version).
@@ -165,7 +178,7 @@ def aggregate_user_embeddings(
     cfg = config or AggregateConfig()
     table = pairs if isinstance(pairs, PairEmbeddings) else PairEmbeddings.from_frame(pairs)
     now_s = _utc(now).value / 1e9
-    window = table.usable(model_version, now_s - cfg.window_seconds, now_s)
+    window = table.usable(model_version, now_s, cfg.window_seconds)
     if len(window) == 0:
         return _empty_user_rows()
     # usable() sorted by user, so each user's rows are one contiguous run.

@@ -197,7 +197,7 @@ def similarity_fill(
         index: User vectors (see :func:`build_user_index`); targets of unindexed users get no row.
         targets: ``user_id``, ``item_id`` pairs to fill (duplicates are merged).
         exact: Exact pair embeddings; only rows of ``model_version`` computed in
-            ``(now - exact_ttl_seconds, now]`` are used, newest per pair. A target that holds a
+            ``[now - exact_ttl_seconds, now]`` are used, newest per pair. A target that holds a
             fresh exact embedding itself is skipped: the exact tier already serves it.
         now: Fill time (UTC); also the rows' ``computed_at``.
         model_version: The embedding version (the compressor card's version).
@@ -218,7 +218,7 @@ def similarity_fill(
         if column not in targets.columns:
             raise SchemaError("targets", column, "is missing")
     # Row indices rather than a copy: the exact table can hold millions of vectors.
-    fresh_rows = exact.usable_rows(model_version, now_s - exact_ttl_seconds, now_s)
+    fresh_rows = exact.usable_rows(model_version, now_s, exact_ttl_seconds)
     fresh_user, fresh_item = exact.user_ids[fresh_rows], exact.item_ids[fresh_rows]
     target_user = targets[USER_ID].to_numpy(dtype=np.int64)
     target_item = targets[ITEM_ID].to_numpy(dtype=np.int64)

@@ -68,12 +68,15 @@ def usable_rows(
     age = now_s - computed
     with np.errstate(invalid="ignore"):
         fresh = (age <= ttl_seconds) & (age >= -clock_skew_seconds)
-    finite = np.zeros(len(present), dtype=bool)
-    if len(present):
-        finite[present] = np.isfinite(np.asarray(vectors)[present]).all(axis=1)
-    return (
-        present & np.asarray(version_matches, dtype=bool) & np.isfinite(computed) & fresh & finite
-    )
+    ok = present & np.asarray(version_matches, dtype=bool) & np.isfinite(computed) & fresh
+    # Finiteness last and only on the rows still in: a precompute table holds millions of
+    # vectors, and checking them all would copy every one.
+    rows = np.flatnonzero(ok)
+    vectors = np.asarray(vectors)
+    for start in range(0, len(rows), 65536):
+        chunk = rows[start : start + 65536]
+        ok[chunk] = np.isfinite(vectors[chunk]).all(axis=1)
+    return ok
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,9 @@ class Resolution:
         age_seconds: ``(N,)`` float64 seconds since the served vector was computed (clipped at
             0); NaN for ZERO.
         rejected: how many stored, decodable values were refused, by reason
-            (:data:`REJECTION_REASONS`), over all tiers.
+            (:data:`REJECTION_REASONS`), over all tiers, counting only the rows a tier was
+            consulted for (a pair served exactly does not count its similar value); filled
+            when ``count_rejections`` is set.
     """
 
     embeddings: np.ndarray
@@ -123,23 +128,33 @@ class Resolution:
 
 
 def rejection_counts(
-    values: TierValues, now_s: float, ttl_seconds: float, clock_skew_seconds: float
+    values: TierValues,
+    now_s: float,
+    ttl_seconds: float,
+    clock_skew_seconds: float,
+    rows: np.ndarray | None = None,
 ) -> dict[str, int]:
     """Why present values of one tier are refused (a value can have several reasons; each is
-    counted under the first that applies, in the order of :data:`REJECTION_REASONS`)."""
+    counted under the first that applies, in the order of :data:`REJECTION_REASONS`).
+
+    ``rows``: ``(N,)`` bool, the rows to count (default all); :func:`resolve` counts only the
+    rows a better tier had not already served, the values it actually consulted. An unknown
+    ``computed_at`` (NaN) counts as stale.
+    """
     present = np.asarray(values.present, dtype=bool)
-    left = present.copy()
-    counts: dict[str, int] = {}
+    left = present.copy() if rows is None else present & np.asarray(rows, dtype=bool)
     age = now_s - np.asarray(values.computed_at_s, dtype=np.float64)
     with np.errstate(invalid="ignore"):
+        future = age < -clock_skew_seconds
         checks = {
             "other_version": ~np.asarray(values.version_matches, dtype=bool),
-            "stale": ~(age <= ttl_seconds) & ~(age < -clock_skew_seconds),
-            "future": age < -clock_skew_seconds,
+            "stale": ~(age <= ttl_seconds) & ~future,
+            "future": future,
             "non_finite": np.zeros(len(present), dtype=bool),
         }
-    if present.any():
-        checks["non_finite"][present] = ~np.isfinite(values.vectors[present]).all(axis=1)
+    if left.any():
+        checks["non_finite"][left] = ~np.isfinite(np.asarray(values.vectors)[left]).all(axis=1)
+    counts: dict[str, int] = {}
     for reason in REJECTION_REASONS:
         hit = left & checks[reason]
         counts[reason] = int(hit.sum())
@@ -168,7 +183,8 @@ def resolve(
     if not given:
         raise ValueError("resolve needs at least one tier's values")
     n = len(tiers[given[0]].present)
-    dim = tiers[given[0]].vectors.shape[1] if tiers[given[0]].vectors.ndim == 2 else 0
+    first = tiers[given[0]].vectors
+    dim = first.shape[1] if first.ndim == 2 else 0
     embeddings = np.zeros((n, dim), dtype=np.float32)
     served = np.zeros(n, dtype=TIER_DTYPE)
     ages = np.full(n, np.nan, dtype=np.float64)
@@ -178,6 +194,12 @@ def resolve(
         values = tiers[tier]
         if len(values.present) != n:
             raise ValueError(f"tier {tier.name} has {len(values.present)} rows, expected {n}")
+        if values.vectors.shape != (n, dim):
+            raise ValueError(
+                f"tier {tier.name} has vectors of shape {values.vectors.shape}, expected {(n, dim)}"
+            )
+        if tier not in ttl_seconds:
+            raise ValueError(f"resolve got values for tier {tier.name} but no ttl for it")
         ok = usable_rows(
             values.vectors,
             values.present,
@@ -187,9 +209,9 @@ def resolve(
             float(ttl_seconds[tier]),
             clock_skew_seconds,
         )
-        if count_rejections:
+        if count_rejections and (open_rows & values.present & ~ok).any():
             for reason, count in rejection_counts(
-                values, now_s, float(ttl_seconds[tier]), clock_skew_seconds
+                values, now_s, float(ttl_seconds[tier]), clock_skew_seconds, rows=open_rows
             ).items():
                 rejected[reason] += count
         take = ok & open_rows

@@ -2,9 +2,12 @@
 
 :class:`SolarisRetriever` reads the three SOLARIS views for one user and N candidate items and
 resolves them exact > similar > user aggregate > zero. It enforces what Feast's
-``get_online_features`` does not (feast issues 6821 and 6715): a value older than its view's TTL,
-made by another model version than the VM's, or null (Redis answers a missing entity with a
-PRESENT null) is a miss. Every exact miss goes to the
+``get_online_features`` does not (feast issues 6821 and 6715) with the one tier rule of
+:mod:`solaris_feast.serving.resolve`: a value older than its view's TTL, made by another model
+version than the VM's, null (Redis answers a missing entity with a PRESENT null), with a NaN or
+inf component, of another length, from further in the future than the clock skew allows, or
+bytes that do not decode is a miss, counted in :class:`RetrieverStats`. Every exact miss goes to
+the
 :class:`~solaris_feast.serving.miss_queue.MissQueue`
 for the next precompute round.
 
@@ -22,6 +25,7 @@ classifies them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -38,6 +42,13 @@ from solaris_feast.errors import (
     is_retryable,
 )
 from solaris_feast.serving.miss_queue import MissQueue
+from solaris_feast.serving.resolve import (
+    DEFAULT_CLOCK_SKEW_SECONDS,
+    REJECTION_REASONS,
+    SEARCH_ORDER,
+    TierValues,
+    resolve,
+)
 from solaris_feast.store.backends import OnlineBackend, TierRead, backend_for
 from solaris_feast.store.definitions import SolarisFeastConfig
 from solaris_feast.store.layout import FloatListCodec
@@ -53,7 +64,7 @@ TIER_DTYPE = np.int8
 MAX_REMEMBERED_MISSES = 200_000
 """Pairs a retriever remembers having queued this round before it forgets them all."""
 _INT64_MAX = 2**63 - 1
-_SEARCH_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
+_SEARCH_ORDER = SEARCH_ORDER
 
 
 @dataclass(frozen=True)
@@ -75,7 +86,15 @@ class FetchResult:
 
 @dataclass
 class RetrieverStats:
-    """Counters since the retriever was made; read them for metrics."""
+    """Counters since the retriever was made; read them for metrics.
+
+    ``undecodable`` and ``rejected`` count (candidate, tier) values that were stored but not
+    served: ``undecodable`` the values whose bytes are not a vector of the view's length (garbage,
+    truncated, another length or type) or whose ``computed_at`` or ``model_version`` does not
+    parse; ``rejected`` by reason (:data:`~solaris_feast.serving.resolve.REJECTION_REASONS`) the
+    decodable ones the tier rule refused, for the candidates a better tier had not served. The
+    user aggregate is one stored value counted once per candidate it was consulted for.
+    """
 
     fetches: int = 0
     items: int = 0
@@ -83,11 +102,33 @@ class RetrieverStats:
     deadline_exceeded: int = 0
     misses_recorded: int = 0
     miss_queue_errors: int = 0
+    undecodable: int = 0
     tier_counts: dict[Tier, int] = field(default_factory=lambda: {t: 0 for t in Tier})
+    rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECTION_REASONS, 0))
 
 
 _TierRead = TierRead
 """Raw stored values of one tier for N items (the backends' :class:`TierRead`)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_timestamp(raw: Any) -> float:
+    """Unix seconds of a stored ``computed_at`` (``ValueProto(unix_timestamp_val=...)``), NaN
+    when it is absent or does not parse as one. Cached: a precompute round writes one
+    ``computed_at`` for many pairs, so a request sees few distinct ones."""
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+    from google.protobuf.message import DecodeError
+
+    if not isinstance(raw, bytes) or not raw:
+        return float("nan")
+    proto = ValueProto()
+    try:
+        proto.ParseFromString(raw)
+    except (DecodeError, ValueError):
+        return float("nan")
+    if proto.WhichOneof("val") != "unix_timestamp_val":
+        return float("nan")
+    return float(proto.unix_timestamp_val)
 
 
 def validate_request(user_id: Any, item_ids: Any) -> tuple[int, np.ndarray]:
@@ -134,6 +175,8 @@ class SolarisRetriever:
             :class:`~solaris_feast.errors.ViewsNotAppliedError`).
         record_misses: queue every exact miss for the next precompute round.
         views: names of the views; TTLs and the dimension are read from the registry.
+        clock_skew_seconds: how far in the future a stored ``computed_at`` may lie before the
+            value is distrusted (a miss); writers' clocks differ from this one.
 
     The Redis connection pool is shared safely between threads; the counters in ``stats`` and
     the memory of queued misses are not locked, so give each serving thread its own retriever.
@@ -150,6 +193,7 @@ class SolarisRetriever:
         strict: bool = False,
         record_misses: bool = True,
         views: SolarisFeastConfig | None = None,
+        clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
     ) -> None:
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
@@ -157,6 +201,11 @@ class SolarisRetriever:
             raise ValueError("expected_model_version must be a non-empty string")
         if deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {deadline_ms}")
+        if not np.isfinite(clock_skew_seconds) or clock_skew_seconds < 0:
+            raise ValueError(
+                f"clock_skew_seconds must be finite and >= 0, got {clock_skew_seconds}"
+            )
+        self.clock_skew_seconds = float(clock_skew_seconds)
         self.store = store
         self.expected_model_version = expected_model_version
         self.deadline_ms = float(deadline_ms)
@@ -282,39 +331,83 @@ class SolarisRetriever:
     # -- resolving ----------------------------------------------------------------------------
 
     def _resolve(self, reads: dict[Tier, _TierRead], n: int) -> FetchResult:
-        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+        values = {tier: self._decode_tier(reads[tier], n) for tier in _SEARCH_ORDER}
+        resolution = resolve(
+            values,
+            now_s=time.time(),
+            ttl_seconds=self.ttl_seconds,
+            clock_skew_seconds=self.clock_skew_seconds,
+            count_rejections=True,
+        )
+        for reason, count in resolution.rejected.items():
+            self.stats.rejected[reason] += count
+        return FetchResult(
+            embeddings=resolution.embeddings,
+            tiers=resolution.tiers,
+            age_seconds=resolution.age_seconds,
+            error=False,
+        )
 
-        now = time.time()
-        embeddings = np.zeros((n, self.dim), dtype=np.float32)
-        tiers = np.zeros(n, dtype=TIER_DTYPE)
-        ages = np.full(n, np.nan, dtype=np.float64)
-        expected = self._expected_version_bytes
-        decode = self.codec.decode
-        open_rows = list(range(n))
-        parsed_ts = ValueProto()
-        for tier in _SEARCH_ORDER:
-            read = reads[tier]
-            ttl = self.ttl_seconds[tier]
-            still_open = []
-            for i in open_rows:
-                raw = read.embedding[i]
-                # Redis answers a missing entity with an empty value: a miss, never a zero vector.
-                if not raw or read.model_version[i] != expected or not read.computed_at[i]:
-                    still_open.append(i)
+    def _decode_tier(self, read: _TierRead, n: int) -> TierValues:
+        """Decode one tier's raw values; a value that does not decode is not present (and
+        counted), never an error: one bad stored value must not fail the whole request."""
+        embedding, model_version, computed_at = read.embedding, read.model_version, read.computed_at
+        if n > 1 and all(len({id(v) for v in column}) == 1 for column in read.__dict__.values()):
+            # The user aggregate: one stored value for every candidate; decode it once.
+            one = self._decode_tier(_TierRead(embedding[:1], model_version[:1], computed_at[:1]), 1)
+            if embedding[0] and not one.present[0]:
+                self.stats.undecodable += n - 1  # counted once per candidate, like the rest
+            return TierValues(
+                vectors=np.repeat(one.vectors, n, axis=0),
+                present=np.repeat(one.present, n),
+                version_matches=np.repeat(one.version_matches, n),
+                computed_at_s=np.repeat(one.computed_at_s, n),
+            )
+        codec = self.codec
+        size, header = codec.size, codec.header
+        # Redis answers a missing entity with empty values: a miss, never a zero vector.
+        stored = [i for i, raw in enumerate(embedding) if raw]
+        stamps = [_decode_timestamp(computed_at[i]) for i in stored]
+        versions = [model_version[i] for i in stored]
+        rows: list[int] = []
+        packed: list[bytes] = []  # Feast's own layout for length D: header + D floats
+        packed_rows: list[int] = []
+        other: list[tuple[int, np.ndarray]] = []  # any other layout, parsed as a proto
+        for i, stamp, version in zip(stored, stamps, versions, strict=True):
+            if stamp != stamp or type(version) is not bytes:  # NaN: no usable computed_at
+                continue
+            raw = embedding[i]
+            if type(raw) is bytes and len(raw) == size and raw.startswith(header):
+                packed.append(raw)
+                packed_rows.append(i)
+            else:
+                vector = codec.decode(raw)
+                if vector is None:  # garbage, truncated, another length or type
                     continue
-                parsed_ts.ParseFromString(read.computed_at[i])
-                age = max(now - parsed_ts.unix_timestamp_val, 0.0)
-                vector = decode(raw) if age <= ttl else None
-                if vector is None:
-                    still_open.append(i)
-                    continue
-                embeddings[i] = vector
-                tiers[i] = tier
-                ages[i] = age
-            open_rows = still_open
-            if not open_rows:
-                break
-        return FetchResult(embeddings=embeddings, tiers=tiers, age_seconds=ages, error=False)
+                other.append((i, vector))
+            rows.append(i)
+        self.stats.undecodable += len(stored) - len(rows)
+        vectors = np.zeros((n, self.dim), dtype=np.float32)
+        if packed:
+            as_bytes = np.frombuffer(b"".join(packed), dtype=np.uint8).reshape(len(packed), size)
+            vectors[packed_rows] = np.ascontiguousarray(as_bytes[:, len(header) :]).view("<f4")
+        for i, vector in other:
+            vectors[i] = vector
+        present = np.zeros(n, dtype=bool)
+        present[rows] = True
+        # Feast serializes a string the same way every time: equal bytes, equal versions.
+        version_matches = np.zeros(n, dtype=bool)
+        version_matches[stored] = np.asarray(versions, dtype=object) == self._expected_version_bytes
+        version_matches &= present
+        computed = np.full(n, np.nan)
+        computed[stored] = stamps
+        computed[~present] = np.nan
+        return TierValues(
+            vectors=vectors,
+            present=present,
+            version_matches=version_matches,
+            computed_at_s=computed,
+        )
 
     def _fail(self, n: int, reason: str, exc: BaseException) -> FetchResult:
         """ZERO for all with ``error=True``; in strict mode raise, by the error's class."""

@@ -11,22 +11,31 @@ The three tiers of the layered fallback are three feature views:
 
 A fourth, on-demand view (``solaris_resolved``) resolves them exact > similar > user > zero
 inside Feast, so a client with no solaris code gets the resolved vector and its tier from a plain
-``store.get_online_features(..., full_feature_names=True)`` (full names are required: the three
-views share feature names, and without them Feast hands the transformation one view's values
-under every name, so the view refuses). Its ``resolved_age_seconds`` is -1 for ZERO where the
-retriever says NaN. Everything is built by :func:`solaris_definitions` from a
+``store.get_online_features(..., full_feature_names=True)``. It applies the same tier rule as the
+retriever: its generated source carries the text of
+:func:`solaris_feast.serving.resolve.usable_rows` (TTL, version, NaN/inf, length, null and future
+values beyond the clock skew are misses), and a parity test over a grid of cases pins the two.
+Full names are required on every online store: the three views share feature names, and without
+them Feast hands the transformation one view's values under every name, so the view refuses.
+Its ``resolved_age_seconds`` is -1 for ZERO where the retriever says NaN. Bytes that do not
+decode as a Feast value never reach the view: Feast's own online read raises
+``google.protobuf.message.DecodeError`` for the whole request first (the retriever answers a miss
+for that value instead). Everything is built by :func:`solaris_definitions` from a
 :class:`SolarisFeastConfig`, so a user can register the views in their own repo under their own
 names, dimensions and TTLs.
 """
 
 from __future__ import annotations
 
+import inspect
+import textwrap
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, SEARCH_ORDER, usable_rows
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -79,6 +88,11 @@ class SolarisFeastConfig(BaseModel):
         DEFAULT_SIMILAR_TTL_SECONDS
     )
     """A similarity-filled embedding older than this is a miss."""
+    clock_skew_seconds: Annotated[float, Field(ge=0, le=MAX_TTL_SECONDS, allow_inf_nan=False)] = (
+        DEFAULT_CLOCK_SKEW_SECONDS
+    )
+    """The resolved view distrusts (misses) a value whose ``computed_at`` lies further than this
+    in the future: a writer's broken clock or a bad write."""
     offline_root: str = "data/offline"
     """Folder of the parquet files, one sub-folder per view; relative paths resolve against the
     Feast repo folder."""
@@ -175,66 +189,105 @@ def lineage_tags(
 
 
 # The resolved view's function is stored in the registry as source text and re-executed by
-# Feast (``feast.transformation.udf_rehydrate``) with only numpy/pandas in scope, so it must be
-# self-contained: view names and TTLs are written into the text rather than captured.
+# Feast (``feast.transformation.udf_rehydrate``) with only numpy/pandas importable, so it must be
+# self-contained: view names, TTLs and the tier rule's own text (``usable_rows``, nested so the
+# registry text has one top-level function) are written into it rather than imported.
 _RESOLVE_SOURCE = '''
 def {function_name}(inputs):
-    """Resolve exact > similar > user aggregate > zero, TTL and model version enforced."""
+    """Resolve exact > similar > user aggregate > zero with solaris's tier rule (generated)."""
     import datetime as _dt
+    import time as _time
 
-    now = _dt.datetime.now(_dt.timezone.utc)
-    expected = inputs["{request_field}"]
-    n = len(expected)
+    import numpy as np
+
+    now_s = _time.time()
+
+    # <usable_rows>
     tiers = ({tiers})
     dim = {dim}
+    clock_skew_seconds = {clock_skew_seconds!r}
+    views = [view for _tier, view, _ttl in tiers]
 
     # Every view has features named embedding/model_version/computed_at; only the full names
     # (asked for with full_feature_names=True) say which view a value came from. Without them
-    # Feast hands over one view's values under every view's name, so refuse instead of guessing.
-    for _tier, view, _ttl in tiers:
-        if "_ts:" + view in inputs:
-            raise ValueError(
-                "{resolved_view}: call get_online_features(..., full_feature_names=True); "
-                "the three tiers share feature names and cannot be told apart otherwise"
-            )
+    # Feast hands over one view's values under every view's name: Redis adds its "_ts:" fields,
+    # and on every store Feast fills the full names with the one short-named list, so they are
+    # the very same object. A real request carries the join key; Feast's schema inference
+    # (random inputs, shared lists, no join key) must still run.
+    shared = [inputs[v + "__embedding"] for v in views if v + "__embedding" in inputs]
+    if any("_ts:" + view in inputs for view in views) or (
+        "user_id" in inputs and len(set(map(id, shared))) < len(shared)
+    ):
+        raise ValueError(
+            "{resolved_view}: call get_online_features(..., full_feature_names=True); "
+            "the three tiers share feature names and cannot be told apart otherwise"
+        )
+
+    expected = np.fromiter(inputs["{request_field}"], dtype=object)
+    n = len(expected)
 
     def column(view, feature):
-        full = view + "__" + feature
-        if full in inputs:
-            return inputs[full]
-        return [None] * n
+        values = inputs.get(view + "__" + feature)
+        return [None] * n if values is None else values
 
-    embedding_out, tier_out, age_out = [], [], []
-    for i in range(n):
-        chosen = None
-        for tier, view, ttl_seconds in tiers:
-            vector = column(view, "embedding")[i]
-            version = column(view, "model_version")[i]
-            computed_at = column(view, "computed_at")[i]
-            if vector is None or len(vector) != dim or computed_at is None:
-                continue
-            if version != expected[i]:
-                continue
-            if computed_at.tzinfo is None:
-                computed_at = computed_at.replace(tzinfo=_dt.timezone.utc)
-            age = (now - computed_at).total_seconds()
-            if age > ttl_seconds:
-                continue
-            chosen = (tier, [float(x) for x in vector], max(age, 0.0))
-            break
-        if chosen is None:
-            chosen = (0, [0.0] * dim, -1.0)
-        tier_out.append(chosen[0])
-        embedding_out.append(chosen[1])
-        age_out.append(chosen[2])
-    out = {{
-        "resolved_embedding": embedding_out,
-        "resolved_tier": tier_out,
-        "resolved_age_seconds": age_out,
-    }}
+    def vectors_of(values, candidates):
+        # Nulls, other lengths or other types are misses (not present); the rest are kept.
+        # A float list from Feast holds floats only (one proto type per value), so its first
+        # element tells an embedding from an int, bool or string list of the same length.
+        rows = [
+            i
+            for i in candidates.tolist()
+            if isinstance(values[i], list)
+            and len(values[i]) == dim
+            and (dim == 0 or type(values[i][0]) is float)
+        ]
+        present = np.zeros(n, dtype=bool)
+        present[rows] = True
+        vectors = np.zeros((n, dim), dtype=np.float32)
+        if rows:
+            vectors[rows] = np.asarray([values[i] for i in rows], dtype=np.float32)
+        return vectors, present, rows
+
+    def seconds(value):
+        if not isinstance(value, _dt.datetime):
+            return float("nan")
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return value.timestamp()
+
+    embedding_out = np.zeros((n, dim), dtype=np.float32)
+    tier_out = np.zeros(n, dtype=np.int64)
+    age_out = np.full(n, -1.0)
+    open_rows = np.ones(n, dtype=bool)
+    for tier, view, ttl_seconds in tiers:
+        # Only the rows a better tier has not served are looked at, as the rule's order says.
+        vectors, present, rows = vectors_of(column(view, "embedding"), np.flatnonzero(open_rows))
+        stamps = column(view, "computed_at")
+        computed = np.full(n, np.nan)
+        computed[rows] = [seconds(stamps[i]) for i in rows]
+        versions = np.fromiter(column(view, "model_version"), dtype=object, count=n)
+        take = open_rows & usable_rows(
+            vectors,
+            present,
+            versions == expected,
+            computed,
+            now_s,
+            ttl_seconds,
+            clock_skew_seconds,
+        )
+        embedding_out[take] = vectors[take]
+        tier_out[take] = tier
+        age_out[take] = np.maximum(now_s - computed[take], 0.0)
+        open_rows &= ~take
+    out = dict(
+        resolved_embedding=embedding_out.tolist(),
+        resolved_tier=tier_out.tolist(),
+        resolved_age_seconds=age_out.tolist(),
+    )
     out.update({{"{resolved_view}__" + k: v for k, v in list(out.items())}})
     return out
 '''
+_USABLE_ROWS_MARK = "    # <usable_rows>\n"
 
 
 def resolved_view_source(config: SolarisFeastConfig) -> tuple[str, str]:
@@ -246,15 +299,18 @@ def resolved_view_source(config: SolarisFeastConfig) -> tuple[str, str]:
         )
     ttl = config.ttl_seconds_by_tier()
     views = config.view_name_by_tier()
-    order = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
-    tiers = ", ".join(f"({int(t)}, {views[t]!r}, {float(ttl[t])!r})" for t in order)
+    tiers = ", ".join(f"({int(t)}, {views[t]!r}, {float(ttl[t])!r})" for t in SEARCH_ORDER)
     source = _RESOLVE_SOURCE.format(
         function_name=function_name,
         request_field=MODEL_VERSION_REQUEST_FIELD,
         tiers=tiers + ",",
         dim=config.embedding_dim,
+        clock_skew_seconds=float(config.clock_skew_seconds),
         resolved_view=config.resolved_view_name,
     )
+    # The rule's own text, not a copy: the retriever and the view cannot drift apart.
+    rule = textwrap.indent(inspect.getsource(usable_rows), "    ")
+    source = source.replace(_USABLE_ROWS_MARK, rule + "\n")
     return source.strip() + "\n", function_name
 
 

@@ -139,16 +139,24 @@ class FloatListCodec:
         header = self.header
         return [header + raw[i : i + step] for i in range(0, len(raw), step)]
 
-    def decode(self, value: bytes) -> Any:
-        """``(D,)`` float32, or None when the value is empty, null or of another length."""
+    def decode(self, value: Any) -> Any:
+        """``(D,)`` float32, or None when the value is empty, null, of another length or type,
+        or not a ``ValueProto`` at all (garbage or truncated bytes). Never raises: one bad stored
+        value must be one miss, not a failed request."""
         import numpy as np
 
+        if not isinstance(value, bytes) or not value:
+            return None
         if len(value) == self.size and value.startswith(self.header):
             return np.frombuffer(value, dtype="<f4", offset=len(self.header))
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+        from google.protobuf.message import DecodeError
 
         proto = ValueProto()
-        proto.ParseFromString(value)
+        try:
+            proto.ParseFromString(value)
+        except (DecodeError, ValueError):
+            return None
         if proto.WhichOneof("val") != "float_list_val" or len(proto.float_list_val.val) != self.dim:
             return None
         return np.asarray(proto.float_list_val.val, dtype=np.float32)
