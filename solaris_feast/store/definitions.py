@@ -59,7 +59,6 @@ CREATED_TIMESTAMP_COLUMN = "written_at"
 """Offline column that breaks ties between rows with the same event time: the later write wins."""
 
 
-
 class SolarisFeastConfig(BaseModel):
     """Names, sizes, freshness and lineage of the SOLARIS feature views."""
 

@@ -156,14 +156,20 @@ def feature_view_lineage(
         producing_dag_tag=producing_dag_tag,
         schedule=schedule,
         schedule_interval_seconds=interval,
-        fm_version=tags.get(TAG_FM_VERSION),
-        compressor_version=tags.get(TAG_COMPRESSOR_VERSION),
-        verifier_version=tags.get(TAG_VERIFIER_VERSION),
+        **_version_tags(tags),
         last_materialization=last_materialization,
         last_write=last_write,
         coverage=coverage_of(coverage, fv.name, tags),
         services=tuple(services_of.get(fv.name, [])),
     )
+
+
+def _version_tags(tags: Mapping[str, str]) -> dict[str, str | None]:
+    return {
+        "fm_version": tags.get(TAG_FM_VERSION),
+        "compressor_version": tags.get(TAG_COMPRESSOR_VERSION),
+        "verifier_version": tags.get(TAG_VERIFIER_VERSION),
+    }
 
 
 def _sort_key(value: datetime | None) -> datetime:
@@ -184,16 +190,9 @@ def on_demand_view_lineage(
         ttl_seconds=None,
         tags=tags,
         sources=tuple(inputs),
-        producing_dag=None,
-        schedule=None,
-        schedule_interval_seconds=None,
-        fm_version=tags.get(TAG_FM_VERSION),
-        compressor_version=tags.get(TAG_COMPRESSOR_VERSION),
-        verifier_version=tags.get(TAG_VERIFIER_VERSION),
-        last_materialization=None,
-        last_write=None,
         coverage=coverage_of(coverage, odfv.name, tags),
         services=tuple(services_of.get(odfv.name, [])),
+        **_version_tags(tags),
     )
 
 

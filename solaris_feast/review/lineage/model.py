@@ -163,16 +163,17 @@ class ViewLineage:
     ttl_seconds: float | None
     tags: dict[str, str]
     sources: tuple[str, ...]
-    producing_dag: str | None
-    schedule: str | None
-    schedule_interval_seconds: float | None
-    fm_version: str | None
-    compressor_version: str | None
-    verifier_version: str | None
-    last_materialization: datetime | None
-    last_write: datetime | None
-    coverage: float | None
-    services: tuple[str, ...]
+    # What an on-demand view lacks (it stores nothing) defaults to unknown.
+    producing_dag: str | None = None
+    schedule: str | None = None
+    schedule_interval_seconds: float | None = None
+    fm_version: str | None = None
+    compressor_version: str | None = None
+    verifier_version: str | None = None
+    last_materialization: datetime | None = None
+    last_write: datetime | None = None
+    coverage: float | None = None
+    services: tuple[str, ...] = ()
     producing_dag_tag: str | None = None
 
 

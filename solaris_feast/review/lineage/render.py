@@ -6,6 +6,7 @@ import dataclasses
 import html
 import json
 import re
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from solaris_feast.review.lineage.graph import node_id
@@ -127,6 +128,13 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def _md_table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A Markdown table and the blank line after it."""
+    lines = [f"| {' | '.join(header)} |", f"|{' --- |' * len(header)}"]
+    lines += [f"| {' | '.join(_md_cell(cell) for cell in row)} |" for row in rows]
+    return [*lines, ""]
+
+
 def to_markdown(report: LineageReport) -> str:
     """The review as Markdown with a Mermaid graph (renders on GitHub and in most viewers)."""
     out = [
@@ -146,44 +154,34 @@ def to_markdown(report: LineageReport) -> str:
     out += ["", "## Graph", "", "```mermaid", to_mermaid(report).rstrip(), "```", ""]
     out += ["## Feature views", ""]
     for view in report.views:
-        out += [f"### {view.name}", "", "| Field | Value |", "| --- | --- |"]
-        out += [f"| {k} | {_md_cell(v)} |" for k, v in view_rows(view)]
-        out.append("")
-    out += [
-        "## Feature services",
-        "",
-        "| Service | Views | Compressor versions |",
-        "| --- | --- | --- |",
-    ]
-    for s in report.services:
-        out.append(
-            f"| {s.name} | {', '.join(s.views)} | {', '.join(s.compressor_versions) or '-'} |"
-        )
-    out += [
-        "",
-        "## Data sources",
-        "",
-        "| Source | Kind | Path | Backed by |",
-        "| --- | --- | --- | --- |",
-    ]
-    for src in report.sources:
-        out.append(f"| {src.name} | {src.kind} | {src.path or '-'} | {src.batch_source or '-'} |")
-    out += ["", "## DAGs", "", "| DAG | Schedule | Longest gap | Tasks | Outlets | File |",
-            "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for d in report.dags:
-        out.append(
-            f"| {d.dag_id} | {_md_cell(d.schedule or 'manual')} | "
-            f"{format_seconds(d.interval_seconds)} | {', '.join(t.task_id for t in d.tasks)} | "
-            f"{', '.join(d.outlets) or '-'} | {d.path} |"
-        )
-    out += ["", "## Model cards", "", "| Version | Kind | Role | Parents | Created | Weights |",
-            "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    for c in report.cards:
-        out.append(
-            f"| {c.version} | {c.kind} | {c.role or 'not in use'} | {', '.join(c.parents) or '-'} "
-            f"| {c.created_at or '-'} | {c.weights_status} (`{c.weights_sha256[:12]}`) |"
-        )
-    return "\n".join(out) + "\n"
+        out += [f"### {view.name}", ""]
+        out += _md_table(("Field", "Value"), view_rows(view))
+    out += ["## Feature services", ""]
+    out += _md_table(
+        ("Service", "Views", "Compressor versions"),
+        [(s.name, ", ".join(s.views), ", ".join(s.compressor_versions) or "-")
+         for s in report.services],
+    )  # fmt: skip
+    out += ["## Data sources", ""]
+    out += _md_table(
+        ("Source", "Kind", "Path", "Backed by"),
+        [(s.name, s.kind, s.path or "-", s.batch_source or "-") for s in report.sources],
+    )
+    out += ["## DAGs", ""]
+    out += _md_table(
+        ("DAG", "Schedule", "Longest gap", "Tasks", "Outlets", "File"),
+        [(d.dag_id, d.schedule or "manual", format_seconds(d.interval_seconds),
+          ", ".join(t.task_id for t in d.tasks), ", ".join(d.outlets) or "-", d.path)
+         for d in report.dags],
+    )  # fmt: skip
+    out += ["## Model cards", ""]
+    out += _md_table(
+        ("Version", "Kind", "Role", "Parents", "Created", "Weights"),
+        [(c.version, c.kind, c.role or "not in use", ", ".join(c.parents) or "-",
+          c.created_at or "-", f"{c.weights_status} (`{c.weights_sha256[:12]}`)")
+         for c in report.cards],
+    )  # fmt: skip
+    return "\n".join(out).rstrip("\n") + "\n"
 
 
 def to_html(report: LineageReport) -> str:
