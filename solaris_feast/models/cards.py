@@ -295,7 +295,8 @@ def select_chain(cards: Iterable[ModelCard], vm_version: str | None = None) -> M
     if vm_version is not None:
         vms = [c for c in vms if c.version == vm_version]
         if not vms:
-            raise ConfigError(f"no VM model card {vm_version} among {sorted(by_version)}")
+            present = [c.version for c in ordered if c.kind == "vm"]
+            raise ConfigError(f"no VM model card {vm_version} (VM cards present: {present})")
     if vms:
         compressor = parent_card(by_version, vms[-1], "compressor")
         return ModelChain(parent_card(by_version, compressor, "fm"), compressor, vms[-1])

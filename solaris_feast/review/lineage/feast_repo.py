@@ -6,7 +6,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from solaris_feast.review.lineage.coverage import coverage_of
 from solaris_feast.review.lineage.model import (
@@ -164,7 +164,13 @@ def feature_view_lineage(
     )
 
 
-def _version_tags(tags: Mapping[str, str]) -> dict[str, str | None]:
+class _VersionTags(TypedDict):
+    fm_version: str | None
+    compressor_version: str | None
+    verifier_version: str | None
+
+
+def _version_tags(tags: Mapping[str, str]) -> _VersionTags:
     return {
         "fm_version": tags.get(TAG_FM_VERSION),
         "compressor_version": tags.get(TAG_COMPRESSOR_VERSION),
