@@ -438,7 +438,7 @@ def test_missing_repo_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_dag_schedules_are_read_from_airflows_dag_objects(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     dags = write_dags(tmp_path / "dags")
     (dags / "settings.py").write_text('NIGHTLY = "30 2 * * *"\n')
@@ -447,6 +447,8 @@ def test_dag_schedules_are_read_from_airflows_dag_objects(
 from datetime import timedelta
 from airflow.sdk import Asset, CronTriggerTimetable, MultipleCronTriggerTimetable, dag, task
 from settings import NIGHTLY
+
+print("parsed more.py")
 
 
 def compute_schedule() -> str:
@@ -516,6 +518,9 @@ for d in (nightly, every, either, office_hours, twice_daily, dynamic, manual):
     # A file that fails to import is named in a warning; the other files are still read.
     broken = [f for f in findings if f.subject.endswith("broken.py")]
     assert [(f.severity, "half-written" in f.message) for f in broken] == [("warning", True)]
+    # stdout is kept for the report: what parsing prints goes to stderr.
+    printed = capsys.readouterr()
+    assert "parsed more.py" not in printed.out and "parsed more.py" in printed.err
 
 
 def test_malformed_card_fails_the_review_naming_the_file(tmp_path: Path) -> None:

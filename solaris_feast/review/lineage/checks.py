@@ -91,7 +91,7 @@ def _check_ttl_against_schedule(view: ViewLineage, report: LineageReport) -> lis
                     "lineage",
                     view.name,
                     f"tag {TAG_SCHEDULE}={tag_schedule!r} disagrees with DAG {dag.dag_id!r} "
-                    f"({dag.schedule}, in {dag.path}); the DAG file is what runs",
+                    f"({dag.schedule}, in {dag.path}); the DAG is what runs",
                     "warning",
                 )
             )
