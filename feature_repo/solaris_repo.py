@@ -3,8 +3,9 @@
 ``feast apply`` registers every object bound at module level below. The lineage tags
 (``solaris.fm_version``, ``solaris.compressor_version``, ``solaris.verifier_version``) and the
 embedding dimension come from the newest VM's model chain in ``SOLARIS_MODELS_DIR`` (default
-``<repo>/../models``), read as JSON; without cards they are ``unversioned``. TTLs can be set with
-``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS`` and ``SOLARIS_SIMILAR_TTL_SECONDS``.
+``<repo>/../models``), read by the torch-free ``solaris_feast.models.cards``; without cards they
+are ``unversioned``. TTLs can be set with ``SOLARIS_PAIR_TTL_SECONDS``,
+``SOLARIS_USER_TTL_SECONDS`` and ``SOLARIS_SIMILAR_TTL_SECONDS``.
 Run ``feast apply`` again after training so the tags name the models in service. Anything else
 (names, dimension, DAG names) changes through ``SolarisFeastConfig``.
 """

@@ -1,4 +1,5 @@
-"""Lineage review over a real Feast registry, real DAG files (read, never imported) and model cards.
+"""Lineage review over a real Feast registry, real DAG files (parsed by Airflow's DagBag) and
+model cards written by the project's own ``save_model``.
 
 Each check is shown to pass on a sound setup and to fire on a setup broken in exactly that way.
 """
@@ -30,7 +31,6 @@ from solaris_feast.review.lineage import (
     LineageReport,
     build_lineage,
     lineage_command,
-    parse_dag_file,
     read_dags,
     render,
     schedule_interval_seconds,
@@ -44,9 +44,6 @@ from solaris_feast.store.definitions import (
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 VIEWS = ("solaris_pair", "solaris_similar", "solaris_user")
-
-# Importing any of these files would fail at once: the review must only read them.
-DAG_PRELUDE = 'raise RuntimeError("DAG files must be parsed, not imported")\n'
 
 PRECOMPUTE_DAG = """
 from datetime import datetime
@@ -108,7 +105,7 @@ def write_dags(dags_dir: Path, pair_schedule: str = "@hourly", fill: str = "15 *
         "similarity.py": SIMILARITY_DAG.replace("{schedule}", fill),
     }
     for name, text in files.items():
-        (dags_dir / name).write_text(DAG_PRELUDE + text)
+        (dags_dir / name).write_text(text)
     return dags_dir
 
 
@@ -440,16 +437,23 @@ def test_missing_repo_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFix
     assert lineage_command(tmp_path, tmp_path, tmp_path, "pdf", None) == 2
 
 
-def test_dag_files_are_read_without_importing_them(tmp_path: Path) -> None:
+def test_dag_schedules_are_read_from_airflows_dag_objects(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     dags = write_dags(tmp_path / "dags")
     (dags / "settings.py").write_text('NIGHTLY = "30 2 * * *"\n')
     (dags / "more.py").write_text(
-        DAG_PRELUDE
-        + """
+        """
 from datetime import timedelta
-from airflow.sdk import DAG, Asset, dag, task
+from airflow.sdk import Asset, CronTriggerTimetable, MultipleCronTriggerTimetable, dag, task
 from settings import NIGHTLY
-from airflow.timetables.trigger import CronTriggerTimetable
+
+print("parsed more.py")
+
+
+def compute_schedule() -> str:
+    return "*/20 * * * *"
+
 
 @dag(schedule=NIGHTLY)
 def nightly():
@@ -457,7 +461,11 @@ def nightly():
 
 @dag(dag_id="every_90_minutes", schedule=timedelta(hours=1, minutes=30))
 def every():
-    pass
+    @task(task_id="shared_step", outlets=[Asset("c")])
+    def step():
+        pass
+
+    step()
 
 @dag(schedule=Asset("a") | Asset("b"))
 def either():
@@ -465,6 +473,10 @@ def either():
 
 @dag(schedule=CronTriggerTimetable("0 9-17 * * 1-5", timezone="UTC"))
 def office_hours():
+    pass
+
+@dag(schedule=MultipleCronTriggerTimetable("0 1 * * *", "0 13 * * *", timezone="UTC"))
+def twice_daily():
     pass
 
 @dag(schedule=compute_schedule())
@@ -475,28 +487,52 @@ def dynamic():
 def manual():
     pass
 
-@task(task_id="shared_step", outlets=[Asset("c")])
-def step():
-    pass
+for d in (nightly, every, either, office_hours, twice_daily, dynamic, manual):
+    d()
 """
     )
-    found = {d.dag_id: d for d in parse_dag_file(dags / "more.py", dags)}
+    (dags / "broken.py").write_text(
+        "from airflow.sdk import dag\nraise RuntimeError('half-written')\n"
+    )
+    # What runs is what the DAG file computes at parse time, environment included.
+    monkeypatch.setenv("SIMILARITY_CRON", "*/10 * * * *")
+    dags_read, findings = read_dags(dags)
+    found = {d.dag_id: d for d in dags_read}
     assert (found["nightly"].schedule, found["nightly"].interval_seconds) == ("30 2 * * *", 86400)
+    assert found["every_90_minutes"].schedule_kind == "interval"
     assert found["every_90_minutes"].interval_seconds == 5400
+    assert found["every_90_minutes"].tasks[0].outlets == ("c",)
     assert found["either"].triggering_assets == ("a", "b")
     assert found["either"].schedule == "a | b"
     # Friday 17:00 to Monday 09:00 is the longest gap.
     assert found["office_hours"].interval_seconds == 64 * 3600
-    assert found["dynamic"].schedule_kind == "unresolved"
-    assert found["dynamic"].schedule == "compute_schedule()"
+    assert found["twice_daily"].interval_seconds == 12 * 3600
+    assert (found["dynamic"].schedule, found["dynamic"].interval_seconds) == ("*/20 * * * *", 1200)
     assert found["manual"].schedule_kind == "manual"
     assert found["manual"].interval_seconds is None
+    assert [t.task_id for t in found["solaris_precompute"].tasks] == ["plan", "infer", "write"]
+    assert found["solaris_precompute"].outlets == ("solaris_pair",)
+    assert found["solaris_similarity_fill"].tasks[0].outlets == ("solaris_similar",)
+    assert found["solaris_similarity_fill"].interval_seconds == 600
+    assert found["solaris_aggregate"].interval_seconds == 3600
+    # A file that fails to import is named in a warning; the other files are still read.
+    broken = [f for f in findings if f.subject.endswith("broken.py")]
+    assert [(f.severity, "half-written" in f.message) for f in broken] == [("warning", True)]
+    # stdout is kept for the report: what parsing prints goes to stderr.
+    printed = capsys.readouterr()
+    assert "parsed more.py" not in printed.out and "parsed more.py" in printed.err
 
-    dags_by_id = {d.dag_id: d for d in read_dags(dags)[0]}
-    assert [t.task_id for t in dags_by_id["solaris_precompute"].tasks] == ["plan", "infer", "write"]
-    assert dags_by_id["solaris_precompute"].outlets == ("solaris_pair",)
-    assert dags_by_id["solaris_similarity_fill"].tasks[0].outlets == ("solaris_similar",)
-    assert dags_by_id["solaris_aggregate"].interval_seconds == 3600
+
+def test_malformed_card_fails_the_review_naming_the_file(tmp_path: Path) -> None:
+    s = setup(tmp_path)
+    bad = s.cards.models / "vm-bad.card.json"
+    bad.write_text(json.dumps({"version": "vm-bad", "kind": "vm", "weights_sha256": "xyz"}))
+    report = s.review()
+    problems = [f for f in report.errors if f.subject == str(bad)]
+    assert len(problems) == 1
+    assert "weights_sha256" in problems[0].message and "weights_file" in problems[0].message
+    # The sound cards are still reviewed.
+    assert {c.version for c in report.cards} == {s.cards.fm, s.cards.compressor, s.cards.vm}
 
 
 @pytest.mark.parametrize(
@@ -584,7 +620,7 @@ def test_producing_dag_is_found_by_the_asset_when_the_tag_names_no_dag(tmp_path:
     cards = write_cards(tmp_path / "models")
     dags = tmp_path / "dags"
     dags.mkdir()
-    (dags / "solaris_precompute.py").write_text(DAG_PRELUDE + ONE_DAG_WRITES_ALL)
+    (dags / "solaris_precompute.py").write_text(ONE_DAG_WRITES_ALL)
     # The tags name the user and similar DAGs of write_dags, which are not in this folder.
     repo = make_repo(tmp_path, cards.config(user_ttl_seconds=1800))
     report = build_lineage(repo, cards.models, dags, now=NOW)

@@ -1,7 +1,9 @@
-"""Lineage tags of the feature repo come from the model cards, read as JSON (no torch)."""
+"""The torch-free card module: reading, verifying and selecting model cards, and the feature
+repo's lineage tags that come from them."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -10,17 +12,24 @@ from pathlib import Path
 
 import pytest
 
-from solaris_feast.errors import ConfigError
+from solaris_feast.errors import ArtifactIntegrityError, ConfigError
 from solaris_feast.models.cards import (
     MODELS_DIR_ENV,
     PAIR_TTL_ENV,
     SCHEDULE_ENV,
+    check_weights,
+    list_cards,
     models_dir_for_repo,
     newest_chain,
     newest_embedding_version,
+    read_card,
+    scan_cards,
+    select_chain,
+    sha256_of,
+    verify_weights,
     versioned_feast_config,
 )
-from solaris_feast.review.lineage import parse_dag_file
+from solaris_feast.review.lineage import read_dags
 from solaris_feast.store.definitions import SolarisFeastConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +43,8 @@ def write_card(
     created_at: str,
     parents: tuple[str, ...] = (),
     config: dict[str, object] | None = None,
-) -> None:
+    **fields: object,
+) -> Path:
     """A card shaped as ``save_model`` writes it (the weights are never read here)."""
     models.mkdir(parents=True, exist_ok=True)
     card = {
@@ -45,8 +55,11 @@ def write_card(
         "config": config or {},
         "weights_file": f"{version}.safetensors",
         "weights_sha256": "0" * 64,
+        **fields,
     }
-    (models / f"{version}.card.json").write_text(json.dumps(card))
+    path = models / f"{version}.card.json"
+    path.write_text(json.dumps(card))
+    return path
 
 
 def two_chains(models: Path) -> None:
@@ -161,7 +174,7 @@ def test_feast_apply_tags_views_with_the_model_chain(
 
 
 def test_default_producing_dags_declare_the_views_they_are_tagged_with() -> None:
-    dags = {d.dag_id: d for d in parse_dag_file(ROOT / "dags" / "solaris_precompute.py")}
+    dags = {d.dag_id: d for d in read_dags(ROOT / "dags")[0]}
     config = SolarisFeastConfig()
     for view, dag_id in (
         (config.pair_view_name, config.pair_producing_dag),
@@ -190,3 +203,80 @@ def test_reading_the_chain_imports_no_torch(tmp_path: Path) -> None:
         check=True,
     )
     assert out.stdout.split() == ["compressor-b", "False", "False"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"kind": "teacher"}, "kind"),
+        ({"weights_sha256": "abc"}, "weights_sha256"),
+        ({"weights_file": "../elsewhere/w.safetensors"}, "weights_file"),
+        ({"weights_file": "/abs/w.safetensors"}, "weights_file"),
+        ({"created_at": "yesterday"}, "created_at"),
+        ({"surprise": 1}, "surprise"),
+    ],
+)
+def test_a_malformed_card_is_refused_naming_its_file_and_field(
+    tmp_path: Path, fields: dict[str, object], problem: str
+) -> None:
+    card: dict[str, object] = {"kind": "vm", "created_at": "2026-01-01T00:00:00Z", **fields}
+    kind, created_at = str(card.pop("kind")), str(card.pop("created_at"))
+    path = write_card(tmp_path, "vm-x", kind, created_at, **card)
+    with pytest.raises(ConfigError, match=problem) as refused:
+        read_card(path)
+    assert str(path) in str(refused.value)
+    # Reading the folder refuses the same card; scanning keeps it as a problem beside the others.
+    with pytest.raises(ConfigError, match=problem):
+        list_cards(tmp_path)
+    write_card(tmp_path, "fm-a", "fm", "2026-01-01T00:00:00Z")
+    scan = scan_cards(tmp_path)
+    assert [c.version for c in scan.cards] == ["fm-a"]
+    assert [p for p, _ in scan.problems] == [path]
+
+
+def test_a_card_must_be_named_after_its_version(tmp_path: Path) -> None:
+    path = write_card(tmp_path, "vm-x", "vm", "2026-01-01T00:00:00Z")
+    renamed = path.rename(tmp_path / "vm-y.card.json")
+    with pytest.raises(ConfigError, match=r"vm-x\.card\.json"):
+        read_card(renamed)
+
+
+def test_a_card_time_without_zone_is_read_as_utc_so_cards_still_sort(tmp_path: Path) -> None:
+    write_card(tmp_path, "fm-a", "fm", "2026-01-01T00:00:00Z")
+    write_card(tmp_path, "fm-b", "fm", "2026-01-01T01:00:00")
+    assert [c.version for c in list_cards(tmp_path)] == ["fm-a", "fm-b"]
+    assert list_cards(tmp_path)[1].created_at.utcoffset() is not None
+
+
+def test_weights_are_verified_against_the_card(tmp_path: Path) -> None:
+    weights = tmp_path / "fm-a.safetensors"
+    weights.write_bytes(b"the weights")
+    digest = hashlib.sha256(b"the weights").hexdigest()
+    assert sha256_of(weights) == digest
+    card = read_card(
+        write_card(tmp_path, "fm-a", "fm", "2026-01-01T00:00:00Z", weights_sha256=digest)
+    )
+    assert check_weights(card, tmp_path).status == "ok"
+    assert verify_weights(card, tmp_path) == weights
+
+    weights.write_bytes(b"other weights")
+    check = check_weights(card, tmp_path)
+    assert (check.status, check.actual_sha256) == ("mismatch", sha256_of(weights))
+    with pytest.raises(ArtifactIntegrityError, match="sha256"):
+        verify_weights(card, tmp_path)
+
+    weights.unlink()
+    assert check_weights(card, tmp_path).status == "missing"
+    with pytest.raises(ConfigError, match="does not exist"):
+        verify_weights(card, tmp_path)
+
+
+def test_select_chain_of_a_named_vm_and_of_an_unknown_one(tmp_path: Path) -> None:
+    two_chains(tmp_path)
+    cards = list_cards(tmp_path)
+    chain = select_chain(cards, "vm-a")
+    assert chain is not None and chain.vm is not None
+    assert [c.version for c in chain.cards] == ["fm-a", "compressor-a", "vm-a"]
+    with pytest.raises(ConfigError, match="vm-gone"):
+        select_chain(cards, "vm-gone")
+    assert select_chain([]) is None

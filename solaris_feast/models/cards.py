@@ -1,26 +1,32 @@
-"""Which model versions stand behind the stored embeddings, read from the model cards as JSON.
+"""Model cards: the one place that reads, verifies and selects them, without torch.
 
-``feast apply`` imports ``feature_repo/solaris_repo.py`` and ``solaris status`` runs beside
-serving: neither should load torch, which :mod:`solaris_feast.models.registry` imports to rebuild
-modules. A card is ``<version>.card.json`` (as ``save_model`` writes it); only the fields that
-name versions, parents, times and the module config are read here.
+Each trained model is a safetensors file beside a JSON card, ``<version>.card.json``. The card
+records the version, its parents (compressor -> FM, VM -> compressor), the training window, the
+config needed to rebuild the module and the sha256 of the weights file. :mod:`.registry` writes
+cards and loads weights (it needs torch); everything that only reads cards goes through this
+module: ``feast apply`` (``feature_repo/solaris_repo.py``), ``solaris status`` and ``solaris
+lineage`` run beside serving and must not load a deep learning framework.
 
-The chain in service is the one :func:`solaris_feast.models.registry.load_bundle` loads: the
-newest VM, the compressor it was trained on and that compressor's FM. The compressor's version
-is the ``model_version`` stored beside every embedding.
+The chain in service is the newest VM, the compressor it was trained on and that compressor's FM
+(:func:`select_chain`); :func:`.registry.load_bundle` loads exactly that chain. The compressor's
+version is the ``model_version`` stored beside every embedding. Cost: reading a card is one small
+JSON file; hashing weights reads the whole file, so only :func:`check_weights` and
+:func:`verify_weights` do it, and only for the cards they are given.
 """
 
 from __future__ import annotations
 
-import json
+import hashlib
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from solaris_feast.errors import ConfigError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from solaris_feast.errors import ArtifactIntegrityError, ConfigError
 from solaris_feast.store.definitions import (
     DEFAULT_PAIR_TTL_SECONDS,
     DEFAULT_SIMILAR_TTL_SECONDS,
@@ -28,8 +34,10 @@ from solaris_feast.store.definitions import (
     SolarisFeastConfig,
 )
 
+ModelKind = Literal["fm", "compressor", "vm"]
+MODEL_KINDS: tuple[ModelKind, ...] = ("fm", "compressor", "vm")
 CARD_SUFFIX = ".card.json"
-"""The registry's card file suffix (``solaris_feast.models.registry.CARD_SUFFIX``)."""
+"""A card is ``<version>.card.json``; :func:`card_by_version` relies on the name."""
 MODELS_DIR_ENV = "SOLARIS_MODELS_DIR"
 PAIR_TTL_ENV = "SOLARIS_PAIR_TTL_SECONDS"
 USER_TTL_ENV = "SOLARIS_USER_TTL_SECONDS"
@@ -37,38 +45,211 @@ SIMILAR_TTL_ENV = "SOLARIS_SIMILAR_TTL_SECONDS"
 SCHEDULE_ENV = "SOLARIS_PRECOMPUTE_SCHEDULE"
 """The precompute DAG's schedule variable; the views' schedule tags follow it."""
 UNVERSIONED = "unversioned"
-_MODEL_KINDS = ("fm", "compressor", "vm")
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+WeightsStatus = Literal["ok", "mismatch", "missing"]
+
+
+class ModelCard(BaseModel):
+    """What a reviewer needs to trust an artifact."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: Annotated[str, Field(min_length=1)]
+    """Unique id, ``{kind}-{UTC time}-{first 8 hex of the weights sha256}``."""
+    kind: ModelKind
+    """``fm``, ``compressor`` or ``vm``."""
+    parents: tuple[str, ...] = ()
+    """Versions this model was trained from: the compressor's FM, the VM's compressor."""
+    created_at: datetime
+    """When the artifact was written (UTC; a time without zone is read as UTC)."""
+    train_window_start: datetime | None = None
+    """First event time of the training data (UTC)."""
+    train_window_end: datetime | None = None
+    """Last event time of the training data (UTC)."""
+    dataset: str = ""
+    """Name of the data set trained on."""
+    tasks: tuple[str, ...] = ()
+    """Label columns, in head order."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Evaluation figures at training time."""
+    config: dict[str, object] = Field(default_factory=dict)
+    """Module config and feature schema, enough to rebuild the module before loading weights."""
+    weights_file: str
+    """File name of the safetensors weights, in the card's folder (no directory part)."""
+    weights_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+    """sha256 of the weights file in lower-case hex, checked before every load."""
+    flops_per_pair: float | None = None
+    """Forward-pass floating point operations per user-item pair."""
+
+    @field_validator("created_at", "train_window_start", "train_window_end")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        # Cards are sorted by time: one naive time among aware ones would make sorting raise.
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value
+
+    @field_validator("weights_file")
+    @classmethod
+    def _file_in_card_folder(cls, value: str) -> str:
+        # A path would let a card point outside its folder, at weights nobody registered.
+        if not value or value in {".", ".."} or Path(value).name != value or "\\" in value:
+            raise ValueError(f"weights_file {value!r} must be a file name in the card's folder")
+        return value
+
+    @property
+    def code_dim(self) -> int | None:
+        """Length of the embedding a compressor writes (``config.model.code_dim``), if recorded."""
+        model = self.config.get("model")
+        dim = model.get("code_dim") if isinstance(model, Mapping) else None
+        if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0:
+            return dim
+        return None
+
+
+def card_path(models_dir: Path, version: str) -> Path:
+    return models_dir / f"{version}{CARD_SUFFIX}"
+
+
+def write_card(card: ModelCard, models_dir: Path) -> Path:
+    """Write ``card`` as ``<version>.card.json`` in ``models_dir``, atomically (a reader sees the
+    old card or the whole new one); return its path."""
+    path = card_path(models_dir, card.version)
+    staging = path.with_suffix(".tmp")
+    staging.write_text(card.model_dump_json(indent=2), encoding="utf-8")
+    staging.replace(path)
+    return path
+
+
+def read_card(path: Path) -> ModelCard:
+    """The card in ``path``.
+
+    Raises:
+        ConfigError: naming the file, when it is unreadable, not JSON, not a valid card, or its
+            name is not ``<version>.card.json``.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"model card {path} is not readable: {exc}") from exc
+    try:
+        card = ModelCard.model_validate_json(text)
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise ConfigError(f"model card {path} is not readable JSON: {exc}") from exc
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'card'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"model card {path} is malformed: {problems}") from exc
+    if path.name != f"{card.version}{CARD_SUFFIX}":
+        raise ConfigError(
+            f"model card {path} holds version {card.version!r}; its file must be named "
+            f"{card.version}{CARD_SUFFIX} so it can be found by version"
+        )
+    return card
 
 
 @dataclass(frozen=True)
-class CardSummary:
-    """The lineage fields of one model card.
+class CardScan:
+    """Every card file of a folder, read.
 
     Attributes:
-        version: the card's version (``{kind}-{UTC time}-{sha prefix}``).
-        kind: ``fm``, ``compressor`` or ``vm``.
-        parents: versions it was trained from.
-        created_at: when it was written (UTC); the epoch when the card has no time.
-        config: the module config the card records (``config.model.code_dim`` for a compressor).
-        path: the card file.
+        cards: the valid cards, oldest first (by ``created_at``, then version).
+        problems: one ``(file, error)`` per card file that could not be read as a card.
     """
 
-    version: str
-    kind: str
-    parents: tuple[str, ...]
-    created_at: datetime
-    config: Mapping[str, Any] = field(default_factory=dict)
-    path: Path | None = None
+    cards: tuple[ModelCard, ...]
+    problems: tuple[tuple[Path, ConfigError], ...] = ()
+
+
+def scan_cards(models_dir: Path) -> CardScan:
+    """Read every ``*.card.json`` of ``models_dir``, keeping the bad ones as problems; a missing
+    folder holds no cards."""
+    cards: list[ModelCard] = []
+    problems: list[tuple[Path, ConfigError]] = []
+    for path in sorted(models_dir.glob(f"*{CARD_SUFFIX}")) if models_dir.is_dir() else []:
+        try:
+            cards.append(read_card(path))
+        except ConfigError as exc:
+            problems.append((path, exc))
+    cards.sort(key=lambda c: (c.created_at, c.version))
+    return CardScan(tuple(cards), tuple(problems))
+
+
+def list_cards(models_dir: Path) -> list[ModelCard]:
+    """Every card in ``models_dir``, oldest first.
+
+    Raises:
+        ConfigError: the first card file that is not a valid card, naming it.
+    """
+    scan = scan_cards(models_dir)
+    if scan.problems:
+        raise scan.problems[0][1]
+    return list(scan.cards)
+
+
+def card_by_version(models_dir: Path, version: str) -> ModelCard:
+    """The card of ``version`` in ``models_dir``."""
+    path = card_path(models_dir, version)
+    if not path.is_file():
+        raise ConfigError(f"no model card {version} in {models_dir}")
+    return read_card(path)
+
+
+def sha256_of(path: Path) -> str:
+    """Hex sha256 of a file, read in chunks (weights can be large)."""
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+@dataclass(frozen=True)
+class WeightsCheck:
+    """A card's weights file against the hash the card records.
+
+    Attributes:
+        card: the card checked.
+        path: its weights file.
+        actual_sha256: the file's hash; None when the file is missing.
+    """
+
+    card: ModelCard
+    path: Path
+    actual_sha256: str | None
+
+    @property
+    def status(self) -> WeightsStatus:
+        if self.actual_sha256 is None:
+            return "missing"
+        return "ok" if self.actual_sha256 == self.card.weights_sha256 else "mismatch"
+
+
+def check_weights(card: ModelCard, models_dir: Path) -> WeightsCheck:
+    """Hash ``card``'s weights file (in ``models_dir``) without judging it."""
+    path = models_dir / card.weights_file
+    return WeightsCheck(card, path, sha256_of(path) if path.is_file() else None)
+
+
+def verify_weights(card: ModelCard, models_dir: Path) -> Path:
+    """The card's weights file, only once its sha256 matches the card.
+
+    Raises:
+        ConfigError: the file is missing.
+        ArtifactIntegrityError: the file is not the one the card was written for.
+    """
+    check = check_weights(card, models_dir)
+    if check.actual_sha256 is None:
+        raise ConfigError(f"model card {card.version} points at {check.path}, which does not exist")
+    if check.status == "mismatch":
+        raise ArtifactIntegrityError(str(check.path), card.weights_sha256, check.actual_sha256)
+    return check.path
 
 
 @dataclass(frozen=True)
 class ModelChain:
     """FM -> compressor (-> VM) as registered; ``vm`` is None before a VM is trained."""
 
-    fm: CardSummary
-    compressor: CardSummary
-    vm: CardSummary | None
+    fm: ModelCard
+    compressor: ModelCard
+    vm: ModelCard | None
 
     @property
     def embedding_version(self) -> str:
@@ -77,59 +258,20 @@ class ModelChain:
 
     @property
     def code_dim(self) -> int | None:
-        """Length of the stored embedding ``z``, from the compressor card's ``config.model``."""
-        model = self.compressor.config.get("model")
-        dim = model.get("code_dim") if isinstance(model, Mapping) else None
-        if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0:
-            return dim
-        return None
+        """Length of the stored embedding ``z``, from the compressor card."""
+        return self.compressor.code_dim
+
+    @property
+    def cards(self) -> tuple[ModelCard, ...]:
+        return (self.fm, self.compressor) + ((self.vm,) if self.vm is not None else ())
 
 
-def read_card_summaries(models_dir: Path) -> list[CardSummary]:
-    """Every card in ``models_dir``, oldest first; an empty list when the folder is missing.
+def parent_card(cards: Mapping[str, ModelCard], child: ModelCard, kind: ModelKind) -> ModelCard:
+    """The ``kind`` card among ``child``'s parents, from ``cards`` keyed by version.
 
     Raises:
-        ConfigError: a card file is not JSON or lacks ``version`` / ``kind``.
+        ConfigError: no parent of that kind is among ``cards``.
     """
-    if not models_dir.is_dir():
-        return []
-    cards = []
-    for path in sorted(models_dir.glob(f"*{CARD_SUFFIX}")):
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"model card {path} is not readable JSON: {exc}") from exc
-        if not isinstance(raw, dict) or raw.get("kind") not in _MODEL_KINDS:
-            raise ConfigError(f"model card {path} has no kind in {_MODEL_KINDS}")
-        version = raw.get("version")
-        if not isinstance(version, str) or not version:
-            raise ConfigError(f"model card {path} has no version")
-        parents = raw.get("parents") or []
-        config = raw.get("config")
-        cards.append(
-            CardSummary(
-                version=version,
-                kind=str(raw["kind"]),
-                parents=tuple(str(p) for p in ([parents] if isinstance(parents, str) else parents)),
-                created_at=_card_time(raw.get("created_at"), path),
-                config=config if isinstance(config, dict) else {},
-                path=path,
-            )
-        )
-    return sorted(cards, key=lambda c: (c.created_at, c.version))
-
-
-def _card_time(value: Any, path: Path) -> datetime:
-    if value is None:
-        return _EPOCH
-    try:
-        parsed = datetime.fromisoformat(str(value))
-    except ValueError as exc:
-        raise ConfigError(f"model card {path}: created_at {value!r} is not ISO 8601") from exc
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def _parent(cards: Mapping[str, CardSummary], child: CardSummary, kind: str) -> CardSummary:
     for version in child.parents:
         card = cards.get(version)
         if card is not None and card.kind == kind:
@@ -140,24 +282,37 @@ def _parent(cards: Mapping[str, CardSummary], child: CardSummary, kind: str) -> 
     )
 
 
+def select_chain(cards: Iterable[ModelCard], vm_version: str | None = None) -> ModelChain | None:
+    """The chain of ``vm_version``, else of the newest VM, else of the newest compressor (no VM
+    trained yet); None when there is no compressor card.
+
+    Raises:
+        ConfigError: ``vm_version`` has no card, or a parent card is missing.
+    """
+    ordered = sorted(cards, key=lambda c: (c.created_at, c.version))
+    by_version = {c.version: c for c in ordered}
+    vms = [c for c in ordered if c.kind == "vm"]
+    if vm_version is not None:
+        vms = [c for c in vms if c.version == vm_version]
+        if not vms:
+            present = [c.version for c in ordered if c.kind == "vm"]
+            raise ConfigError(f"no VM model card {vm_version} (VM cards present: {present})")
+    if vms:
+        compressor = parent_card(by_version, vms[-1], "compressor")
+        return ModelChain(parent_card(by_version, compressor, "fm"), compressor, vms[-1])
+    compressors = [c for c in ordered if c.kind == "compressor"]
+    if not compressors:
+        return None
+    return ModelChain(parent_card(by_version, compressors[-1], "fm"), compressors[-1], None)
+
+
 def newest_chain(models_dir: Path) -> ModelChain | None:
-    """The chain of the newest VM, or of the newest compressor when no VM exists; None when
-    the folder holds no compressor card.
+    """:func:`select_chain` over the cards of ``models_dir``.
 
     Raises:
         ConfigError: a card is malformed or a parent card is missing.
     """
-    cards = read_card_summaries(models_dir)
-    by_version = {c.version: c for c in cards}
-    vms = [c for c in cards if c.kind == "vm"]
-    if vms:
-        vm = vms[-1]
-        compressor = _parent(by_version, vm, "compressor")
-        return ModelChain(_parent(by_version, compressor, "fm"), compressor, vm)
-    compressors = [c for c in cards if c.kind == "compressor"]
-    if not compressors:
-        return None
-    return ModelChain(_parent(by_version, compressors[-1], "fm"), compressors[-1], None)
+    return select_chain(list_cards(models_dir))
 
 
 def newest_embedding_version(models_dir: Path) -> str | None:
@@ -217,3 +372,16 @@ def models_dir_for_repo(repo_dir: Path, environ: Mapping[str, str] | None = None
     env = os.environ if environ is None else environ
     configured = env.get(MODELS_DIR_ENV, "").strip()
     return Path(configured) if configured else repo_dir.resolve().parent / "models"
+
+
+def lineage_of(cards: Sequence[ModelCard], versions: Iterable[str]) -> set[str]:
+    """``versions`` present among ``cards`` with all their ancestors (parents, recursively)."""
+    by_version = {c.version: c for c in cards}
+    seen: set[str] = set()
+    pending = [v for v in versions if v in by_version]
+    while pending:
+        version = pending.pop()
+        if version not in seen:
+            seen.add(version)
+            pending += [p for p in by_version[version].parents if p in by_version]
+    return seen

@@ -1,73 +1,59 @@
-"""Model artifacts and their cards: how a served vector is traced back to the models that made it.
+"""Model weights: save a module beside its card, load the chain in service back into torch.
 
-Each trained model is a safetensors file beside a JSON model card. The card records the version,
-its parents (compressor -> FM, VM -> compressor), the training data window, metrics, the config
-needed to rebuild the module, and the sha256 of the weights file. Loading checks that sha256
-before reading a byte of weights, and weights are read with safetensors: nothing is unpickled.
+Each trained model is a safetensors file beside a JSON model card; the card's schema, reading,
+hashing and the choice of the chain in service are in the torch-free :mod:`.cards`, which this
+module calls. Loading checks the weights' sha256 against the card before reading a byte of them,
+and weights are read with safetensors: nothing is unpickled.
 """
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from solaris_feast.errors import ArtifactIntegrityError, ConfigError
+from solaris_feast.errors import ConfigError
+from solaris_feast.models.cards import (
+    CARD_SUFFIX,
+    ModelCard,
+    ModelKind,
+    card_by_version,
+    list_cards,
+    parent_card,
+    read_card,
+    select_chain,
+    sha256_of,
+    verify_weights,
+    write_card,
+)
 from solaris_feast.models.compressor import CompressorConfig, EmbeddingCompressor
 from solaris_feast.models.features import FeatureSchema
 from solaris_feast.models.foundation import FoundationConfig, FoundationModel
 from solaris_feast.models.vertical import VerticalConfig, VerticalModel
 
-ModelKind = Literal["fm", "compressor", "vm"]
-CARD_SUFFIX = ".card.json"
-
-
-class ModelCard(BaseModel):
-    """What a reviewer needs to trust an artifact."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    version: str
-    """Unique id, ``{kind}-{UTC time}-{first 8 hex of the weights sha256}``."""
-    kind: ModelKind
-    """``fm``, ``compressor`` or ``vm``."""
-    parents: tuple[str, ...] = ()
-    """Versions this model was trained from: the compressor's FM, the VM's compressor."""
-    created_at: datetime
-    """When the artifact was written (UTC)."""
-    train_window_start: datetime | None = None
-    """First event time of the training data (UTC)."""
-    train_window_end: datetime | None = None
-    """Last event time of the training data (UTC)."""
-    dataset: str = ""
-    """Name of the data set trained on."""
-    tasks: tuple[str, ...] = ()
-    """Label columns, in head order."""
-    metrics: dict[str, float] = Field(default_factory=dict)
-    """Evaluation figures at training time."""
-    config: dict[str, object] = Field(default_factory=dict)
-    """Module config and feature schema, enough to rebuild the module before loading weights."""
-    weights_file: str
-    """File name of the safetensors weights, relative to the card's folder."""
-    weights_sha256: str
-    """sha256 of the weights file, checked before every load."""
-    flops_per_pair: float | None = None
-    """Forward-pass floating point operations per user-item pair."""
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+# The card schema, reading, hashing and chain selection live in the torch-free card module;
+# these names are re-exported for the callers that load weights from here.
+__all__ = [
+    "CARD_SUFFIX",
+    "ModelBundle",
+    "ModelCard",
+    "ModelKind",
+    "card_by_version",
+    "list_cards",
+    "load_bundle",
+    "load_model",
+    "parent_card",
+    "read_card",
+    "register_untrained_chain",
+    "save_model",
+    "sha256_of",
+    "verified_weights",
+]
 
 
 def save_model(
@@ -99,36 +85,14 @@ def save_model(
         weights_sha256=digest,
         **card_fields,
     )
-    # Card last, written atomically: a card on disk always points at complete weights.
-    card_path = models_dir / f"{version}{CARD_SUFFIX}"
-    tmp = card_path.with_suffix(".tmp")
-    tmp.write_text(card.model_dump_json(indent=2))
-    tmp.replace(card_path)
+    # Card last: a card on disk always points at complete weights.
+    write_card(card, models_dir)
     return card
 
 
-def read_card(path: Path) -> ModelCard:
-    try:
-        return ModelCard.model_validate_json(path.read_text())
-    except ValueError as exc:
-        raise ConfigError(f"model card {path} is malformed: {exc}") from exc
-
-
-def list_cards(models_dir: Path) -> list[ModelCard]:
-    """Every card in ``models_dir``, oldest first."""
-    cards = [read_card(p) for p in sorted(models_dir.glob(f"*{CARD_SUFFIX}"))]
-    return sorted(cards, key=lambda c: (c.created_at, c.version))
-
-
 def verified_weights(card: ModelCard, models_dir: Path) -> dict[str, torch.Tensor]:
-    """The card's weights, only after their sha256 matches the card."""
-    path = models_dir / card.weights_file
-    if not path.is_file():
-        raise ConfigError(f"model card {card.version} points at {path}, which does not exist")
-    actual = sha256_of(path)
-    if actual != card.weights_sha256:
-        raise ArtifactIntegrityError(str(path), card.weights_sha256, actual)
-    return load_file(str(path))
+    """The card's weights, read with safetensors only after their sha256 matches the card."""
+    return load_file(str(verify_weights(card, models_dir)))
 
 
 @dataclass(frozen=True)
@@ -154,14 +118,6 @@ class ModelBundle:
         return {"fm": self.fm_card, "compressor": self.compressor_card, "vm": self.vm_card}
 
 
-def card_by_version(models_dir: Path, version: str) -> ModelCard:
-    """The card of ``version`` in ``models_dir``."""
-    path = models_dir / f"{version}{CARD_SUFFIX}"
-    if not path.is_file():
-        raise ConfigError(f"no model card {version} in {models_dir}")
-    return read_card(path)
-
-
 def load_model(card: ModelCard, models_dir: Path) -> nn.Module:
     """Rebuild the module a card describes and load its sha-checked weights, in eval mode.
 
@@ -184,17 +140,12 @@ def load_model(card: ModelCard, models_dir: Path) -> nn.Module:
 
 def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
     """Load the newest VM (or ``vm_version``) with the compressor and FM it was trained on."""
-    cards = {c.version: c for c in list_cards(models_dir)}
-    vms = [c for c in cards.values() if c.kind == "vm"]
-    if vm_version is not None:
-        vms = [c for c in vms if c.version == vm_version]
-    if not vms:
+    chain = select_chain(list_cards(models_dir), vm_version)
+    if chain is None or chain.vm is None:
         raise ConfigError(
             f"no VM model card in {models_dir}: train the models first (solaris train)"
         )
-    vm_card = max(vms, key=lambda c: (c.created_at, c.version))
-    compressor_card = parent_card(cards, vm_card, "compressor")
-    fm_card = parent_card(cards, compressor_card, "fm")
+    fm_card, compressor_card, vm_card = chain.fm, chain.compressor, chain.vm
     fm = load_model(fm_card, models_dir)
     compressor = load_model(compressor_card, models_dir)
     vm = load_model(vm_card, models_dir)
@@ -260,17 +211,6 @@ def register_untrained_chain(
         **card_fields,
     )
     return load_bundle(models_dir, vm_card.version)
-
-
-def parent_card(cards: dict[str, ModelCard], child: ModelCard, kind: ModelKind) -> ModelCard:
-    """The ``kind`` card among ``child``'s parents."""
-    for version in child.parents:
-        card = cards.get(version)
-        if card is not None and card.kind == kind:
-            return card
-    raise ConfigError(
-        f"model card {child.version} names no {kind} parent present here (parents: {child.parents})"
-    )
 
 
 def _dict(config: dict[str, object], key: str) -> dict[str, object]:

@@ -878,12 +878,16 @@ def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[st
     Lineage review traces a served vector through these tags to the FM, compressor and verifier
     cards; they change (one registry update) only when a run writes with new models.
     """
-    from solaris_feast.store.definitions import TAG_PREFIX
+    from solaris_feast.store.tags import (
+        TAG_COMPRESSOR_VERSION,
+        TAG_FM_VERSION,
+        TAG_VERIFIER_VERSION,
+    )
 
     wanted = {
-        f"{TAG_PREFIX}fm_version": spec.fm_version,
-        f"{TAG_PREFIX}compressor_version": spec.embedding_version,
-        f"{TAG_PREFIX}verifier_version": spec.vm_version,
+        TAG_FM_VERSION: spec.fm_version,
+        TAG_COMPRESSOR_VERSION: spec.embedding_version,
+        TAG_VERIFIER_VERSION: spec.vm_version,
     }
     changed: list[Any] = []  # FeatureStore.apply takes a list of any Feast object
     for name in (PAIR_VIEW, USER_VIEW, SIMILAR_VIEW):
@@ -892,7 +896,7 @@ def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[st
             view.tags.update(wanted)
             changed.append(view)
     # The resolved on-demand view reads the three views: it carries the compressor's version.
-    compressor_tag = f"{TAG_PREFIX}compressor_version"
+    compressor_tag = TAG_COMPRESSOR_VERSION
     for resolved in store.list_on_demand_feature_views():
         if resolved.name == RESOLVED_VIEW and resolved.tags.get(compressor_tag) != (
             spec.embedding_version

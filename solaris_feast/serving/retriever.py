@@ -52,6 +52,7 @@ from solaris_feast.serving.resolve import (
 from solaris_feast.store.backends import OnlineBackend, TierRead, backend_for
 from solaris_feast.store.definitions import SolarisFeastConfig
 from solaris_feast.store.layout import FloatListCodec
+from solaris_feast.store.tags import TAG_EMBEDDING_DIM
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -228,7 +229,7 @@ class SolarisRetriever:
             if view.ttl is None or view.ttl.total_seconds() <= 0:
                 raise ConfigError(f"feature view {name} needs a positive ttl")
             self.ttl_seconds[tier] = view.ttl.total_seconds()
-            dims.add(int(view.tags.get("solaris.embedding_dim", names.embedding_dim)))
+            dims.add(int(view.tags.get(TAG_EMBEDDING_DIM, names.embedding_dim)))
         if len(dims) != 1:
             raise ConfigError(f"the three views disagree on the embedding dimension: {dims}")
         self.dim = dims.pop()

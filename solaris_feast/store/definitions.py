@@ -36,6 +36,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, SEARCH_ORDER, usable_rows
+from solaris_feast.store.tags import (
+    TAG_COMPRESSOR_VERSION,
+    TAG_EMBEDDING_DIM,
+    TAG_FM_VERSION,
+    TAG_PRODUCING_DAG,
+    TAG_SCHEDULE,
+    TAG_TIER,
+    TAG_TTL_SECONDS,
+    TAG_VERIFIER_VERSION,
+)
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -55,8 +65,6 @@ MODEL_VERSION_REQUEST_FIELD = "solaris_model_version"
 EVENT_TIMESTAMP_COLUMN = "event_timestamp"
 CREATED_TIMESTAMP_COLUMN = "written_at"
 """Offline column that breaks ties between rows with the same event time: the later write wins."""
-
-TAG_PREFIX = "solaris."
 
 
 class SolarisFeastConfig(BaseModel):
@@ -177,14 +185,14 @@ def lineage_tags(
 ) -> dict[str, str]:
     """Tags that trace a stored vector back to the models and the DAG that produced it."""
     return {
-        f"{TAG_PREFIX}tier": tier.name,
-        f"{TAG_PREFIX}fm_version": config.fm_version,
-        f"{TAG_PREFIX}compressor_version": config.compressor_version,
-        f"{TAG_PREFIX}verifier_version": config.verifier_version,
-        f"{TAG_PREFIX}embedding_dim": str(config.embedding_dim),
-        f"{TAG_PREFIX}producing_dag": producing_dag,
-        f"{TAG_PREFIX}schedule": schedule,
-        f"{TAG_PREFIX}ttl_seconds": str(ttl_seconds),
+        TAG_TIER: tier.name,
+        TAG_FM_VERSION: config.fm_version,
+        TAG_COMPRESSOR_VERSION: config.compressor_version,
+        TAG_VERIFIER_VERSION: config.verifier_version,
+        TAG_EMBEDDING_DIM: str(config.embedding_dim),
+        TAG_PRODUCING_DAG: producing_dag,
+        TAG_SCHEDULE: schedule,
+        TAG_TTL_SECONDS: str(ttl_seconds),
     }
 
 
@@ -432,9 +440,9 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
         udf_string=source_text,
         mode="python",
         tags={
-            f"{TAG_PREFIX}tier": "RESOLVED",
-            f"{TAG_PREFIX}embedding_dim": str(cfg.embedding_dim),
-            f"{TAG_PREFIX}compressor_version": cfg.compressor_version,
+            TAG_TIER: "RESOLVED",
+            TAG_EMBEDDING_DIM: str(cfg.embedding_dim),
+            TAG_COMPRESSOR_VERSION: cfg.compressor_version,
         },
         description="Best available embedding, exact > similar > user aggregate > zero",
     )

@@ -21,6 +21,7 @@ import pandas as pd
 
 from solaris_feast.errors import SchemaError
 from solaris_feast.store.definitions import EVENT_TIMESTAMP_COLUMN, SolarisFeastConfig
+from solaris_feast.store.tags import TAG_EMBEDDING_DIM
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def training_frame(
         raise SchemaError("entity_df", EVENT_TIMESTAMP_COLUMN, "must be timezone-aware (UTC)")
     view_names = names.view_name_by_tier()
     ttl = {t: store.get_feature_view(n).ttl.total_seconds() for t, n in view_names.items()}  # type: ignore[union-attr]
-    dim = int(store.get_feature_view(view_names[Tier.EXACT]).tags["solaris.embedding_dim"])
+    dim = int(store.get_feature_view(view_names[Tier.EXACT]).tags[TAG_EMBEDDING_DIM])
 
     rows = entity_df[["user_id", "item_id", EVENT_TIMESTAMP_COLUMN]].reset_index(drop=True)
     rows[EVENT_TIMESTAMP_COLUMN] = (

@@ -43,6 +43,7 @@ from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.definitions import CREATED_TIMESTAMP_COLUMN, EVENT_TIMESTAMP_COLUMN
 from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec
+from solaris_feast.store.tags import TAG_EMBEDDING_DIM
 
 if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
@@ -151,9 +152,9 @@ class EmbeddingWriter:
             )
         if self.feature_kinds.get("computed_at") != "timestamp":
             raise ConfigError(f"view {view_name} needs a UnixTimestamp feature 'computed_at'")
-        dim_tag = self.view.tags.get("solaris.embedding_dim")
+        dim_tag = self.view.tags.get(TAG_EMBEDDING_DIM)
         if dim_tag is None:
-            raise ConfigError(f"view {view_name} has no solaris.embedding_dim tag")
+            raise ConfigError(f"view {view_name} has no {TAG_EMBEDDING_DIM} tag")
         self.dim = int(dim_tag)
         self.codec = FloatListCodec(self.dim)
         self.key_layout = EntityKeyLayout(
