@@ -1,5 +1,6 @@
-"""The ``solaris`` command stays light: its help imports none of the heavy libraries, and the
-commands defined in other modules are loaded only when they are called."""
+"""The light entry points stay light: the ``solaris`` command's help and the modules the DAG
+files import at parse time load none of the heavy libraries; the commands defined in other
+modules are loaded only when they are called."""
 
 from __future__ import annotations
 
@@ -33,6 +34,24 @@ def _env() -> dict[str, str]:
 def test_importing_the_cli_loads_no_heavy_library_nor_any_command_module() -> None:
     proc = subprocess.run(
         [sys.executable, "-c", IMPORT_SCRIPT, ",".join(HEAVY)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_modules_dag_files_import_at_parse_time_load_no_heavy_library() -> None:
+    script = (
+        "import sys, json\n"
+        "import solaris_feast.pipeline.settings, solaris_feast.pipeline.failures\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'pandas', 'feast', 'faiss', 'numpy', 'airflow'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
         env=_env(),
         capture_output=True,
         text=True,

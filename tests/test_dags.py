@@ -247,7 +247,7 @@ def test_dag_params_refuse_what_the_settings_refuse(airflow_env: dict[str, str])
 
     schemas = precompute_dag_params(REPO_ROOT)
     base = {"feature_repo": "repo", "models_dir": "models"}
-    bad = {
+    bad: dict[str, list[object]] = {
         "shards": [0, 1025, 2.5],
         "budget_pairs": [-1],
         "candidates_per_user": [0],

@@ -29,6 +29,7 @@ from solaris_feast.pipeline.settings import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
     from feast import FeatureStore
 
@@ -113,7 +114,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
 
 def served_tiers(
     store: FeatureStore, pairs: pd.DataFrame, now: pd.Timestamp, embedding_version: str
-) -> Any:
+) -> np.ndarray:
     """``(N,)`` int8 tiers that :func:`~solaris_feast.serving.resolve.resolve` gives the N
     ``pairs`` (``user_id``, ``item_id``) at ``now``, from the views' offline rows and TTLs."""
     from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, resolve
