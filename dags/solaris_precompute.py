@@ -56,7 +56,7 @@ def _outlet_extra(asset: Asset, extra: dict[str, Any]) -> None:
     default_args={
         "retries": 2,
         "retry_delay": timedelta(minutes=1),
-        "retry_exponential_backoff": True,
+        "retry_exponential_backoff": 2.0,  # 1, 2, 4 ... times retry_delay
         "max_retry_delay": timedelta(minutes=10),
     },
     tags=["solaris", "feast"],

@@ -48,7 +48,7 @@ def _mark(asset: Asset, card: dict[str, Any]) -> None:
     default_args={
         "retries": 1,
         "retry_delay": timedelta(minutes=5),
-        "retry_exponential_backoff": True,
+        "retry_exponential_backoff": 2.0,  # 1, 2, 4 ... times retry_delay
     },
     tags=["solaris", "models"],
     doc_md=__doc__,

@@ -60,6 +60,7 @@ dags = {
         "params": sorted(dag.params.keys()),
         "defaults": {k: dag.params.get_param(k).value for k in dag.params.keys()},
         "retries": {t.task_id: t.retries for t in dag.tasks},
+        "backoff": {t.task_id: t.retry_exponential_backoff for t in dag.tasks},
     }
     for dag_id, dag in bag.dags.items()
 }
@@ -233,7 +234,9 @@ def test_dag_param_defaults_equal_the_settings_defaults(airflow_env: dict[str, s
             assert value == expected, f"{dag_id}.{name}: param {value!r}, setting {expected!r}"
         # The param defaults validate into the settings as they stand.
         model.model_validate(defaults)
+        # Retryable errors retry, with exponential backoff (final ones fail at once).
         assert set(dags[dag_id]["retries"].values()) == {2 if "precompute" in dag_id else 1}
+        assert set(dags[dag_id]["backoff"].values()) == {2.0}
 
 
 def test_dag_params_refuse_what_the_settings_refuse(airflow_env: dict[str, str]) -> None:
@@ -514,6 +517,40 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     assert len(manual) == 1 and manual[0].parent.name.startswith("run_manual")
     assert coverage_of(manual[0])["plan"]["skipped_fresh"] > 0
     assert offline_rows(repo)["solaris_pair"] == counts["solaris_pair"] + BUDGET_PAIRS
+
+
+def test_task_wrapper_fails_final_errors_at_once_and_lets_retryable_ones_retry(
+    airflow_env: dict[str, str],
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from solaris_feast.errors import RetryableStoreError, ViewsNotAppliedError
+    from solaris_feast.pipeline.failures import fail_fast_on_final_errors
+
+    def raising(exc: Exception) -> Any:
+        @fail_fast_on_final_errors
+        def body(value: int) -> int:
+            raise exc
+
+        return body
+
+    @fail_fast_on_final_errors
+    def works(value: int) -> int:
+        return value + 1
+
+    assert works(1) == 2
+    down = RetryableStoreError("redis at 127.0.0.1:1 refused the connection")
+    with pytest.raises(RetryableStoreError) as kept:
+        raising(down)(1)
+    assert kept.value is down  # unchanged: Airflow retries it
+    final = ViewsNotAppliedError("/srv/repo", ["solaris_pair"])
+    with pytest.raises(AirflowFailException, match="run `feast apply` in /srv/repo") as failed:
+        raising(final)(1)
+    assert failed.value.__cause__ is final
+    with pytest.raises(AirflowFailException, match="ValueError: bad plan"):
+        raising(ValueError("bad plan"))(1)
+    with pytest.raises(AirflowSkipException):  # Airflow's own signals keep their meaning
+        raising(AirflowSkipException("nothing to do"))(1)
 
 
 def test_precompute_on_a_repo_never_applied_fails_once_naming_feast_apply(
