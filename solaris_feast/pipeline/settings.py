@@ -39,7 +39,7 @@ ENVIRONMENT_DEFAULTS: Mapping[str, str] = {
 }
 """Settings whose DAG default comes from an environment variable of the scheduler, when set."""
 
-DAG_ONLY_EXCLUDED: frozenset[str] = frozenset({"holdout_fraction"})
+NOT_DAG_PARAMS: frozenset[str] = frozenset({"holdout_fraction"})
 """Settings that are not DAG params: the held-out tail of a log is the demo's replay, never a
 scheduled run's."""
 
@@ -190,7 +190,7 @@ def deployment_defaults(repo_root: Path) -> dict[str, str]:
 def dag_param_schemas(
     model: type[BaseModel],
     defaults: Mapping[str, Any] | None = None,
-    exclude: Iterable[str] = DAG_ONLY_EXCLUDED,
+    exclude: Iterable[str] = NOT_DAG_PARAMS,
 ) -> dict[str, dict[str, Any]]:
     """Keyword arguments of one Airflow ``Param`` per field of ``model``, in field order.
 
