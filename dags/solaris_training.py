@@ -3,11 +3,12 @@
 Each stage registers a model card (``solaris_feast.models.registry``) and marks its asset; the
 precompute DAG picks the newest VM and the compressor and FM it was trained on at its next run,
 and a new version re-plans every pair (vectors of another version are misses). A retried stage
-returns the card it already registered for this run instead of training again.
+returns the card it already registered for this run instead of training again; a final error
+(bad settings, an empty window) fails its stage at once.
 
-The task bodies live in :mod:`solaris_feast.pipeline.tasks`; torch is imported only inside the
-tasks.
-Environment (parse time, optional): ``SOLARIS_TRAINING_SCHEDULE`` (default ``@daily``),
+The task bodies live in :mod:`solaris_feast.pipeline.training`; the params are generated from
+:class:`solaris_feast.pipeline.settings.TrainingSettings`; torch is imported only inside the
+tasks. Environment (parse time, optional): ``SOLARIS_TRAINING_SCHEDULE`` (default ``@daily``),
 ``SOLARIS_MODELS_DIR``.
 """
 
@@ -20,6 +21,9 @@ from typing import Any
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
+from solaris_feast.pipeline.failures import fail_fast_on_final_errors
+from solaris_feast.pipeline.settings import training_dag_params
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCHEDULE = os.environ.get("SOLARIS_TRAINING_SCHEDULE", "@daily")
 
@@ -27,25 +31,7 @@ FOUNDATION_MODEL = Asset(name="solaris_model_fm", uri="solaris://models/fm")
 COMPRESSOR_MODEL = Asset(name="solaris_model_compressor", uri="solaris://models/compressor")
 VERTICAL_MODEL = Asset(name="solaris_model_vm", uri="solaris://models/vm")
 
-PARAMS = {
-    "models_dir": Param(
-        os.environ.get("SOLARIS_MODELS_DIR", str(REPO_ROOT / "models")),
-        type="string",
-        minLength=1,
-        description="Model registry the cards and weights are written to",
-    ),
-    "dataset": Param("synthetic", enum=["synthetic", "movielens"], description="Log source"),
-    "dataset_size": Param("demo", enum=["tiny", "demo", "default", "large"]),
-    "dataset_seed": Param(0, type="integer"),
-    "align_log_to_run": Param(
-        True, type="boolean", description="Shift a recorded log so it ends at the run's time"
-    ),
-    "train_window_hours": Param(72.0, type="number", exclusiveMinimum=0),
-    "fm_epochs": Param(3, type="integer", minimum=1),
-    "compressor_epochs": Param(2, type="integer", minimum=1),
-    "vm_epochs": Param(2, type="integer", minimum=1),
-    "seed": Param(0, type="integer"),
-}
+PARAMS = {name: Param(**schema) for name, schema in training_dag_params(REPO_ROOT).items()}
 
 
 def _mark(asset: Asset, card: dict[str, Any]) -> None:
@@ -59,14 +45,19 @@ def _mark(asset: Asset, card: dict[str, Any]) -> None:
     catchup=False,
     max_active_runs=1,
     params=PARAMS,
-    default_args={"retries": 1, "retry_delay": timedelta(minutes=5)},
+    default_args={
+        "retries": 1,
+        "retry_delay": timedelta(minutes=5),
+        "retry_exponential_backoff": 2.0,  # 1, 2, 4 ... times retry_delay
+    },
     tags=["solaris", "models"],
     doc_md=__doc__,
 )
 def solaris_training() -> None:
     @task
+    @fail_fast_on_final_errors
     def start() -> dict[str, Any]:
-        from solaris_feast.pipeline import tasks as pipeline
+        from solaris_feast.pipeline import training
 
         context = get_current_context()
         interval = {
@@ -76,29 +67,32 @@ def solaris_training() -> None:
             "run_after": getattr(context["dag_run"], "run_after", None),
             "run_id": context["run_id"],
         }
-        return pipeline.start_training(context["params"], interval)
+        return training.start_training(context["params"], interval)
 
     @task(outlets=[FOUNDATION_MODEL])
+    @fail_fast_on_final_errors
     def train_fm(run: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast.pipeline import tasks as pipeline
+        from solaris_feast.pipeline import training
 
-        card = pipeline.train_foundation_stage(run)
+        card = training.train_foundation_stage(run)
         _mark(FOUNDATION_MODEL, card)
         return card
 
     @task(outlets=[COMPRESSOR_MODEL])
+    @fail_fast_on_final_errors
     def train_compressor(run: dict[str, Any], fm: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast.pipeline import tasks as pipeline
+        from solaris_feast.pipeline import training
 
-        card = pipeline.train_compressor_stage(run, fm["version"])
+        card = training.train_compressor_stage(run, fm["version"])
         _mark(COMPRESSOR_MODEL, card)
         return card
 
     @task(outlets=[VERTICAL_MODEL])
+    @fail_fast_on_final_errors
     def train_vm(run: dict[str, Any], compressor: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast.pipeline import tasks as pipeline
+        from solaris_feast.pipeline import training
 
-        card = pipeline.train_vertical_stage(run, compressor["version"])
+        card = training.train_vertical_stage(run, compressor["version"])
         _mark(VERTICAL_MODEL, card)
         return card
 

@@ -1,31 +1,100 @@
-"""The ``solaris`` command. Heavy imports (torch, feast, faiss) stay inside the commands so that
-``solaris --help`` is instant."""
+"""The ``solaris`` command.
+
+``solaris --help`` must stay instant, so nothing heavy (torch, pandas, feast, faiss) is imported
+until a command runs: the commands defined here import their work in their bodies, and the
+commands defined in other modules (``lineage``, ``status``, ``simulate``, ``bench``) are listed
+under :data:`LAZY_COMMANDS` and imported only when they are invoked or their own ``--help`` is
+asked for; their options stay defined once, beside their code.
+"""
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from typer import _click as click  # typer vendors its own click; its commands are of this one
+from typer.core import TyperCommand, TyperGroup
 
-from solaris_feast.bench import bench_app
-from solaris_feast.evaluation.replay import simulate_command
-from solaris_feast.review.lineage import lineage_cli
-from solaris_feast.review.status import status_cli
+LAZY_COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": (
+        "solaris_feast.bench:bench_app",
+        "Benchmarks of SOLARIS serving reads and writes against Redis.",
+    ),
+    "lineage": (
+        "solaris_feast.review.lineage:lineage_cli",
+        "Review where each SOLARIS feature view comes from; exits 1 when a check fails.",
+    ),
+    "status": (
+        "solaris_feast.review.status:status_cli",
+        "Coverage by tier, miss-queue depth and freshness of the stored SOLARIS embeddings.",
+    ),
+    "simulate": (
+        "solaris_feast.evaluation.replay:simulate_command",
+        "Replay the log hour by hour: coverage and NE per planner and budget.",
+    ),
+}
+"""Command name -> (``module:attribute`` of a typer command function or Typer app, short help)."""
+_COMPLETION_OPTIONS = ("install_completion", "show_completion")
+
+
+def load_lazy_command(name: str) -> click.Command:
+    """The click command behind a :data:`LAZY_COMMANDS` entry (imports its module)."""
+    target, _ = LAZY_COMMANDS[name]
+    module_name, attribute = target.split(":")
+    obj = getattr(importlib.import_module(module_name), attribute)
+    if isinstance(obj, typer.Typer):
+        command = typer.main.get_command(obj)
+        # Shell completion is the top-level command's option only.
+        command.params = [p for p in command.params if p.name not in _COMPLETION_OPTIONS]
+    else:
+        single = typer.Typer(add_completion=False, pretty_exceptions_show_locals=False)
+        single.command(name)(obj)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+class _LazyCommand(TyperCommand):
+    """Stands for a command in the help listing; loads the real one when it is invoked."""
+
+    def __init__(self, name: str, short_help: str) -> None:
+        super().__init__(name, help=short_help, short_help=short_help)
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        # The real command parses the arguments: the returned context runs the real command.
+        return load_lazy_command(self.name or "").make_context(
+            info_name, args, parent=parent, **extra
+        )
+
+
+class _SolarisGroup(TyperGroup):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*super().list_commands(ctx), *LAZY_COMMANDS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in LAZY_COMMANDS:
+            return _LazyCommand(cmd_name, LAZY_COMMANDS[cmd_name][1])
+        return super().get_command(ctx, cmd_name)
+
 
 app = typer.Typer(
+    cls=_SolarisGroup,
     help="SOLARIS for Feast: precomputed FM embeddings, served with layered fallback.",
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
 )
 evaluate_app = typer.Typer(help="Offline evaluations.", no_args_is_help=True)
 app.add_typer(evaluate_app, name="evaluate")
-app.add_typer(bench_app, name="bench")
-app.command("lineage")(lineage_cli)
-app.command("status")(status_cli)
-app.command("simulate")(simulate_command)
 
 DatasetOption = Annotated[str, typer.Option("--dataset", help="synthetic or movielens.")]
 SizeOption = Annotated[
@@ -59,6 +128,10 @@ def evaluate_transfer_command(
     """Train VM, VM + KD, VM + SOLARIS z and the FM on a time split; report NE and TR."""
     from solaris_feast.data.datasets import load_dataset
     from solaris_feast.evaluation.transfer import evaluate_transfer
+    from solaris_feast.evaluation.transfer_report import (
+        format_transfer_table,
+        plot_transfer_sweep,
+    )
     from solaris_feast.progress import stage_bars
 
     data = load_dataset(dataset, size)
@@ -115,46 +188,6 @@ def demo_command(
     settings = DemoSettings(size=size, budget_fraction=budget, transfer=transfer)
     summary = run_demo(out, online_store=online_store, progress=progress, settings=settings)
     typer.echo(summary)
-
-
-def format_transfer_table(record: dict[str, object]) -> str:
-    """Readable table of NE per contender and task, and the transfer ratios."""
-    ne = record["ne"]
-    tasks = record["tasks"]
-    if not isinstance(ne, dict) or not isinstance(tasks, list):
-        raise TypeError("not a transfer report")
-    lines = [f"{'model':<12}" + "".join(f"{'NE ' + str(t):>16}" for t in tasks)]
-    for who in ("vm", "vm_kd", "vm_solaris", "fm"):
-        lines.append(f"{who:<12}" + "".join(f"{ne[who][t]:>16.4f}" for t in tasks))
-    tr = record["transfer_ratio"]
-    spread = record["transfer_ratio_std"]
-    if isinstance(tr, dict) and isinstance(spread, dict):
-
-        def show(key: str) -> str:
-            if tr[key] is None:
-                return "n/a (the FM did not beat the VM)"
-            return f"{tr[key]:.3f} (sd {spread[key]:.3f})"
-
-        lines.append(f"transfer ratio: KD {show('kd')}, SOLARIS {show('solaris')}")
-    sweep = record["coverage_sweep"]
-    if isinstance(sweep, list):
-        lines.append("coverage  " + "  ".join(f"{p['coverage']:.1f}:{p['ne']:.4f}" for p in sweep))
-    return "\n".join(lines)
-
-
-def plot_transfer_sweep(record: dict[str, object], path: Path) -> None:
-    """PNG of the report's NE against coverage, with the VM alone and the FM as references."""
-    from solaris_feast.plots import plot_ne_against_coverage
-
-    ne = record["ne"]
-    tasks = record["tasks"]
-    sweep = record["coverage_sweep"]
-    if not (isinstance(ne, dict) and isinstance(tasks, list) and isinstance(sweep, list)):
-        raise TypeError("not a transfer report")
-    main_task = tasks[0]
-    plot_ne_against_coverage(
-        sweep, path, references={"VM alone": ne["vm"][main_task], "FM": ne["fm"][main_task]}
-    )
 
 
 if __name__ == "__main__":

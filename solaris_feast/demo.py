@@ -75,16 +75,17 @@ def run_demo(
 
     from solaris_feast.data.datasets import load_dataset
     from solaris_feast.models.chain import train_and_register
-    from solaris_feast.pipeline import tasks as pipeline
+    from solaris_feast.pipeline.log import aligned_log, load_log
+    from solaris_feast.pipeline.settings import LogSource
 
     # The top of the hour, as an hourly DAG run: training inputs are cut at precompute rounds,
     # so a log aligned to the clock's seconds would train a different VM on every run.
     now = pd.Timestamp.now(tz="UTC").floor("h").to_pydatetime()
-    source = pipeline.LogSource(
+    source = LogSource(
         dataset="synthetic", dataset_size=cfg.size, holdout_fraction=HOLDOUT_FRACTION
     )
-    full = pipeline.aligned_log(source, now)
-    past = pipeline.load_log(source, now)
+    full = aligned_log(source, now)
+    past = load_log(source, now)
     lines.append(
         f"data: synthetic/{cfg.size}, {len(full.interactions):,} impressions, "
         f"{full.num_users:,} users, {full.num_items:,} items; "
@@ -159,8 +160,11 @@ class _Steps:
 def _transfer(
     dataset: InteractionDataset, out: Path, bars: Callable[[str, int, int], None]
 ) -> list[str]:
-    from solaris_feast.cli import format_transfer_table, plot_transfer_sweep
     from solaris_feast.evaluation.transfer import evaluate_transfer
+    from solaris_feast.evaluation.transfer_report import (
+        format_transfer_table,
+        plot_transfer_sweep,
+    )
 
     record = evaluate_transfer(dataset, seeds=[0], progress=bars).to_json()
     (out / "transfer.json").write_text(json.dumps(record, indent=2))
@@ -193,17 +197,18 @@ def _feature_repo(out: Path, online_store: str, models_dir: Path) -> tuple[Path,
 def _precompute_round(
     settings: dict[str, Any], interval: dict[str, Any], step: _Steps
 ) -> dict[str, Any]:
-    from solaris_feast.pipeline import tasks as pipeline
+    from solaris_feast.pipeline import precompute
+    from solaris_feast.pipeline.coverage import publish_coverage
 
-    run = pipeline.start_precompute(settings, interval)
-    pipeline.drain_miss_queue(run)
-    pipeline.generate_candidate_table(run)
-    plan = pipeline.plan_run(run)
+    run = precompute.start_precompute(settings, interval)
+    precompute.drain_miss_queue(run)
+    precompute.generate_candidate_table(run)
+    plan = precompute.plan_run(run)
     for shard in plan["shard_indexes"]:
-        pipeline.precompute_shard(run, shard, settings["shards"])
-    pipeline.aggregate_users(run)
-    pipeline.fill_similar(run)
-    pipeline.publish_coverage(run)
+        precompute.precompute_shard(run, shard, settings["shards"])
+    precompute.aggregate_users(run)
+    precompute.fill_similar(run)
+    publish_coverage(run)
     coverage: dict[str, Any] = json.loads((Path(run["run_dir"]) / "coverage.json").read_text())
     return coverage
 

@@ -31,7 +31,15 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DAGS_FOLDER = REPO_ROOT / "dags"
-HEAVY_MODULES = ("torch", "faiss", "feast", "solaris_feast.pipeline.tasks", "pandas")
+HEAVY_MODULES = (
+    "torch",
+    "faiss",
+    "feast",
+    "pandas",
+    "solaris_feast.pipeline.precompute",
+    "solaris_feast.pipeline.coverage",
+    "solaris_feast.pipeline.training",
+)
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +58,9 @@ dags = {
             t.task_id for t in dag.tasks if type(t).__name__.endswith("MappedOperator")
         ),
         "params": sorted(dag.params.keys()),
+        "defaults": {k: dag.params.get_param(k).value for k in dag.params.keys()},
+        "retries": {t.task_id: t.retries for t in dag.tasks},
+        "backoff": {t.task_id: t.retry_exponential_backoff for t in dag.tasks},
     }
     for dag_id, dag in bag.dags.items()
 }
@@ -113,8 +124,11 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
                 os.environ[key] = value
 
 
-def run_dag(dag_id: str, logical_date: datetime | None, conf: dict[str, Any]) -> dict[str, Any]:
-    """``dag.test()`` of one DAG: the run's state and each task's state, tries and seconds."""
+def run_dag(
+    dag_id: str, logical_date: datetime | None, conf: dict[str, Any], expect: str = "success"
+) -> dict[str, Any]:
+    """``dag.test()`` of one DAG: the run's state and each task's state, tries and seconds;
+    raises unless the run ends in ``expect``."""
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(DAGS_FOLDER))
@@ -135,8 +149,8 @@ def run_dag(dag_id: str, logical_date: datetime | None, conf: dict[str, Any]) ->
         }
     per_task = ", ".join(f"{k} {v['seconds']:.1f}" for k, v in tasks.items())
     print(f"dag.test {dag_id} ({logical_date}): {seconds:.1f} s [{per_task}]")
-    if str(run.state) != "success":
-        raise AssertionError(f"{dag_id} ended {run.state}: {tasks}")
+    if str(run.state) != expect:
+        raise AssertionError(f"{dag_id} ended {run.state}, expected {expect}: {tasks}")
     return {"state": str(run.state), "seconds": seconds, "tasks": tasks}
 
 
@@ -172,17 +186,89 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
     assert precompute["tasks"]["precompute_shard"] == ["solaris_pair"]
     assert precompute["tasks"]["aggregate_users"] == ["solaris_user"]
     assert precompute["tasks"]["fill_similar"] == ["solaris_similar"]
-    from solaris_feast.pipeline.tasks import PrecomputeSettings
+    from solaris_feast.pipeline.settings import PrecomputeSettings, TrainingSettings
 
     # Every setting of a precompute run is a param of the DAG (the held-out tail is the demo's).
     assert set(precompute["params"]) == set(PrecomputeSettings.model_fields) - {"holdout_fraction"}
     training = result["dags"]["solaris_training"]
+    assert set(training["params"]) == set(TrainingSettings.model_fields) - {"holdout_fraction"}
     assert training["tasks"]["train_fm"] == ["solaris_model_fm"]
     assert training["tasks"]["train_compressor"] == ["solaris_model_compressor"]
     assert training["tasks"]["train_vm"] == ["solaris_model_vm"]
     # Parsing both files (Airflow itself already imported) stays well under a second even on a
     # loaded machine; the scheduler does this every few minutes.
     assert result["parse_s"] < 5.0
+
+
+def test_dag_param_defaults_equal_the_settings_defaults(airflow_env: dict[str, str]) -> None:
+    """Parsed with no SOLARIS_* path variables set: the path params default to the
+    repository's own folders, every other param to the settings model's default."""
+    from solaris_feast.pipeline.settings import (
+        ENVIRONMENT_DEFAULTS,
+        PrecomputeSettings,
+        TrainingSettings,
+    )
+
+    env = {k: v for k, v in airflow_env.items() if k not in ENVIRONMENT_DEFAULTS.values()}
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    dags = _result(proc)["dags"]
+    paths = {
+        "feature_repo": str(REPO_ROOT / "feature_repo"),
+        "models_dir": str(REPO_ROOT / "models"),
+    }
+    for dag_id, model in (
+        ("solaris_precompute", PrecomputeSettings),
+        ("solaris_training", TrainingSettings),
+    ):
+        defaults = dags[dag_id]["defaults"]
+        for name, value in defaults.items():
+            info = model.model_fields[name]
+            expected = paths[name] if info.is_required() else info.default
+            assert value == expected, f"{dag_id}.{name}: param {value!r}, setting {expected!r}"
+        # The param defaults validate into the settings as they stand.
+        model.model_validate(defaults)
+        # Retryable errors retry, with exponential backoff (final ones fail at once).
+        assert set(dags[dag_id]["retries"].values()) == {2 if "precompute" in dag_id else 1}
+        assert set(dags[dag_id]["backoff"].values()) == {2.0}
+
+
+def test_dag_params_refuse_what_the_settings_refuse(airflow_env: dict[str, str]) -> None:
+    """The params' JSON schemas carry the settings' types, bounds and choices, so the trigger
+    form refuses a bad value before a run starts."""
+    from airflow.sdk import Param
+    from airflow.sdk.definitions.param import ParamValidationError
+    from pydantic import ValidationError
+
+    from solaris_feast.pipeline.settings import PrecomputeSettings, precompute_dag_params
+
+    schemas = precompute_dag_params(REPO_ROOT)
+    base = {"feature_repo": "repo", "models_dir": "models"}
+    bad: dict[str, list[object]] = {
+        "shards": [0, 1025, 2.5],
+        "budget_pairs": [-1],
+        "candidates_per_user": [0],
+        "min_miss_score": [1.5, -0.1],
+        "dataset": ["imdb"],
+        "pair_ttl_seconds": [0, "600"],
+        "feature_repo": [""],
+        "align_log_to_run": ["yes"],
+    }
+    for name, values in bad.items():
+        for value in values:
+            with pytest.raises(ParamValidationError):
+                Param(**schemas[name]).resolve(value)
+            with pytest.raises(ValidationError):
+                PrecomputeSettings.model_validate({**base, name: value}, strict=True)
+    assert Param(**schemas["pair_ttl_seconds"]).resolve(None) is None
+    assert Param(**schemas["pair_ttl_seconds"]).resolve(3600) == 3600
+    assert schemas["shards"]["description"] == "Parallel precompute tasks (dynamic task mapping)."
 
 
 TRAINING_CONF = {
@@ -216,10 +302,10 @@ def own_models(trained: Trained, tmp_path: Path) -> Path:
     return Path(shutil.copytree(trained.models, tmp_path / "models"))
 
 
-def make_feature_repo(path: Path, project: str, redis: bool = False) -> Path:
-    """A Feast repo with the SOLARIS views applied, like `feast apply`: SQLite in
-    ``feature_store.yaml``, or Redis in ``feature_store.redis.yaml`` with its connection taken
-    from ``SOLARIS_REDIS_CONNECTION`` as in ``feature_repo/``."""
+def make_feature_repo(path: Path, project: str, redis: bool = False, apply: bool = True) -> Path:
+    """A Feast repo with the SOLARIS views applied, like `feast apply` (unless ``apply`` is
+    False): SQLite in ``feature_store.yaml``, or Redis in ``feature_store.redis.yaml`` with its
+    connection taken from ``SOLARIS_REDIS_CONNECTION`` as in ``feature_repo/``."""
     from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
 
     path.mkdir(parents=True)
@@ -244,7 +330,8 @@ def make_feature_repo(path: Path, project: str, redis: bool = False) -> Path:
     config = SolarisFeastConfig(
         user_producing_dag="solaris_precompute", similar_producing_dag="solaris_precompute"
     )
-    open_store(path, redis).apply(solaris_definitions(config).all())
+    if apply:
+        open_store(path, redis).apply(solaris_definitions(config).all())
     return path
 
 
@@ -279,7 +366,7 @@ def last_hour() -> datetime:
 
 
 def offline_rows(repo: Path) -> dict[str, int]:
-    from solaris_feast.pipeline.tasks import offline_row_count
+    from solaris_feast.store.offline import offline_row_count
 
     store = open_store(repo)
     views = ("solaris_pair", "solaris_user", "solaris_similar")
@@ -333,17 +420,30 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     bundle = load_bundle(models)
     hour = last_hour()
 
-    # Shard 1 fails on its first try; its retry completes the run.
-    monkeypatch.setenv("SOLARIS_FAIL_SHARD_ONCE", "1")
+    # Shard 1 loses its store on its first try (a retryable error); its retry, alone, completes
+    # the run. The fault is injected from outside the task body, in this (the worker's) process.
+    from solaris_feast.errors import RetryableStoreError
+    from solaris_feast.pipeline import precompute
+
+    real_shard = precompute.precompute_shard
+    calls: list[int] = []
+
+    def shard_failing_once(run: dict[str, Any], shard_index: int, shard_count: int) -> Any:
+        calls.append(shard_index)
+        if shard_index == 1 and calls.count(1) == 1:
+            raise RetryableStoreError("injected: the online store went away")
+        return real_shard(run, shard_index, shard_count)
+
+    monkeypatch.setattr(precompute, "precompute_shard", shard_failing_once)
     first = run_dag("solaris_precompute", hour, precompute_conf(repo, models))
-    monkeypatch.delenv("SOLARIS_FAIL_SHARD_ONCE")
+    monkeypatch.setattr(precompute, "precompute_shard", real_shard)
     tries = {k: (v["state"], v["try_number"]) for k, v in first["tasks"].items()}
     assert tries["precompute_shard[1]"] == ("success", 2)
     assert tries["precompute_shard[0]"] == ("success", 1)
+    assert sorted(calls) == [0, 1, 1]
     assert all(state == "success" for state, _ in tries.values())
     [run_dir] = run_dirs(repo)
     assert run_dir.name == bundle.vm_card.version
-    assert (run_dir / "shard-1.failed-once").is_file()
     coverage = coverage_of(run_dir)
     plan = coverage["plan"]
     assert coverage["embedding_version"] == bundle.embedding_version
@@ -417,6 +517,64 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     assert len(manual) == 1 and manual[0].parent.name.startswith("run_manual")
     assert coverage_of(manual[0])["plan"]["skipped_fresh"] > 0
     assert offline_rows(repo)["solaris_pair"] == counts["solaris_pair"] + BUDGET_PAIRS
+
+
+def test_task_wrapper_fails_final_errors_at_once_and_lets_retryable_ones_retry(
+    airflow_env: dict[str, str],
+) -> None:
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from solaris_feast.errors import RetryableStoreError, ViewsNotAppliedError
+    from solaris_feast.pipeline.failures import fail_fast_on_final_errors
+
+    def raising(exc: Exception) -> Any:
+        @fail_fast_on_final_errors
+        def body(value: int) -> int:
+            raise exc
+
+        return body
+
+    @fail_fast_on_final_errors
+    def works(value: int) -> int:
+        return value + 1
+
+    assert works(1) == 2
+    down = RetryableStoreError("redis at 127.0.0.1:1 refused the connection")
+    with pytest.raises(RetryableStoreError) as kept:
+        raising(down)(1)
+    assert kept.value is down  # unchanged: Airflow retries it
+    final = ViewsNotAppliedError("/srv/repo", ["solaris_pair"])
+    with pytest.raises(AirflowFailException, match="run `feast apply` in /srv/repo") as failed:
+        raising(final)(1)
+    assert failed.value.__cause__ is final
+    with pytest.raises(AirflowFailException, match="ValueError: bad plan"):
+        raising(ValueError("bad plan"))(1)
+    with pytest.raises(AirflowSkipException):  # Airflow's own signals keep their meaning
+        raising(AirflowSkipException("nothing to do"))(1)
+
+
+def test_precompute_on_a_repo_never_applied_fails_once_naming_feast_apply(
+    airflow_env: dict[str, str],
+    feast_project: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """No retry can apply the views: the first task fails on its first try, and says so (the
+    views are checked before the models are looked for)."""
+    repo = make_feature_repo(tmp_path / "repo", feast_project, apply=False)
+    conf = precompute_conf(repo, tmp_path / "models")
+    result = run_dag("solaris_precompute", last_hour(), conf, expect="failed")
+    start = result["tasks"]["start"]
+    assert (start["state"], start["try_number"]) == ("failed", 1)
+    assert all(t["state"] != "success" for t in result["tasks"].values())
+    assert run_dirs(repo) == []
+    # The task's log (printed by dag.test) ends in Airflow's no-retry exception with our message.
+    logged = "".join(capfd.readouterr())
+    assert (
+        "AirflowFailException: ViewsNotAppliedError: the Feast registry of "
+        f"{repo.resolve()} has no feature view solaris_pair, solaris_user, solaris_similar: "
+        f"run `feast apply` in {repo.resolve()}"
+    ) in logged
 
 
 def test_new_model_version_is_picked_up_and_replans_every_pair(
@@ -494,7 +652,7 @@ def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
 
 
 def test_manual_run_without_data_interval_uses_its_run_time_and_id() -> None:
-    from solaris_feast.pipeline.tasks import run_time
+    from solaris_feast.pipeline.runs import run_time
 
     queued = datetime(2026, 11, 30, 3, 7, 12, 500_000, tzinfo=UTC)
     now, key = run_time(None, None, None, queued, "manual__2026-11-30T03:07:12+00:00")
@@ -510,7 +668,7 @@ def test_manual_run_without_data_interval_uses_its_run_time_and_id() -> None:
 def test_precompute_settings_refuse_typos_and_a_refresh_margin_beyond_the_ttl() -> None:
     from pydantic import ValidationError
 
-    from solaris_feast.pipeline.tasks import PrecomputeSettings
+    from solaris_feast.pipeline.settings import PrecomputeSettings
 
     base = {"feature_repo": "repo", "models_dir": "models"}
     assert PrecomputeSettings.model_validate(base).shards == 4
@@ -527,7 +685,7 @@ def test_precompute_settings_refuse_typos_and_a_refresh_margin_beyond_the_ttl() 
 def test_plan_scores_weigh_the_verifier_by_the_retrieval_score(trained: Trained) -> None:
     from solaris_feast.data.datasets import load_dataset
     from solaris_feast.models.registry import load_bundle
-    from solaris_feast.pipeline.tasks import planning_scores
+    from solaris_feast.pipeline.precompute import planning_scores
     from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
     from solaris_feast.precompute.plan import request_score
 

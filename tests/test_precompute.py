@@ -175,3 +175,62 @@ def test_batched_embeddings_match_one_forward_pass_and_time_is_split(
 def test_bad_batch_size_is_refused(dataset: InteractionDataset, bundle: ModelBundle) -> None:
     with pytest.raises(ValueError, match="batch_size"):
         run_precompute(_plan(dataset, 5), bundle, PairFeaturizer(dataset, 8), CollectingSink(), 0)
+
+
+def test_round_coverage_follows_the_serving_tier_rule(feast_project: str, tmp_path: Path) -> None:
+    """The coverage a round reports is the retriever's rule applied to the stored rows: a vector
+    exactly TTL old is fresh, one second older is not; another version, or a newer row of
+    another version over the right one, is a miss; the best usable tier wins."""
+    from solaris_feast.pipeline.coverage import served_tiers
+    from solaris_feast.store.definitions import SolarisFeastConfig
+
+    store = open_store(feast_project, tmp_path)
+    config = SolarisFeastConfig(embedding_dim=8)
+    store.apply(solaris_definitions(config).all())
+    now = pd.Timestamp("2026-11-30T12:00:00Z")
+    pair_ttl = config.pair_ttl_seconds
+    version, other = "compressor-a", "compressor-b"
+
+    def rows(keys: list[tuple[int, ...]], ages: list[float], versions: list[str]) -> pd.DataFrame:
+        columns = ["user_id", "item_id"][: len(keys[0])]
+        frame = pd.DataFrame(keys, columns=columns).astype("int64")
+        frame["embedding"] = [np.full(8, 0.5, dtype=np.float32) for _ in keys]
+        frame["model_version"] = versions
+        frame["computed_at"] = [now - pd.Timedelta(seconds=a) for a in ages]
+        return frame
+
+    def write(view: str, frame: pd.DataFrame) -> None:
+        writer = EmbeddingWriter(store, view, online=False)
+        try:
+            writer.write(frame)
+        finally:
+            writer.close()
+
+    write(
+        "solaris_pair",
+        rows(
+            [(0, 1), (0, 2), (0, 3), (1, 4)],
+            [pair_ttl, pair_ttl + 1, 10, 100],
+            [version, version, other, version],
+        ),
+    )
+    write("solaris_pair", rows([(1, 4)], [50], [other]))  # newer, of another version
+    write(
+        "solaris_similar",
+        rows([(0, 2), (1, 5)], [60, pair_ttl + 1], [version, version]).assign(
+            neighbour_count=3, mean_distance=np.float32(0.2)
+        ),
+    )
+    write("solaris_user", rows([(0,)], [60], [version]).assign(pair_count=4))
+    pairs = pd.DataFrame(
+        {"user_id": [0, 0, 0, 1, 1, 2], "item_id": [1, 2, 3, 4, 5, 6]}, dtype="int64"
+    )
+    tiers = served_tiers(store, pairs, now, version)
+    assert tiers.tolist() == [
+        Tier.EXACT,  # exactly TTL old: still served
+        Tier.SIMILAR,  # exact one second past its TTL
+        Tier.USER_AGG,  # exact of another version
+        Tier.ZERO,  # the newest exact row is of another version; no user row
+        Tier.ZERO,  # similar past its TTL
+        Tier.ZERO,  # nothing stored
+    ]

@@ -217,3 +217,21 @@ def test_search_leaves_the_query_user_out() -> None:
 def test_duplicate_users_in_the_index_are_refused() -> None:
     with pytest.raises(ValueError, match="duplicates"):
         build_user_index(np.array([1, 1]), np.zeros((2, 2)))
+
+
+def test_thread_setting_applies_to_the_index_only_and_restores_the_process_count() -> None:
+    import faiss
+
+    before = faiss.omp_get_max_threads()
+    wanted = 1 if before != 1 else 2
+    rng = np.random.default_rng(11)
+    index = build_user_index(
+        np.arange(50),
+        rng.standard_normal((50, 8)).astype(np.float32),
+        SimilarityConfig(threads=wanted),
+    )
+    assert faiss.omp_get_max_threads() == before
+    neighbours, _ = index.search(np.arange(5), 3)
+    assert neighbours.shape == (5, 3)
+    assert faiss.omp_get_max_threads() == before
+    assert index.threads == wanted

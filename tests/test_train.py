@@ -105,3 +105,28 @@ def test_enrichment_means_use_rows_before_the_last_precompute_round_only() -> No
     assert tiers[4] == Tier.SIMILAR and torch.equal(inputs[4], z[0])
     tiers, _ = tier_mix_inputs(log, z, similar_only, 0, round_seconds=3600)
     assert tiers[4] == Tier.ZERO
+
+
+def test_training_repeats_bit_for_bit_and_leaves_the_callers_torch_rng_alone() -> None:
+    """Dropout and initialisation are seeded for the training's own block only: the caller's
+    torch generator is where it was, and two fits with one seed give the same weights."""
+    from solaris_feast.models.compressor import CompressorConfig, EmbeddingCompressor
+    from solaris_feast.models.training import TrainConfig, seeded_torch, train_compressor
+
+    h = torch.from_numpy(np.random.default_rng(3).standard_normal((256, 16)).astype(np.float32))
+    cfg = TrainConfig(epochs=2, batch_size=64, seed=5)
+
+    def fit() -> list[torch.Tensor]:
+        with seeded_torch(cfg.seed):
+            model = EmbeddingCompressor(CompressorConfig(input_dim=16, code_dim=4))
+        train_compressor(model, h, cfg)
+        return [p.detach().clone() for p in model.parameters()]
+
+    torch.manual_seed(1234)
+    before = torch.random.get_rng_state()
+    first = fit()
+    assert torch.equal(torch.random.get_rng_state(), before)
+    second = fit()
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    expected_next = torch.rand(3, generator=torch.Generator().manual_seed(1234))
+    assert torch.equal(torch.rand(3), expected_next)  # the caller's sequence was not consumed

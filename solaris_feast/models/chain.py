@@ -46,7 +46,7 @@ from solaris_feast.models.training import (
     flops_per_pair,
     foundation_outputs,
     normalized_entropy,
-    seed_everything,
+    seeded_torch,
     train_compressor,
     train_foundation,
     train_vertical,
@@ -163,8 +163,8 @@ def fit_foundation(
 ) -> ModelCard:
     """Train the FM on ``data`` and register it."""
     mc = config.models
-    seed_everything(config.seed)
-    fm = FoundationModel(data.featurizer.schema, len(data.dataset.label_columns), mc.foundation)
+    with seeded_torch(config.seed):  # initialisation draws from torch's global generator
+        fm = FoundationModel(data.featurizer.schema, len(data.dataset.label_columns), mc.foundation)
     train_foundation(
         fm,
         data.batch,
@@ -198,9 +198,9 @@ def fit_compressor(
         _load(fm_card, models_dir, FoundationModel), data.batch.select(data.fm_index)
     )
     pca = PCA(h, mc.compressor.code_dim)
-    seed_everything(config.seed)
     comp_cfg = mc.compressor.model_copy(update={"input_dim": h.shape[1]})
-    compressor = EmbeddingCompressor(comp_cfg)
+    with seeded_torch(config.seed):
+        compressor = EmbeddingCompressor(comp_cfg)
     compressor.init_from_pca(pca)
     train_compressor(
         compressor, h, mc.compressor_training.model_copy(update={"seed": config.seed}), progress
@@ -242,9 +242,9 @@ def fit_vertical(
         round_seconds=config.precompute_interval_seconds,
     )
     vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
-    seed_everything(config.seed)
     schema = data.featurizer.schema
-    vm = VerticalModel(schema, len(data.dataset.label_columns), vm_cfg)
+    with seeded_torch(config.seed):
+        vm = VerticalModel(schema, len(data.dataset.label_columns), vm_cfg)
     train_vertical(
         vm,
         data.batch,

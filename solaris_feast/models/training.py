@@ -2,6 +2,11 @@
 
 Each loop takes whole-period tensors and walks them in shuffled mini-batches; the models stay
 unaware of how they are trained. Inference runs under ``torch.inference_mode()`` after ``.eval()``.
+
+Randomness: shuffling draws from a local ``torch.Generator``; module initialisation and dropout
+draw from torch's global generator (torch gives them no generator argument), so they run inside
+:func:`seeded_torch`, which seeds that generator for its block and restores the caller's state
+after it. Training thus repeats bit for bit and leaves the process's random state as it found it.
 """
 
 from __future__ import annotations
@@ -9,7 +14,8 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -48,8 +54,20 @@ class TrainConfig(BaseModel):
     """Seeds shuffling, initialisation and dropout."""
 
 
+@contextmanager
+def seeded_torch(seed: int) -> Iterator[None]:
+    """torch's global generator (CPU) seeded with ``seed`` inside the block, and restored to the
+    caller's state when the block ends: what module initialisation and dropout draw inside the
+    block repeats run after run, and nothing outside it is reseeded."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch so a training run repeats bit for bit on the same machine."""
+    """Seed Python's, NumPy's and torch's *process-wide* generators, for entry points (a script,
+    a notebook) that want every later draw repeatable. Library code uses :func:`seeded_torch`
+    and local generators instead, so it never reseeds its caller's state."""
     random.seed(seed)
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
@@ -62,9 +80,24 @@ def _fit(
     cfg: TrainConfig,
     progress: ProgressCallback | None,
 ) -> list[float]:
-    """Mini-batch AdamW over ``num_rows``; ``loss_of(index)`` returns the batch loss."""
+    """Mini-batch AdamW over ``num_rows``; ``loss_of(index)`` returns the batch loss.
+
+    Dropout draws from torch's global generator, seeded with ``cfg.seed`` for the loop only
+    (:func:`seeded_torch`); the shuffling has its own generator.
+    """
     if num_rows == 0:
         raise ValueError("cannot train on zero rows")
+    with seeded_torch(cfg.seed):
+        return _fit_loop(model, num_rows, loss_of, cfg, progress)
+
+
+def _fit_loop(
+    model: nn.Module,
+    num_rows: int,
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    cfg: TrainConfig,
+    progress: ProgressCallback | None,
+) -> list[float]:
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
     )
@@ -101,7 +134,6 @@ def train_foundation(
     progress: ProgressCallback | None = None,
 ) -> list[float]:
     """Fit every task head at once (sum of per-task BCE). Returns the mean loss per epoch."""
-    seed_everything(cfg.seed)
     _check_labels(batch, labels, fm.num_tasks)
     return _fit(
         fm,
@@ -123,7 +155,6 @@ def train_compressor(
     progress: ProgressCallback | None = None,
 ) -> list[float]:
     """Fit the autoencoder on FM representations ``(N, D)`` by reconstruction MSE."""
-    seed_everything(cfg.seed)
     h = representations.detach()
     return _fit(
         compressor, len(h), lambda idx: F.mse_loss(compressor(h[idx]), h[idx]), cfg, progress
@@ -144,7 +175,6 @@ def train_vertical(
     """Fit the VM on hard labels, optionally with a SOLARIS embedding ``z`` ``(N, d)`` and its tier
     ``(N,)``, or with soft labels ``(N, T)`` from the FM (knowledge distillation): the target is
     then ``(1 - w) * hard + w * soft``."""
-    seed_everything(cfg.seed)
     _check_labels(batch, labels, vm.num_tasks)
     if not 0.0 <= distillation_weight <= 1.0:
         raise ValueError(f"distillation_weight must lie in [0, 1], got {distillation_weight}")

@@ -13,12 +13,18 @@ larger ``search_neighbours`` finds more holders of rare items at a linear cost.
 
 The index is exact (``IndexFlatL2``) up to ``exact_index_max_users`` users and approximate above
 (HNSW by default, or IVF), or forced by ``index_kind``.
+
+Threads: faiss's OpenMP thread count is process-wide. ``SimilarityConfig.threads`` applies only
+while this module builds or searches an index (:func:`faiss_threads`), and the process's count is
+restored after, so a fill never changes the threads of other faiss (or OpenMP) users.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -74,7 +80,25 @@ class SimilarityConfig(BaseModel):
     ivf_probe: int = Field(default=16, gt=0)
     """IVF cells visited per query."""
     threads: int | None = Field(default=None, gt=0)
-    """faiss OpenMP threads; ``None`` keeps faiss's default."""
+    """faiss OpenMP threads while this module builds or searches an index (restored after);
+    ``None`` keeps the process's count."""
+
+
+@contextmanager
+def faiss_threads(threads: int | None) -> Iterator[None]:
+    """faiss's OpenMP threads set to ``threads`` inside the block (``None``: left as they are),
+    and the process's previous count restored after it."""
+    if threads is None:
+        yield
+        return
+    import faiss
+
+    previous = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(threads)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(previous)
 
 
 @dataclass
@@ -87,6 +111,7 @@ class UserIndex:
         kind: ``flat``, ``hnsw`` or ``ivf``.
         index: The faiss index.
         build_seconds: Wall time of the build.
+        threads: faiss threads of its searches (``None``: the process's count).
     """
 
     user_ids: np.ndarray
@@ -94,6 +119,7 @@ class UserIndex:
     kind: str
     index: Any
     build_seconds: float
+    threads: int | None = None
 
     def rows_of(self, user_ids: np.ndarray) -> np.ndarray:
         """Row of each user in the index, ``-1`` for users it does not hold."""
@@ -115,7 +141,8 @@ class UserIndex:
         k_total = min(k + 1, len(self.user_ids))
         if self.kind == "hnsw":
             self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, k_total)
-        squared, found = self.index.search(self.vectors[rows], k_total)
+        with faiss_threads(self.threads):
+            squared, found = self.index.search(self.vectors[rows], k_total)
         neighbour = np.where(found >= 0, self.user_ids[np.maximum(found, 0)], -1)
         neighbour = np.where(neighbour == np.asarray(user_ids)[:, None], -1, neighbour)
         # Drop the query user (mostly in column 0) by shifting each row's kept entries left.
@@ -151,35 +178,41 @@ def build_user_index(
     ids, vecs = ids[order], np.ascontiguousarray(vecs[order])
     if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
         raise ValueError("user_ids has duplicates: one vector per user")
-    if cfg.threads is not None:
-        faiss.omp_set_num_threads(cfg.threads)
     kind = cfg.index_kind
     if kind == "auto":
         kind = "flat" if len(ids) <= cfg.exact_index_max_users else cfg.approximate_kind
     dim = vecs.shape[1]
     started = time.perf_counter()
     index: Any
-    if kind == "flat":
-        index = faiss.IndexFlatL2(dim)
-    elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m)
-        index.hnsw.efConstruction = cfg.hnsw_ef_construction
-        index.hnsw.efSearch = cfg.hnsw_ef_search
-    else:
-        lists = cfg.ivf_lists or max(1, int(np.sqrt(len(ids))))
-        lists = min(lists, max(1, len(ids)))
-        quantizer = faiss.IndexFlatL2(dim)
-        index = faiss.IndexIVFFlat(quantizer, dim, lists)
-        sample_size = min(len(ids), lists * cfg.ivf_train_points_per_list)
-        sample = np.random.default_rng(0).choice(len(ids), size=sample_size, replace=False)
-        index.cp.max_points_per_centroid = cfg.ivf_train_points_per_list
-        index.train(vecs[np.sort(sample)])
-        index.nprobe = min(cfg.ivf_probe, lists)
-    if len(ids):
-        index.add(vecs)
+    with faiss_threads(cfg.threads):
+        if kind == "flat":
+            index = faiss.IndexFlatL2(dim)
+        elif kind == "hnsw":
+            index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m)
+            index.hnsw.efConstruction = cfg.hnsw_ef_construction
+            index.hnsw.efSearch = cfg.hnsw_ef_search
+        else:
+            lists = cfg.ivf_lists or max(1, int(np.sqrt(len(ids))))
+            lists = min(lists, max(1, len(ids)))
+            quantizer = faiss.IndexFlatL2(dim)
+            index = faiss.IndexIVFFlat(quantizer, dim, lists)
+            sample_size = min(len(ids), lists * cfg.ivf_train_points_per_list)
+            sample = np.random.default_rng(0).choice(len(ids), size=sample_size, replace=False)
+            index.cp.max_points_per_centroid = cfg.ivf_train_points_per_list
+            index.train(vecs[np.sort(sample)])
+            index.nprobe = min(cfg.ivf_probe, lists)
+        if len(ids):
+            index.add(vecs)
     built = time.perf_counter() - started
     logger.info("user index: %s over %d users (D=%d) in %.2f s", kind, len(ids), dim, built)
-    return UserIndex(user_ids=ids, vectors=vecs, kind=kind, index=index, build_seconds=built)
+    return UserIndex(
+        user_ids=ids,
+        vectors=vecs,
+        kind=kind,
+        index=index,
+        build_seconds=built,
+        threads=cfg.threads,
+    )
 
 
 def similarity_fill(

@@ -1,0 +1,243 @@
+"""The last task of a precompute round: which tier each of the round's pairs would be served now.
+
+The pairs are the round's candidates and queued misses. Each tier's value for a pair is the
+newest row of its offline log (the online store keeps the newest write per key), and the tier
+rule of :func:`solaris_feast.serving.resolve.resolve` decides, as for the retriever: the round's
+embedding version, a known ``computed_at`` not in the future, ``age <= ttl``, finite values. The
+report goes to ``coverage.json`` in the run folder; then the round's queued misses are
+acknowledged and the views are tagged with the round's model versions.
+
+Cost: one read of each view's offline rows inside its TTL window.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from solaris_feast.pipeline.runs import shard_report_path, write_atomic
+from solaris_feast.pipeline.settings import (
+    PAIR_VIEW,
+    RESOLVED_VIEW,
+    SIMILAR_VIEW,
+    SOLARIS_VIEWS,
+    USER_VIEW,
+    PrecomputeRun,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    import pandas as pd
+    from feast import FeatureStore
+
+    from solaris_feast.serving.resolve import TierValues
+    from solaris_feast.tiers import Tier
+
+logger = logging.getLogger(__name__)
+
+TIER_NAMES = {"EXACT": "exact", "SIMILAR": "similar", "USER_AGG": "user", "ZERO": "zero"}
+"""Keys of the tiers in ``coverage.json``."""
+
+
+def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Share of this round's pairs (candidates and queued misses) each tier would serve now.
+
+    Written to ``coverage.json`` in the run folder and logged in one line.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from solaris_feast.pipeline.precompute import MISS_QUEUE_GROUP, open_run_store
+    from solaris_feast.serving.miss_queue import MissQueue
+    from solaris_feast.tiers import Tier
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    store = open_run_store(spec.settings)
+    run_dir = Path(spec.run_dir)
+    misses = pd.read_parquet(run_dir / "misses.parquet")
+    pool = pd.concat(
+        [
+            pd.read_parquet(run_dir / "candidates.parquet", columns=["user_id", "item_id"]),
+            misses[["user_id", "item_id"]],
+        ],
+        ignore_index=True,
+    ).drop_duplicates(ignore_index=True)
+    tiers = served_tiers(store, pool, pd.Timestamp(spec.now), spec.embedding_version)
+    total = len(pool)
+    coverage = {
+        TIER_NAMES[t.name]: (float(np.count_nonzero(tiers == int(t))) / total if total else 0.0)
+        for t in Tier
+    }
+    # This run's shard count: a re-run with fewer shards leaves older reports beside them.
+    reports = [shard_report_path(run_dir, i) for i in range(spec.settings.shards)]
+    shards = [json.loads(path.read_text()) for path in reports if path.is_file()]
+    report = {
+        "interval": spec.interval_key,
+        "now": pd.Timestamp(spec.now).isoformat(),
+        "vm_version": spec.vm_version,
+        "embedding_version": spec.embedding_version,
+        "pairs": total,
+        "coverage": coverage,
+        "any_tier": 1.0 - coverage["zero"] if total else 0.0,
+        "fm_pairs": int(sum(int(s["pairs"]) for s in shards)),
+        "plan": json.loads((run_dir / "plan" / "plan.json").read_text())["stats"],
+        "shards": shards,
+    }
+    write_atomic(run_dir / "coverage.json", json.dumps(report, indent=2))
+    # Acknowledged only now, after the round's writes: a round that died earlier leaves its
+    # group-read misses (Redis) to be claimed by a later round.
+    acknowledged = 0
+    if "entry_id" in misses.columns and not misses.empty:
+        acknowledged = MissQueue.for_store(store).ack(MISS_QUEUE_GROUP, misses)
+    retagged = tag_views_with_versions(store, spec)
+    logger.info(
+        "coverage %s: exact=%.3f similar=%.3f user=%.3f zero=%.3f over %d pairs (%s)",
+        spec.interval_key,
+        coverage["exact"],
+        coverage["similar"],
+        coverage["user"],
+        coverage["zero"],
+        total,
+        spec.embedding_version,
+    )
+    return {
+        "coverage": coverage,
+        "pairs": total,
+        "misses_acknowledged": acknowledged,
+        "views_retagged": retagged,
+        "path": str(run_dir / "coverage.json"),
+    }
+
+
+def served_tiers(
+    store: FeatureStore, pairs: pd.DataFrame, now: pd.Timestamp, embedding_version: str
+) -> np.ndarray:
+    """``(N,)`` int8 tiers that :func:`~solaris_feast.serving.resolve.resolve` gives the N
+    ``pairs`` (``user_id``, ``item_id``) at ``now``, from the views' offline rows and TTLs."""
+    from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, resolve
+    from solaris_feast.tiers import Tier
+
+    views = {Tier.EXACT: PAIR_VIEW, Tier.SIMILAR: SIMILAR_VIEW, Tier.USER_AGG: USER_VIEW}
+    ttls: dict[Tier, float] = {}
+    for tier, view in views.items():
+        ttl = store.get_feature_view(view).ttl
+        ttls[tier] = ttl.total_seconds() if ttl is not None else 0.0
+    values = {
+        tier: _tier_values(
+            store,
+            view,
+            pairs,
+            now,
+            ttls[tier],
+            DEFAULT_CLOCK_SKEW_SECONDS,
+            embedding_version,
+        )
+        for tier, view in views.items()
+    }
+    dims = {v.vectors.shape[1] for v in values.values() if v.present.any()}
+    if len(dims) > 1:
+        raise ValueError(f"views {', '.join(SOLARIS_VIEWS)} hold vectors of lengths {dims}")
+    return resolve(values, now_s=now.timestamp(), ttl_seconds=ttls).tiers
+
+
+def _tier_values(
+    store: FeatureStore,
+    view: str,
+    pairs: pd.DataFrame,
+    now: pd.Timestamp,
+    ttl_seconds: float,
+    clock_skew_seconds: float,
+    embedding_version: str,
+) -> TierValues:
+    """One tier's value for each pair: the newest offline row of its key within the window
+    that can be fresh, ``[now - ttl, now + skew]``; absent where there is none."""
+    import numpy as np
+    import pandas as pd
+
+    from solaris_feast.serving.resolve import TierValues
+    from solaris_feast.store.offline import read_offline_rows
+
+    keys = ["user_id"] if view == USER_VIEW else ["user_id", "item_id"]
+    # read_offline_rows takes (start, end]; a second earlier keeps a row exactly ttl old.
+    rows = read_offline_rows(
+        store,
+        view,
+        now - pd.Timedelta(seconds=ttl_seconds + 1),
+        now + pd.Timedelta(seconds=clock_skew_seconds),
+        [*keys, "embedding", "model_version", "computed_at"],
+    )
+    n = len(pairs)
+    if rows.empty:
+        return TierValues.absent(n, 0)
+    at = pd.to_datetime(rows["computed_at"], utc=True)
+    rows = (
+        rows.assign(_at=at)
+        .sort_values("_at", kind="stable")
+        .drop_duplicates(keys, keep="last")
+        .reset_index(drop=True)
+    )
+    numbered = rows[keys].assign(_row=np.arange(len(rows)))
+    matched = pairs[keys].merge(numbered, on=keys, how="left")["_row"]
+    found = matched.notna().to_numpy()
+    index = matched.fillna(-1).to_numpy(dtype=np.int64)
+    lengths = rows["embedding"].map(lambda v: -1 if v is None else len(v)).to_numpy()
+    dim = int(np.bincount(lengths[lengths >= 0]).argmax()) if (lengths >= 0).any() else 0
+    present = found.copy()
+    present[found] = lengths[index[found]] == dim
+    vectors = np.zeros((n, dim), dtype=np.float32)
+    if present.any():
+        vectors[present] = np.stack(
+            [np.asarray(rows["embedding"].iat[i], dtype=np.float32) for i in index[present]]
+        )
+    version_matches = np.zeros(n, dtype=bool)
+    version_matches[found] = rows["model_version"].to_numpy()[index[found]] == embedding_version
+    computed_at_s = np.full(n, np.nan)
+    stamps = rows["_at"]
+    seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=np.float64)
+    computed_at_s[found] = seconds[index[found]]
+    return TierValues(
+        vectors=vectors,
+        present=present,
+        version_matches=version_matches,
+        computed_at_s=computed_at_s,
+    )
+
+
+def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[str]:
+    """Set the views' ``solaris.*_version`` tags to the models of this run's vectors.
+
+    Lineage review traces a served vector through these tags to the FM, compressor and verifier
+    cards; they change (one registry update) only when a run writes with new models.
+    """
+    from solaris_feast.store.tags import (
+        TAG_COMPRESSOR_VERSION,
+        TAG_FM_VERSION,
+        TAG_VERIFIER_VERSION,
+    )
+
+    wanted = {
+        TAG_FM_VERSION: spec.fm_version,
+        TAG_COMPRESSOR_VERSION: spec.embedding_version,
+        TAG_VERIFIER_VERSION: spec.vm_version,
+    }
+    changed: list[Any] = []  # FeatureStore.apply takes a list of any Feast object
+    for name in SOLARIS_VIEWS:
+        view = store.get_feature_view(name)
+        if any(view.tags.get(k) != v for k, v in wanted.items()):
+            view.tags.update(wanted)
+            changed.append(view)
+    # The resolved on-demand view reads the three views: it carries the compressor's version.
+    compressor_tag = TAG_COMPRESSOR_VERSION
+    for resolved in store.list_on_demand_feature_views():
+        if resolved.name == RESOLVED_VIEW and resolved.tags.get(compressor_tag) != (
+            spec.embedding_version
+        ):
+            resolved.tags[compressor_tag] = spec.embedding_version
+            changed.append(resolved)
+    if changed:
+        store.apply(changed)
+        logger.info("views %s now tagged %s", [v.name for v in changed], wanted)
+    return [v.name for v in changed]

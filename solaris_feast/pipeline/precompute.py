@@ -1,0 +1,444 @@
+"""Task bodies of the precompute DAG, one plain function per task, in the DAG's order.
+
+drain the miss queue -> candidates -> verifier scores and plan under the budget -> FM precompute
+per shard -> user aggregates -> similarity fill; :mod:`solaris_feast.pipeline.coverage` closes
+the round. Each function takes the run spec (:class:`~solaris_feast.pipeline.settings.PrecomputeRun`
+as JSON) and returns a small JSON-able dict (what Airflow puts in XCom); nothing is remembered in
+the process between two calls, so any worker can run any task, provided the models folder, the
+run folder and the feature repo are on storage every worker sees and the online store is a
+shared server (Redis).
+
+Where state lives: the run folder (:mod:`solaris_feast.pipeline.runs`, every step's file written
+once and reused on retry), the model registry, and the Feast stores: the offline parquet log
+(content-hashed files: writing the same rows again adds nothing) and the online store
+(newest-wins writes).
+
+A repo whose views were never applied is refused at the first task with
+:class:`~solaris_feast.errors.ViewsNotAppliedError` ("run feast apply in <repo>"): the precompute
+never applies definitions itself, since which views a repo serves is the repo owner's decision.
+
+Heavy modules (torch, faiss, feast) are imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from solaris_feast.pipeline.log import load_log
+from solaris_feast.pipeline.runs import (
+    precompute_run_dir,
+    replace_folder_atomic,
+    run_time,
+    shard_report_path,
+    staging_folder,
+    write_atomic,
+    write_once,
+    write_parquet_atomic,
+)
+from solaris_feast.pipeline.settings import (
+    PAIR_VIEW,
+    SIMILAR_VIEW,
+    SOLARIS_VIEWS,
+    USER_VIEW,
+    PrecomputeRun,
+    PrecomputeSettings,
+)
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from feast import FeatureStore
+
+    from solaris_feast.data.schema import InteractionDataset
+    from solaris_feast.models.registry import ModelBundle
+
+logger = logging.getLogger(__name__)
+
+MISS_QUEUE_GROUP = "solaris_precompute"
+"""Redis consumer group of the precompute runs on the miss queue."""
+
+
+def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the params, check the repo's views, pick the newest models, open the run folder.
+
+    The folder is keyed by the interval and the VM version: a re-run of the interval with the
+    same models finds its earlier files; a new model version starts a full re-plan.
+    """
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.models.cards import newest_chain
+
+    cfg = PrecomputeSettings.model_validate(dict(settings))
+    open_run_store(cfg)  # refuses a repo without the views before any work is done
+    now, key = run_time(**interval)
+    models_dir = Path(cfg.models_dir)
+    chain = newest_chain(models_dir) if models_dir.is_dir() else None
+    if chain is None or chain.vm is None:
+        raise ConfigError(
+            f"no VM model card in {models_dir}: run the solaris_training DAG (or solaris train)"
+        )
+    vm = chain.vm
+    run_dir = precompute_run_dir(cfg, key, vm.version)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = PrecomputeRun(
+        settings=cfg,
+        now=now,
+        interval_key=key,
+        run_dir=str(run_dir),
+        vm_version=vm.version,
+        fm_version=chain.fm.version,
+        embedding_version=chain.embedding_version,
+    )
+    write_once(run_dir / "manifest.json", spec.model_dump_json(indent=2))
+    logger.info(
+        "precompute run %s at %s with %s (%s)", key, now, vm.version, spec.embedding_version
+    )
+    return spec.model_dump(mode="json")
+
+
+def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
+    """The run's Feast store, refused with :class:`~solaris_feast.errors.ViewsNotAppliedError`
+    when its registry lacks any of the SOLARIS views (a final error: no retry adds them)."""
+    from solaris_feast.errors import ViewsNotAppliedError
+    from solaris_feast.store.config import open_repo_store
+
+    repo = Path(settings.feature_repo).resolve()
+    store = open_repo_store(repo, repo / settings.feature_store_yaml)
+    applied = {view.name for view in store.list_feature_views()}
+    missing = [name for name in SOLARIS_VIEWS if name not in applied]
+    if missing:
+        raise ViewsNotAppliedError(str(repo), missing)
+    return store
+
+
+def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Take the queued misses once per run and save them; a retry re-reads the saved ones.
+
+    On Redis the pairs are read through the consumer group ``solaris_precompute`` (consumer: the
+    run's interval) and acknowledged only by
+    :func:`~solaris_feast.pipeline.coverage.publish_coverage`, after the run's writes: a run that
+    dies in between leaves them to be claimed by a later run. SQLite has no groups: its pairs
+    leave the queue when drained, and are on disk a moment later.
+    """
+    import pandas as pd
+
+    from solaris_feast.serving.miss_queue import MissQueue
+    from solaris_feast.store.config import online_kind
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    path = Path(spec.run_dir) / "misses.parquet"
+    if path.is_file():
+        misses = pd.read_parquet(path)
+        return {"misses": len(misses), "reused": True}
+    store = open_run_store(spec.settings)
+    queue = MissQueue.for_store(store)
+    limit = spec.settings.max_drained_misses
+    if online_kind(store) == "redis" and limit > 0:
+        misses = queue.read_group(MISS_QUEUE_GROUP, spec.interval_key, max_pairs=limit)
+    else:
+        misses = queue.drain(limit)
+    write_parquet_atomic(misses, path)
+    logger.info("took %d queued misses", len(misses))
+    return {"misses": len(misses), "reused": False}
+
+
+def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Candidate items for each active user as of the run's time."""
+    import pandas as pd
+
+    from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    path = Path(spec.run_dir) / "candidates.parquet"
+    if path.is_file():
+        return {"candidates": len(pd.read_parquet(path, columns=["user_id"])), "reused": True}
+    dataset = load_log(spec.settings, spec.now)
+    category = "category" if "category" in dataset.item_categorical else None
+    if category is None and dataset.item_categorical:
+        category = dataset.item_categorical[0]
+    config = CandidateConfig(
+        candidates_per_user=spec.settings.candidates_per_user,
+        category_column=category,
+        exclude_seen_items=spec.settings.exclude_seen_items,
+    )
+    candidates = generate_candidates(
+        dataset.interactions, pd.Timestamp(spec.now), config, items=dataset.items
+    )
+    write_parquet_atomic(candidates, path)
+    users = int(candidates["user_id"].nunique()) if len(candidates) else 0
+    logger.info("candidates: %d pairs for %d users", len(candidates), users)
+    return {"candidates": len(candidates), "users": users, "reused": False}
+
+
+def _bundle(spec: PrecomputeRun) -> ModelBundle:
+    from solaris_feast.models.registry import load_bundle
+
+    return load_bundle(Path(spec.settings.models_dir), spec.vm_version)
+
+
+def _verifier_scores(
+    bundle: ModelBundle, dataset: InteractionDataset, pairs: pd.DataFrame, now: datetime
+) -> pd.DataFrame:
+    """``user_id``, ``item_id``, ``verifier_score``: the VM's main-task probability with no
+    embedding (the verifier), as of ``now``."""
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.precompute.plan import VERIFIER_SCORE
+
+    users = pairs["user_id"].to_numpy(dtype=np.int64)
+    items = pairs["item_id"].to_numpy(dtype=np.int64)
+    scores = np.zeros(len(pairs), dtype=np.float64)
+    featurizer = PairFeaturizer(dataset, bundle.schema.history_len)
+    at = pd.Timestamp(now)
+    bundle.vm.eval()
+    with torch.inference_mode():
+        for lo in range(0, len(pairs), 8192):
+            hi = min(lo + 8192, len(pairs))
+            batch = featurizer.batch(users[lo:hi], items[lo:hi], at)
+            scores[lo:hi] = bundle.vm.verifier_score(batch).numpy()
+    return pd.DataFrame({"user_id": users, "item_id": items, VERIFIER_SCORE: scores})
+
+
+def planning_scores(
+    bundle: ModelBundle,
+    dataset: InteractionDataset,
+    candidates: pd.DataFrame,
+    now: datetime,
+    retrieval_weight: float,
+) -> pd.DataFrame:
+    """``user_id``, ``item_id``, ``verifier_score`` of the candidates as the planner ranks them:
+    the verifier's probability times the retrieval score
+    (:func:`solaris_feast.precompute.plan.request_score`), or the verifier alone for a candidate
+    table without ``candidate_score``."""
+    from solaris_feast.precompute.candidates import CANDIDATE_SCORE
+    from solaris_feast.precompute.plan import VERIFIER_SCORE, request_score
+
+    scored = _verifier_scores(bundle, dataset, candidates, now)
+    if CANDIDATE_SCORE in candidates.columns:
+        scored[VERIFIER_SCORE] = request_score(
+            scored["user_id"].to_numpy(),
+            scored[VERIFIER_SCORE].to_numpy(),
+            candidates[CANDIDATE_SCORE].to_numpy(dtype="float64"),
+            retrieval_weight,
+        )
+    return scored
+
+
+def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Score candidates and misses with the verifier, plan under the budget, persist the plan.
+
+    Returns the plan's stats and ``shard_indexes`` for the mapped precompute tasks.
+    """
+    import pandas as pd
+
+    from solaris_feast.precompute.plan import plan_precompute, read_plan, write_plan
+    from solaris_feast.store.offline import read_offline_rows
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    cfg = spec.settings
+    plan_dir = Path(spec.run_dir) / "plan"
+    shard_indexes = list(range(cfg.shards))
+    if (plan_dir / "plan.json").is_file():
+        plan = read_plan(plan_dir)
+        return {"shard_indexes": shard_indexes, "planned": len(plan), "reused": True}
+    dataset = load_log(cfg, spec.now)
+    bundle = _bundle(spec)
+    candidates = pd.read_parquet(Path(spec.run_dir) / "candidates.parquet")
+    misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
+    # Only misses of users and items the models know can be scored.
+    known = (misses["user_id"] < dataset.num_users) & (misses["item_id"] < dataset.num_items)
+    misses = misses.loc[known, ["user_id", "item_id"]].drop_duplicates()
+    scored_candidates = planning_scores(bundle, dataset, candidates, spec.now, cfg.retrieval_weight)
+    scored_misses = _verifier_scores(bundle, dataset, misses, spec.now) if len(misses) else None
+    store = open_run_store(cfg)
+    ttl = pair_ttl_seconds(spec, store)
+    fresh = read_offline_rows(
+        store,
+        PAIR_VIEW,
+        pd.Timestamp(spec.now) - pd.Timedelta(seconds=ttl),
+        pd.Timestamp(spec.now),
+        ["user_id", "item_id", "computed_at", "model_version"],
+    )
+    plan = plan_precompute(
+        scored_candidates,
+        scored_misses,
+        fresh,
+        cfg.budget_pairs,
+        pd.Timestamp(spec.now),
+        ttl,
+        min(cfg.refresh_margin_seconds, ttl - 1),
+        cfg.min_miss_score,
+        model_version=spec.embedding_version,
+        user_balanced=cfg.user_balanced_plan,
+    )
+    staging = staging_folder(plan_dir)
+    write_plan(plan, staging)
+    replace_folder_atomic(staging, plan_dir)
+    stats = plan.stats
+    return {
+        "shard_indexes": shard_indexes,
+        "planned": stats.planned,
+        "from_misses": stats.from_misses,
+        "refreshes": stats.refreshes,
+        "new": stats.new,
+        "skipped_fresh": stats.skipped_fresh,
+        "over_budget": stats.over_budget,
+        "reused": False,
+    }
+
+
+def pair_ttl_seconds(spec: PrecomputeRun, store: FeatureStore) -> int:
+    """The planner's TTL: the param, or the pair view's TTL, which serving enforces.
+
+    A param longer than the view's TTL is refused: the planner would skip pairs as fresh that
+    the retriever already treats as expired.
+    """
+    from solaris_feast.errors import ConfigError
+
+    ttl = store.get_feature_view(PAIR_VIEW).ttl
+    view_seconds = int(ttl.total_seconds()) if ttl is not None else 0
+    if view_seconds <= 0:
+        raise ConfigError(f"feature view {PAIR_VIEW} needs a positive ttl")
+    wanted = spec.settings.pair_ttl_seconds
+    if wanted is None:
+        return view_seconds
+    if wanted > view_seconds:
+        raise ConfigError(
+            f"pair_ttl_seconds={wanted} exceeds the {PAIR_VIEW} view's ttl ({view_seconds} s): "
+            "pairs the retriever treats as expired would be skipped as fresh"
+        )
+    return wanted
+
+
+def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int) -> dict[str, Any]:
+    """FM -> compressor -> pair view for shard ``shard_index`` of ``shard_count`` of the plan.
+
+    Idempotent: vectors are computed as of the plan's time and stored with it as
+    ``computed_at``, so a retry writes the same rows (same offline file, same online value).
+    """
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.precompute.compute import run_precompute
+    from solaris_feast.precompute.plan import read_plan, shard
+    from solaris_feast.store.write import EmbeddingWriter
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    part = shard(read_plan(Path(spec.run_dir) / "plan"), shard_index, shard_count)
+    bundle = _bundle(spec)
+    dataset = load_log(spec.settings, spec.now)
+    featurizer = PairFeaturizer(dataset, bundle.schema.history_len)
+    store = open_run_store(spec.settings)
+    writer = EmbeddingWriter(store, PAIR_VIEW)
+    try:
+        stats = run_precompute(part, bundle, featurizer, writer, spec.settings.batch_size)
+    finally:
+        writer.close()
+    report = {"shard": shard_index, "of": shard_count, **stats.as_dict()}
+    write_atomic(shard_report_path(Path(spec.run_dir), shard_index), json.dumps(report, indent=2))
+    return report
+
+
+def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Each user's mean exact vector over the window, written to the user view.
+
+    A pair computed several times counts once (newest vector), and the rows carry the run's time,
+    so a re-run writes the same rows: nothing is counted twice.
+    """
+    from solaris_feast.store.write import EmbeddingWriter
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    store = open_run_store(spec.settings)
+    rows = user_aggregate_rows(spec, store)
+    writer = EmbeddingWriter(store, USER_VIEW)
+    try:
+        report = writer.write(rows)
+    finally:
+        writer.close()
+    return {
+        "users": len(rows),
+        "online_applied": report.online_applied,
+        "offline_files_written": report.offline_files_written,
+    }
+
+
+def user_aggregate_rows(spec: PrecomputeRun, store: FeatureStore) -> pd.DataFrame:
+    """The user view's rows of the run: each user's mean exact vector over the window."""
+    import pandas as pd
+
+    from solaris_feast.precompute.aggregate import AggregateConfig, aggregate_user_embeddings
+    from solaris_feast.store.offline import read_offline_rows
+
+    window = spec.settings.aggregate_window_seconds
+    now = pd.Timestamp(spec.now)
+    exact = read_offline_rows(store, PAIR_VIEW, now - pd.Timedelta(seconds=window), now)
+    return aggregate_user_embeddings(
+        exact, now, spec.embedding_version, AggregateConfig(window_seconds=window)
+    )
+
+
+def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Fill over-budget and missed pairs from the nearest users' exact vectors (faiss KNN over
+    the user aggregates) and write them to the similar view."""
+    import numpy as np
+    import pandas as pd
+
+    from solaris_feast.precompute.aggregate import PairEmbeddings
+    from solaris_feast.precompute.plan import read_plan
+    from solaris_feast.precompute.similarity import (
+        SimilarityConfig,
+        build_user_index,
+        similarity_fill,
+    )
+    from solaris_feast.store.offline import read_offline_rows
+    from solaris_feast.store.write import EmbeddingWriter
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    cfg = spec.settings
+    store = open_run_store(cfg)
+    now = pd.Timestamp(spec.now)
+    ttl = pair_ttl_seconds(spec, store)
+    plan = read_plan(Path(spec.run_dir) / "plan")
+    misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
+    targets = pd.concat(
+        [
+            plan.uncovered[["user_id", "item_id"]].head(cfg.fill_targets),
+            misses[["user_id", "item_id"]],
+        ],
+        ignore_index=True,
+    ).drop_duplicates()
+    user_rows = user_aggregate_rows(spec, store)
+    exact = read_offline_rows(store, PAIR_VIEW, now - pd.Timedelta(seconds=ttl), now)
+    if len(targets) == 0 or len(user_rows) < 2 or len(exact) == 0:
+        logger.info("similarity fill: nothing to fill (%d targets)", len(targets))
+        return {"targets": len(targets), "filled": 0}
+    similarity = SimilarityConfig(neighbours=cfg.similar_neighbours)
+    index = build_user_index(
+        user_rows["user_id"].to_numpy(dtype=np.int64),
+        np.stack(user_rows["embedding"].to_list()).astype(np.float32),
+        similarity,
+    )
+    fill = similarity_fill(
+        index,
+        targets,
+        PairEmbeddings.from_frame(exact),
+        now,
+        spec.embedding_version,
+        ttl,
+        similarity,
+    )
+    writer = EmbeddingWriter(store, SIMILAR_VIEW)
+    try:
+        report = writer.write(fill)
+    finally:
+        writer.close()
+    return {
+        "targets": len(targets),
+        "filled": len(fill),
+        "online_applied": report.online_applied,
+        "offline_files_written": report.offline_files_written,
+    }

@@ -1,0 +1,118 @@
+"""Run time and run folders: where a run's state lives between its tasks and across retries.
+
+A precompute run keeps its files in ``<runs_dir>/<interval>/<vm version>/``: ``manifest.json``
+(planning time, model versions), ``misses.parquet``, ``candidates.parquet``, ``plan/``,
+``shard-<i>.json`` and ``coverage.json``. Each step writes its file once, atomically (a
+temporary name, then ``os.replace``), and a retried or re-run step reads the file back instead
+of computing it again, so it sees exactly the inputs of the first attempt. A new VM version gets
+a new folder: a full re-plan, since stored vectors of another version count as absent to the
+planner and as misses to the retriever.
+
+A training run keeps one marker per stage under ``<models_dir>/.training_runs/<interval>/``
+naming the version the stage registered, so a retried stage returns that card instead of
+training again.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from solaris_feast.pipeline.settings import PrecomputeSettings
+
+RUNS_SUBDIR = Path("data") / "precompute_runs"
+"""Default runs folder, inside the Feast repo."""
+TRAINING_MARKERS_SUBDIR = ".training_runs"
+
+
+def run_time(
+    data_interval_start: datetime | None,
+    data_interval_end: datetime | None,
+    logical_date: datetime | None,
+    run_after: datetime | None,
+    run_id: str,
+) -> tuple[datetime, str]:
+    """The time a run works for and a file-name-safe key of it.
+
+    Scheduled runs use their data interval's end, so a re-run of an interval plans for the same
+    moment and reuses its files. Manual and asset-triggered runs can have no interval: they use
+    the logical date, else the time the run was queued for, and are keyed by their run id.
+    """
+    import pandas as pd
+
+    if data_interval_end is not None:
+        now = pd.Timestamp(data_interval_end)
+        start = pd.Timestamp(data_interval_start or data_interval_end)
+        key = f"{_stamp(start)}_{_stamp(now)}"
+    else:
+        chosen = logical_date or run_after
+        now = pd.Timestamp(chosen) if chosen is not None else pd.Timestamp.now(tz="UTC")
+        key = "run_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_")
+    if now.tzinfo is None:
+        now = now.tz_localize("UTC")
+    now = now.tz_convert("UTC").floor("s")
+    return now.to_pydatetime(), key
+
+
+def _stamp(ts: pd.Timestamp) -> str:
+    if ts.tzinfo is None:
+        ts = ts.tz_localize("UTC")
+    return str(ts.tz_convert("UTC").strftime("%Y%m%dT%H%M%SZ"))
+
+
+def precompute_run_dir(settings: PrecomputeSettings, interval_key: str, vm_version: str) -> Path:
+    """``<runs_dir>/<interval>/<vm version>/`` (``runs_dir`` empty: inside the Feast repo)."""
+    runs_dir = (
+        Path(settings.runs_dir) if settings.runs_dir else Path(settings.feature_repo) / RUNS_SUBDIR
+    )
+    return runs_dir / interval_key / vm_version
+
+
+def training_stage_marker(models_dir: Path, interval_key: str, stage: str) -> Path:
+    """The file naming the version a training stage registered for one run."""
+    return models_dir / TRAINING_MARKERS_SUBDIR / interval_key / stage
+
+
+def shard_report_path(run_dir: Path, shard_index: int) -> Path:
+    return run_dir / f"shard-{shard_index}.json"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never half."""
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    temp.write_text(text)
+    os.replace(temp, path)
+
+
+def write_once(path: Path, text: str) -> bool:
+    """Write ``path`` atomically unless it exists (a retried step keeps the first attempt's
+    file). True when this call wrote it."""
+    if path.is_file():
+        return False
+    write_atomic(path, text)
+    return True
+
+
+def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
+    """Atomic :meth:`DataFrame.to_parquet` (no index), as :func:`write_atomic`."""
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    frame.to_parquet(temp, index=False)
+    os.replace(temp, path)
+
+
+def replace_folder_atomic(staging: Path, target: Path) -> None:
+    """Move a fully written ``staging`` folder to ``target`` in one rename: a reader (a shard
+    reading the plan) never sees half of it."""
+    os.replace(staging, target)
+
+
+def staging_folder(target: Path) -> Path:
+    """A fresh sibling of ``target`` to write into before :func:`replace_folder_atomic`."""
+    return target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")

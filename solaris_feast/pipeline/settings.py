@@ -1,0 +1,271 @@
+"""Settings of the precompute and training runs, and the Airflow params generated from them.
+
+The pydantic models here are the one statement of every setting: its name, type, default,
+bounds and description. The DAG files build their ``Param`` objects from
+:func:`dag_param_schemas` instead of restating them, so a default or a bound changed here is
+changed in the DAG's trigger form too. Deployment defaults taken from the environment
+(``SOLARIS_FEATURE_REPO``, ``SOLARIS_MODELS_DIR``, ``SOLARIS_FEATURE_STORE_YAML``,
+``SOLARIS_RUNS_DIR``) are applied in one place, :func:`deployment_defaults`.
+
+Cost: this module imports pydantic only (no pandas, torch, feast or airflow), because the DAG
+files import it while the scheduler parses them; ``tests/test_dags.py`` checks that.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import annotated_types
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
+
+PAIR_VIEW = "solaris_pair"
+USER_VIEW = "solaris_user"
+SIMILAR_VIEW = "solaris_similar"
+RESOLVED_VIEW = "solaris_resolved"
+SOLARIS_VIEWS = (PAIR_VIEW, USER_VIEW, SIMILAR_VIEW)
+"""The feature views a precompute run reads and writes; the registry must hold all of them."""
+
+ENVIRONMENT_DEFAULTS: Mapping[str, str] = {
+    "feature_repo": "SOLARIS_FEATURE_REPO",
+    "models_dir": "SOLARIS_MODELS_DIR",
+    "feature_store_yaml": "SOLARIS_FEATURE_STORE_YAML",
+    "runs_dir": "SOLARIS_RUNS_DIR",
+}
+"""Settings whose DAG default comes from an environment variable of the scheduler, when set."""
+
+NOT_DAG_PARAMS: frozenset[str] = frozenset({"holdout_fraction"})
+"""Settings that are not DAG params: the held-out tail of a log is the demo's replay, never a
+scheduled run's."""
+
+# Field docstrings become descriptions, so the DAG's trigger form shows the same text.
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class LogSource(BaseModel):
+    """Where the interaction log comes from."""
+
+    model_config = _CONFIG
+
+    dataset: Literal["synthetic", "movielens"] = "synthetic"
+    """Named data set (see solaris_feast.data.datasets.load_dataset)."""
+    dataset_size: Literal["tiny", "demo", "default", "large"] = "demo"
+    """Synthetic preset."""
+    dataset_seed: int = 0
+    """Seed of the synthetic generator."""
+    align_log_to_run: bool = True
+    """Shift the log's timestamps so its newest event lies just before the run's time: a recorded
+    log then behaves like a live one (the TTLs of serving are counted against the wall clock).
+    Off for a log that is already live."""
+    holdout_fraction: float = Field(0.0, ge=0.0, lt=1.0)
+    """Latest share of a recorded log's time span kept from the run: those impressions come
+    after the run's time, to be served and scored by a replay (solaris demo)."""
+
+
+class PrecomputeSettings(LogSource):
+    """What the precompute DAG's params validate into."""
+
+    feature_repo: str = Field(min_length=1)
+    """Feast repo folder (holds feature_store.yaml; SQLite or Redis online store)."""
+    models_dir: str = Field(min_length=1)
+    """Model registry folder; the newest VM and its compressor and FM are used."""
+    feature_store_yaml: str = Field("feature_store.yaml", min_length=1)
+    """Config file inside feature_repo; feature_store.redis.yaml for Redis (its connection comes
+    from SOLARIS_REDIS_CONNECTION, else from REDIS_URL)."""
+    runs_dir: str = ""
+    """Folder of the per-run files; empty: <feature_repo>/data/precompute_runs."""
+    budget_pairs: int = Field(20_000, ge=0)
+    """Most pairs the FM computes per run."""
+    shards: int = Field(4, ge=1, le=1024)
+    """Parallel precompute tasks (dynamic task mapping)."""
+    candidates_per_user: int = Field(200, gt=0)
+    """Candidate items per active user."""
+    exclude_seen_items: bool = False
+    """Never offer a user an item they have met before (logs where a pair does not recur, such
+    as ratings)."""
+    pair_ttl_seconds: int | None = Field(None, gt=0)
+    """TTL the planner assumes for exact vectors; null: the pair view's TTL in the registry."""
+    refresh_margin_seconds: int = Field(1800, ge=0)
+    """A stored vector that expires within this margin is computed again."""
+    min_miss_score: float = Field(0.05, ge=0.0, le=1.0)
+    """Queued misses scoring at least this go before every candidate."""
+    user_balanced_plan: bool = False
+    """Spread the budget over users (each user's best pair first, then second best, ...)
+    instead of taking the globally highest scores."""
+    retrieval_weight: float = Field(1.0, ge=0.0)
+    """Candidates are planned by verifier x (candidate_score / user's best) ** weight; 0 plans by
+    the VM's score alone, as does a candidate table without a candidate_score column."""
+    max_drained_misses: int = Field(100_000, ge=0)
+    """Most queued misses taken off the queue per run."""
+    aggregate_window_seconds: int = Field(86_400, gt=0)
+    """Window of the user-only aggregate."""
+    fill_targets: int = Field(50_000, ge=0)
+    """Most over-budget pairs (highest verifier score first) given to the similarity fill,
+    besides the queued misses."""
+    similar_neighbours: int = Field(10, gt=0)
+    """k of the similarity fill."""
+    batch_size: int = Field(1024, gt=0)
+    """Pairs per FM forward pass and per write; up to the writer's atomic_rows (1024) a write is
+    all-or-nothing on Redis."""
+
+    @model_validator(mode="after")
+    def _margin_below_ttl(self) -> PrecomputeSettings:
+        if self.pair_ttl_seconds is not None and self.refresh_margin_seconds >= (
+            self.pair_ttl_seconds
+        ):
+            raise ValueError("refresh_margin_seconds must be below pair_ttl_seconds")
+        return self
+
+
+class PrecomputeRun(BaseModel):
+    """One precompute run: settings, its time and the models it uses (passed between tasks)."""
+
+    model_config = _CONFIG
+
+    settings: PrecomputeSettings
+    now: datetime
+    """Planning time (UTC): the data interval's end, or the run's time for a manual run."""
+    interval_key: str
+    """File-name-safe key of the data interval (or of the run, when there is no interval)."""
+    run_dir: str
+    """Folder of this run's files."""
+    vm_version: str
+    """The verifier (VM) version; its card names the compressor and the FM."""
+    fm_version: str
+    """The FM behind the compressor."""
+    embedding_version: str
+    """The compressor's version, stored beside every vector as model_version."""
+
+
+class TrainingSettings(LogSource):
+    """What the training DAG's params validate into."""
+
+    models_dir: str = Field(min_length=1)
+    """Model registry folder the cards and weights are written to."""
+    train_window_hours: float = Field(72.0, gt=0)
+    """Train on the log's last train_window_hours before the run's time."""
+    fm_epochs: int = Field(3, gt=0)
+    """Passes of the FM over the window."""
+    compressor_epochs: int = Field(2, gt=0)
+    """Passes of the compressor over the window."""
+    vm_epochs: int = Field(2, gt=0)
+    """Passes of the VM over the window."""
+    seed: int = 0
+    """Seeds initialisation, shuffling and the tier mix."""
+
+
+class TrainingRun(BaseModel):
+    """One training run: settings and its time (passed between tasks)."""
+
+    model_config = _CONFIG
+
+    settings: TrainingSettings
+    now: datetime
+    interval_key: str
+
+
+# -- DAG params ---------------------------------------------------------------------------------
+
+
+def deployment_defaults(repo_root: Path) -> dict[str, str]:
+    """Defaults of the path settings for DAGs shipped in ``repo_root``: the environment's
+    values (:data:`ENVIRONMENT_DEFAULTS`) where set, else the repository's own folders."""
+    fallbacks = {
+        "feature_repo": str(repo_root / "feature_repo"),
+        "models_dir": str(repo_root / "models"),
+        "feature_store_yaml": "feature_store.yaml",
+        "runs_dir": "",
+    }
+    return {
+        name: os.environ.get(variable) or fallbacks[name]
+        for name, variable in ENVIRONMENT_DEFAULTS.items()
+    }
+
+
+def dag_param_schemas(
+    model: type[BaseModel],
+    defaults: Mapping[str, Any] | None = None,
+    exclude: Iterable[str] = NOT_DAG_PARAMS,
+) -> dict[str, dict[str, Any]]:
+    """Keyword arguments of one Airflow ``Param`` per field of ``model``, in field order.
+
+    Each holds ``default`` (from ``defaults`` where given, else the field's), ``description``
+    (the field's docstring) and the JSON schema of the field: ``type`` (a list with ``"null"``
+    for an optional field), ``enum`` for a ``Literal``, ``minimum`` / ``exclusiveMinimum`` /
+    ``maximum`` / ``exclusiveMaximum`` from ``Field(ge=, gt=, le=, lt=)`` and ``minLength``.
+    A field without a default needs one in ``defaults``: a DAG param must have a value.
+    """
+    given = dict(defaults or {})
+    skipped = set(exclude)
+    unknown = set(given) - set(model.model_fields)
+    if unknown:
+        raise ValueError(f"defaults for unknown {model.__name__} fields: {sorted(unknown)}")
+    schemas: dict[str, dict[str, Any]] = {}
+    for name, info in model.model_fields.items():
+        if name in skipped:
+            continue
+        if name in given:
+            default = given[name]
+        elif info.is_required():
+            raise ValueError(f"{model.__name__}.{name} has no default: pass one in defaults")
+        else:
+            default = info.get_default(call_default_factory=True)
+        schemas[name] = {
+            "default": default,
+            "description": " ".join((info.description or "").split()) or None,
+            **_json_schema_of(f"{model.__name__}.{name}", info),
+        }
+    return schemas
+
+
+_JSON_TYPES: Mapping[type, str] = {bool: "boolean", int: "integer", float: "number", str: "string"}
+_BOUNDS: Mapping[type, tuple[str, str]] = {
+    annotated_types.Ge: ("ge", "minimum"),
+    annotated_types.Gt: ("gt", "exclusiveMinimum"),
+    annotated_types.Le: ("le", "maximum"),
+    annotated_types.Lt: ("lt", "exclusiveMaximum"),
+    annotated_types.MinLen: ("min_length", "minLength"),
+}
+
+
+def _json_schema_of(where: str, info: FieldInfo) -> dict[str, Any]:
+    """The JSON schema Airflow validates a param with, from a field's annotation and bounds."""
+    annotation = info.annotation
+    nullable = False
+    if get_origin(annotation) in (Union, types.UnionType):
+        members = [a for a in get_args(annotation) if a is not type(None)]
+        nullable = len(members) < len(get_args(annotation))
+        if len(members) != 1:
+            raise TypeError(f"{where}: only X | None unions become params, not {annotation}")
+        annotation = members[0]
+    schema: dict[str, Any] = {}
+    if get_origin(annotation) is Literal:
+        choices = list(get_args(annotation))
+        schema["enum"] = [*choices, None] if nullable else choices
+        return schema
+    if not isinstance(annotation, type) or annotation not in _JSON_TYPES:
+        raise TypeError(f"{where}: no JSON type for {annotation}")
+    json_type = _JSON_TYPES[annotation]
+    schema["type"] = ["null", json_type] if nullable else json_type
+    for constraint in info.metadata:
+        bound = _BOUNDS.get(type(constraint))
+        if bound is not None:
+            attribute, keyword = bound
+            schema[keyword] = getattr(constraint, attribute)
+    return schema
+
+
+def precompute_dag_params(repo_root: Path) -> dict[str, dict[str, Any]]:
+    """``Param`` arguments of the precompute DAG (every setting but the demo's held-out tail)."""
+    return dag_param_schemas(PrecomputeSettings, deployment_defaults(repo_root))
+
+
+def training_dag_params(repo_root: Path) -> dict[str, dict[str, Any]]:
+    """``Param`` arguments of the training DAG."""
+    defaults = deployment_defaults(repo_root)
+    return dag_param_schemas(TrainingSettings, {"models_dir": defaults["models_dir"]})

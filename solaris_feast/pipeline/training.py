@@ -1,0 +1,137 @@
+"""Task bodies of the training DAG: FM, then compressor, then VM, each registering a card.
+
+Each stage rebuilds its inputs from the log (deterministic for the run's time) rather than
+receiving tensors from the previous task, and writes a marker naming the version it registered
+(:func:`solaris_feast.pipeline.runs.training_stage_marker`): a retried stage returns that card
+instead of training again. torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from solaris_feast.pipeline.log import load_log
+from solaris_feast.pipeline.runs import run_time, training_stage_marker, write_atomic
+from solaris_feast.pipeline.settings import TrainingRun, TrainingSettings
+
+if TYPE_CHECKING:
+    from solaris_feast.models.chain import TrainingConfig, TrainingData
+    from solaris_feast.models.registry import ModelCard
+
+logger = logging.getLogger(__name__)
+
+
+def start_training(settings: Mapping[str, Any], interval: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the DAG's params and fix the run's time; the spec every stage reads."""
+    now, key = run_time(**interval)
+    spec = TrainingRun(
+        settings=TrainingSettings.model_validate(dict(settings)), now=now, interval_key=key
+    )
+    Path(spec.settings.models_dir).mkdir(parents=True, exist_ok=True)
+    return spec.model_dump(mode="json")
+
+
+def _marker(spec: TrainingRun, stage: str) -> Path:
+    return training_stage_marker(Path(spec.settings.models_dir), spec.interval_key, stage)
+
+
+def _registered_earlier(spec: TrainingRun, stage: str) -> ModelCard | None:
+    """The card a previous attempt of this stage registered for the same run, if any."""
+    from solaris_feast.models.registry import CARD_SUFFIX, read_card
+
+    marker = _marker(spec, stage)
+    if not marker.is_file():
+        return None
+    card_path = Path(spec.settings.models_dir) / f"{marker.read_text().strip()}{CARD_SUFFIX}"
+    return read_card(card_path) if card_path.is_file() else None
+
+
+def _remember(spec: TrainingRun, stage: str, card: ModelCard) -> dict[str, Any]:
+    marker = _marker(spec, stage)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(marker, card.version)
+    logger.info("registered %s %s", stage, card.version)
+    return _card_summary(card)
+
+
+def _card_summary(card: ModelCard) -> dict[str, Any]:
+    return {
+        "version": card.version,
+        "kind": card.kind,
+        "parents": list(card.parents),
+        "metrics": dict(card.metrics),
+    }
+
+
+def _training_inputs(spec: TrainingRun) -> tuple[TrainingData, TrainingConfig]:
+    """The window's rows and model inputs, and the training config with the run's epochs."""
+    import pandas as pd
+
+    from solaris_feast.models.chain import TrainingConfig, TrainingData
+
+    cfg = spec.settings
+    base = TrainingConfig(seed=cfg.seed)
+    models = base.models.model_copy(
+        update={
+            "fm_training": base.models.fm_training.model_copy(update={"epochs": cfg.fm_epochs}),
+            "compressor_training": base.models.compressor_training.model_copy(
+                update={"epochs": cfg.compressor_epochs}
+            ),
+            "vm_training": base.models.vm_training.model_copy(update={"epochs": cfg.vm_epochs}),
+        }
+    )
+    config = base.model_copy(update={"models": models})
+    now = pd.Timestamp(spec.now)
+    data = TrainingData.build(
+        load_log(cfg, spec.now),
+        config.models.history_len,
+        window_start=now - pd.Timedelta(hours=cfg.train_window_hours),
+        window_end=now,
+    )
+    return data, config
+
+
+def train_foundation_stage(run: Mapping[str, Any]) -> dict[str, Any]:
+    """Train the FM on the run's window and register its card (the first stage)."""
+    from solaris_feast.models.chain import fit_foundation
+
+    spec = TrainingRun.model_validate(dict(run))
+    earlier = _registered_earlier(spec, "fm")
+    if earlier is not None:
+        return _card_summary(earlier)
+    data, config = _training_inputs(spec)
+    card = fit_foundation(data, Path(spec.settings.models_dir), config)
+    return _remember(spec, "fm", card)
+
+
+def train_compressor_stage(run: Mapping[str, Any], fm_version: str) -> dict[str, Any]:
+    """Train the compressor on the registered FM's representations and register it."""
+    from solaris_feast.models.chain import fit_compressor
+    from solaris_feast.models.registry import card_by_version
+
+    spec = TrainingRun.model_validate(dict(run))
+    earlier = _registered_earlier(spec, "compressor")
+    if earlier is not None:
+        return _card_summary(earlier)
+    models_dir = Path(spec.settings.models_dir)
+    data, config = _training_inputs(spec)
+    card = fit_compressor(data, models_dir, card_by_version(models_dir, fm_version), config)
+    return _remember(spec, "compressor", card)
+
+
+def train_vertical_stage(run: Mapping[str, Any], compressor_version: str) -> dict[str, Any]:
+    """Train the VM (the verifier) on the serving tier mix of ``z`` and register it."""
+    from solaris_feast.models.chain import fit_vertical
+    from solaris_feast.models.registry import card_by_version
+
+    spec = TrainingRun.model_validate(dict(run))
+    earlier = _registered_earlier(spec, "vm")
+    if earlier is not None:
+        return _card_summary(earlier)
+    models_dir = Path(spec.settings.models_dir)
+    data, config = _training_inputs(spec)
+    card = fit_vertical(data, models_dir, card_by_version(models_dir, compressor_version), config)
+    return _remember(spec, "vm", card)

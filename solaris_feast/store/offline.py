@@ -1,0 +1,67 @@
+"""The offline parquet log of a feature view: where it lives and the rows of a time window.
+
+Layout (written by :class:`solaris_feast.store.write.EmbeddingWriter`): one folder per view, the
+view's FileSource path (relative to the repo unless absolute), holding one folder per UTC day of
+``computed_at`` (``YYYY-MM-DD``) of content-hashed ``part-*.parquet`` files. A window's read only
+opens the day folders it touches. :func:`offline_view_root` is the one place that turns a view's
+source path into a folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from feast import FeatureStore, FeatureView
+
+
+def offline_view_root(store: FeatureStore, view: str | FeatureView) -> Path:
+    """Folder of a view's parquet log: its FileSource path, resolved against the repo."""
+    feature_view = store.get_feature_view(view) if isinstance(view, str) else view
+    path = Path(feature_view.batch_source.path)  # type: ignore[union-attr]
+    if not path.is_absolute() and store.config.repo_path is not None:
+        path = Path(store.config.repo_path) / path
+    return path
+
+
+def read_offline_rows(
+    store: FeatureStore,
+    view_name: str,
+    start: pd.Timestamp,
+    end: pd.Timestamp,
+    columns: list[str] | None = None,
+) -> pd.DataFrame:
+    """Rows of a view's offline log with ``computed_at`` in ``(start, end]``.
+
+    Only the day folders the window touches are read (the writer files rows under the UTC day
+    of their ``computed_at``).
+    """
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = offline_view_root(store, view_name)
+    days = pd.date_range(start.floor("D"), end.floor("D"), freq="D")
+    files = [
+        f for day in days for f in sorted((root / day.strftime("%Y-%m-%d")).glob("part-*.parquet"))
+    ]
+    wanted = None if columns is None else sorted(set(columns) | {"computed_at"})
+    tables = [pq.read_table(f, columns=wanted) for f in files]
+    if not tables:
+        view = store.get_feature_view(view_name)
+        every = [*view.join_keys, *(f.name for f in view.features)]
+        return pd.DataFrame(columns=every if columns is None else columns)
+    frame = pa.concat_tables(tables, promote_options="default").to_pandas()
+    at = pd.to_datetime(frame["computed_at"], utc=True)
+    frame = frame.loc[(at > start) & (at <= end)].reset_index(drop=True)
+    return frame if columns is None else frame[columns]
+
+
+def offline_row_count(store: FeatureStore, view_name: str) -> int:
+    """Rows in a view's whole offline log (a re-run must not change it)."""
+    import pyarrow.parquet as pq
+
+    root = offline_view_root(store, view_name)
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in root.glob("*/part-*.parquet"))

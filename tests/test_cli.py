@@ -1,0 +1,98 @@
+"""The light entry points stay light: the ``solaris`` command's help and the modules the DAG
+files import at parse time load none of the heavy libraries; the commands defined in other
+modules are loaded only when they are called."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "pandas", "feast", "faiss")
+
+IMPORT_SCRIPT = """
+import json, sys
+import solaris_feast.cli
+print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in sys.argv[1].split(",")
+    or m in ("solaris_feast.demo", "solaris_feast.bench", "solaris_feast.review.lineage"))))
+"""
+
+
+def _env() -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def test_importing_the_cli_loads_no_heavy_library_nor_any_command_module() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", IMPORT_SCRIPT, ",".join(HEAVY)],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_modules_dag_files_import_at_parse_time_load_no_heavy_library() -> None:
+    script = (
+        "import sys, json\n"
+        "import solaris_feast.pipeline.settings, solaris_feast.pipeline.failures\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'pandas', 'feast', 'faiss', 'numpy', 'airflow'))))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == []
+
+
+def test_solaris_help_exits_zero_and_lists_every_command() -> None:
+    solaris = Path(sys.executable).with_name("solaris")
+    command = [str(solaris)] if solaris.is_file() else [sys.executable, "-m", "solaris_feast.cli"]
+    proc = subprocess.run(
+        [*command, "--help"], env=_env(), capture_output=True, text=True, timeout=60, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    for name in ("train", "demo", "evaluate", "bench", "lineage", "status", "simulate"):
+        assert name in proc.stdout
+
+
+@pytest.mark.parametrize("name", ["bench", "lineage", "status", "simulate"])
+def test_a_lazy_command_shows_its_own_options_and_its_listed_help_is_its_docstring(
+    name: str,
+) -> None:
+    from solaris_feast.cli import LAZY_COMMANDS, app, load_lazy_command
+
+    result = CliRunner().invoke(app, [name, "--help"])
+    assert result.exit_code == 0, result.output
+    real = load_lazy_command(name)
+    assert real.params or getattr(real, "commands", None)
+    for param in real.params:
+        for option in getattr(param, "opts", []):
+            assert option in result.output
+    # The short help listed by `solaris --help` is the command's own first docstring line.
+    assert (real.help or "").strip().splitlines()[0] == LAZY_COMMANDS[name][1]
+
+
+def test_a_lazy_command_runs_with_its_arguments(tmp_path: Path) -> None:
+    from solaris_feast.cli import app
+
+    # The lineage review of a folder that is not a Feast repo fails with a clear message.
+    result = CliRunner().invoke(app, ["lineage", "--repo", str(tmp_path / "nowhere")])
+    assert result.exit_code != 0
+    assert "nowhere" in (result.output + str(result.exception))
