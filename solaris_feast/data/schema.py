@@ -93,7 +93,7 @@ def as_utc(ts: object, what: str = "timestamp") -> pd.Timestamp:
             hours off) or not a time at all; ``what`` names it in the message.
     """
     try:
-        stamp = pd.Timestamp(ts)  # type: ignore[arg-type]
+        stamp = pd.Timestamp(ts)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{what} must be a timezone-aware (UTC) time, got {ts!r}") from exc
     if stamp is pd.NaT:
