@@ -72,3 +72,30 @@ def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert {"transfer_ratio", "ne", "coverage_sweep"} <= set(record)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "transfer ratio" in result.output
+
+
+def test_ne_matches_a_per_row_reference_for_numpy_and_torch_inputs() -> None:
+    import math
+
+    import numpy as np
+    import torch
+
+    from solaris_feast.evaluation.metrics import normalized_entropy
+
+    rng = np.random.default_rng(5)
+    p = rng.uniform(0.01, 0.99, (200, 2))
+    y = (rng.random((200, 2)) < 0.3).astype(np.float64)
+    for t in range(2):
+        rate = y[:, t].mean()
+        logloss = -sum(
+            math.log(pi) if yi else math.log(1 - pi)
+            for pi, yi in zip(p[:, t], y[:, t], strict=True)
+        ) / len(p)
+        entropy = -(rate * math.log(rate) + (1 - rate) * math.log(1 - rate))
+        assert normalized_entropy(p, y)[t] == pytest.approx(logloss / entropy, rel=1e-12)
+    assert normalized_entropy(torch.from_numpy(p), torch.from_numpy(y)) == pytest.approx(
+        normalized_entropy(p, y), rel=1e-12
+    )
+    assert normalized_entropy(p[:, 0], y[:, 0]) == [normalized_entropy(p, y)[0]]
+    with pytest.raises(ValueError, match="shape"):
+        normalized_entropy(p[:, 0], y)

@@ -7,21 +7,15 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from solaris_feast.bench import bench_app
 from solaris_feast.store.config import (
     REDIS_CONNECTION_ENV,
-    open_store,
     redis_connection_string,
 )
 from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
-from solaris_feast.store.training_frame import embedding_matrix, training_frame
-from solaris_feast.store.write import EmbeddingWriter
-from solaris_feast.tiers import Tier
 
 REPO = Path(__file__).resolve().parents[1] / "feature_repo"
 DIM = 32
@@ -93,88 +87,6 @@ def test_factories_take_user_names_dimensions_and_ttls(tmp_path: Path, feast_pro
         SolarisFeastConfig(pair_view_name="same", user_view_name="same")
     with pytest.raises(ValueError):
         SolarisFeastConfig(pair_ttl_seconds=0)
-
-
-def test_training_frame_sees_the_tier_each_row_would_have_been_served(
-    tmp_path: Path, feast_project: str
-) -> None:
-    store = open_store(feast_project, tmp_path, online="sqlite")
-    store.apply(solaris_definitions().all())
-    rng = np.random.default_rng(3)
-    exact, similar, user = rng.standard_normal((3, DIM)).astype(np.float32)
-    t0 = pd.Timestamp("2026-03-01 12:00", tz="UTC")
-    EmbeddingWriter(store, "solaris_pair").write(
-        pd.DataFrame(
-            {
-                "user_id": [1, 1],
-                "item_id": [10, 11],
-                "embedding": [exact, exact],
-                "model_version": [VERSION, "cmp-old"],
-                "computed_at": [t0, t0],
-            }
-        )
-    )
-    EmbeddingWriter(store, "solaris_similar").write(
-        pd.DataFrame(
-            {
-                "user_id": [1],
-                "item_id": [10],
-                "embedding": [similar],
-                "neighbour_count": [3],
-                "mean_distance": [0.5],
-                "model_version": [VERSION],
-                "computed_at": [t0 - pd.Timedelta(hours=1)],
-            }
-        )
-    )
-    EmbeddingWriter(store, "solaris_user").write(
-        pd.DataFrame(
-            {
-                "user_id": [1],
-                "embedding": [user],
-                "pair_count": [2],
-                "model_version": [VERSION],
-                "computed_at": [t0 - pd.Timedelta(hours=2)],
-            }
-        )
-    )
-    hours = pd.Timedelta(hours=1)
-    entity_df = pd.DataFrame(
-        {
-            "user_id": [1, 1, 1, 1, 1, 1, 2],
-            "item_id": [10, 10, 10, 10, 11, 12, 10],
-            "event_timestamp": [
-                t0 + hours,  # exact is fresh
-                t0 - 0.5 * hours,  # before the exact write: similar is the best then
-                t0 - 1.5 * hours,  # before similar: the user aggregate
-                t0 + 6.5 * hours,  # exact and similar expired (6 h), user still fresh (24 h)
-                t0 + hours,  # other model version: falls to the user aggregate
-                t0 - 3 * hours,  # before anything was written
-                t0 + hours,  # unknown user
-            ],
-        }
-    )
-    frame = training_frame(store, entity_df, VERSION)
-
-    expected = [
-        Tier.EXACT,
-        Tier.SIMILAR,
-        Tier.USER_AGG,
-        Tier.USER_AGG,
-        Tier.USER_AGG,
-        Tier.ZERO,
-        Tier.ZERO,
-    ]
-    assert frame["tier"].tolist() == expected
-    matrix = embedding_matrix(frame)
-    assert matrix.shape == (7, DIM) and matrix.dtype == np.float32
-    np.testing.assert_array_equal(matrix[0], exact)
-    np.testing.assert_array_equal(matrix[1], similar)
-    np.testing.assert_array_equal(matrix[2], user)
-    assert np.all(matrix[5:] == 0)
-    assert frame["age_seconds"].iloc[0] == pytest.approx(3600)
-    assert frame["age_seconds"].iloc[3] == pytest.approx(8.5 * 3600)
-    assert frame["user_id"].tolist() == entity_df["user_id"].tolist()
 
 
 def test_bench_commands_write_the_agreed_json_keys(tmp_path: Path, redis_url: str) -> None:

@@ -195,3 +195,13 @@ def test_time_split_cuts_at_the_fraction_of_the_time_span() -> None:
 def test_time_split_refuses_fractions_outside_the_open_interval(fraction: float) -> None:
     with pytest.raises(ValueError, match="train_fraction"):
         time_split(dataset(good_log()), fraction)
+
+
+def test_as_utc_converts_aware_times_and_refuses_naive_ones() -> None:
+    from solaris_feast.data.schema import as_utc
+
+    berlin = pd.Timestamp("2026-03-01 13:00", tz="Europe/Berlin")
+    assert as_utc(berlin) == pd.Timestamp("2026-03-01 12:00", tz="UTC")
+    assert str(as_utc(berlin).tz) == "UTC"
+    with pytest.raises(ValueError, match="now must be timezone-aware"):
+        as_utc(pd.Timestamp("2026-03-01 12:00"), "now")

@@ -223,3 +223,51 @@ def test_command_defaults_are_the_configs() -> None:
     assert defaults["planner"] == ",".join(config.planners)
     assert defaults["budget"] == ",".join(str(b) for b in config.budgets)
     assert defaults["steps"] == config.max_steps and defaults["warmup"] == config.warmup_steps
+
+
+def test_replay_serves_by_the_one_tier_rule_with_its_ttl_boundary() -> None:
+    """A vector exactly TTL old is still served (``age <= ttl``, as the retriever does); one
+    second older falls through to the next tier; the ablation's tier sets are honoured."""
+    from solaris_feast.evaluation.replay import _misses, _served, _Step
+    from solaris_feast.evaluation.replay_state import PlannerState
+    from solaris_feast.keys import pair_keys
+    from solaris_feast.tiers import Tier
+
+    cfg = SimulationConfig()
+    now = pd.Timestamp("2026-03-01 12:00", tz="UTC")
+    now_s = now.value / 1e9
+    dim = 4
+    state = PlannerState("verifier", 0.1, "fm_user", dim)
+    exact_at = np.array([now_s - cfg.pair_ttl_seconds, now_s - cfg.pair_ttl_seconds - 1])
+    state.exact.upsert(pair_keys([1, 1], [10, 11]), np.ones((2, dim), np.float32), exact_at)
+    state.user.upsert(np.array([1]), np.full((1, dim), 2.0, np.float32), np.array([now_s]))
+    requests = pd.DataFrame({"user_id": [1, 1, 2], "item_id": [10, 11, 10]})
+    step = _Step(
+        index=0,
+        start=now,
+        scored=True,
+        candidates=requests,
+        requests=requests,
+        pool=requests,
+        candidates_seconds=0.0,
+        verifier_seconds=0.0,
+        featurizer=None,  # type: ignore[arg-type]
+    )
+    served = _served(step, state, cfg)
+    assert served["exact"].tiers.tolist() == [Tier.EXACT, Tier.ZERO, Tier.ZERO]
+    full = served["exact+user+similar"]
+    assert full.tiers.tolist() == [Tier.EXACT, Tier.USER_AGG, Tier.ZERO]
+    np.testing.assert_array_equal(full.embeddings[1], np.full(dim, 2.0, np.float32))
+    assert _misses(step, full).to_dict("list") == {"user_id": [1, 2], "item_id": [11, 10]}
+
+
+def test_pair_keys_keep_pair_order_and_unpack_exactly() -> None:
+    from solaris_feast.keys import pair_keys, split_pair_keys
+
+    users, items = np.array([0, 0, 5, 5, 2**31]), np.array([3, 2**31 - 1, 0, 7, 1])
+    keys = pair_keys(users, items)
+    assert np.array_equal(np.argsort(keys), np.lexsort((items, users)))
+    back_users, back_items = split_pair_keys(keys)
+    assert np.array_equal(back_users, users) and np.array_equal(back_items, items)
+    with pytest.raises(ValueError, match="item ids"):
+        pair_keys(np.array([1]), np.array([2**31]))

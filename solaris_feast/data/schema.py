@@ -85,6 +85,24 @@ class InteractionDataset:
         )
 
 
+def as_utc(ts: object, what: str = "timestamp") -> pd.Timestamp:
+    """``ts`` as a UTC :class:`pandas.Timestamp`.
+
+    Raises:
+        ValueError: ``ts`` is naive (its zone is unknown, so any instant read from it could be
+            hours off) or not a time at all; ``what`` names it in the message.
+    """
+    try:
+        stamp = pd.Timestamp(ts)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} must be a timezone-aware (UTC) time, got {ts!r}") from exc
+    if stamp is pd.NaT:
+        raise ValueError(f"{what} must be a timezone-aware (UTC) time, got NaT")
+    if stamp.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware (UTC), got naive {stamp}")
+    return stamp.tz_convert("UTC")
+
+
 def validate_interactions(frame: pd.DataFrame, label_columns: tuple[str, ...]) -> None:
     """Raise :class:`SchemaError` naming the first column that breaks the schema."""
     table = "interactions"

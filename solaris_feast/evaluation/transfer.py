@@ -28,6 +28,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from solaris_feast.data.schema import InteractionDataset, earliest_rows, time_split
+from solaris_feast.evaluation.metrics import normalized_entropy, transfer_ratio
 from solaris_feast.models.compressor import PCA, CompressorConfig, EmbeddingCompressor
 from solaris_feast.models.features import PairFeaturizer, labels_of
 from solaris_feast.models.foundation import FoundationConfig, FoundationModel
@@ -36,12 +37,10 @@ from solaris_feast.models.training import (
     encode,
     flops_per_pair,
     foundation_outputs,
-    normalized_entropy,
     seed_everything,
     train_compressor,
     train_foundation,
     train_vertical,
-    transfer_ratio,
     vertical_probabilities,
 )
 from solaris_feast.models.vertical import VerticalConfig, VerticalModel

@@ -13,7 +13,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
+from solaris_feast.data.schema import (
+    EVENT_TIMESTAMP,
+    ITEM_ID,
+    USER_ID,
+    InteractionDataset,
+    as_utc,
+)
 
 DEFAULT_HISTORY_LEN = 32
 _TS_BITS = 32
@@ -219,9 +225,7 @@ def _to_seconds(ts: pd.Series) -> np.ndarray:
 
 
 def _timestamp_seconds(ts: pd.Timestamp) -> int:
-    if ts.tzinfo is None:
-        raise ValueError(f"timestamp {ts} must be timezone-aware (UTC)")
-    return int(ts.value // 1_000_000_000)
+    return int(as_utc(ts).value // 1_000_000_000)
 
 
 def _clip_ts(rel: np.ndarray) -> np.ndarray:

@@ -12,7 +12,6 @@ after it. Training thus repeats bit for bit and leaves the process's random stat
 from __future__ import annotations
 
 import logging
-import math
 import random
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +23,9 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+# NE and TR are defined once, in evaluation.metrics; re-exported for the callers of this module.
+from solaris_feast.evaluation.metrics import normalized_entropy as normalized_entropy
+from solaris_feast.evaluation.metrics import transfer_ratio as transfer_ratio
 from solaris_feast.models.compressor import EmbeddingCompressor
 from solaris_feast.models.features import PairBatch
 from solaris_feast.models.foundation import FoundationModel
@@ -236,29 +238,6 @@ def encode(compressor: EmbeddingCompressor, h: torch.Tensor) -> torch.Tensor:
     return torch.cat(
         [compressor.encode(h[s : s + INFERENCE_CHUNK]) for s in range(0, len(h), INFERENCE_CHUNK)]
     )
-
-
-def normalized_entropy(probabilities: torch.Tensor, labels: torch.Tensor) -> list[float]:
-    """NE per task: mean log loss over the entropy of the labels' base rate (lower is better;
-    1.0 is no better than predicting the base rate)."""
-    p = probabilities.double().clamp(1e-7, 1 - 1e-7)
-    y = labels.double()
-    logloss = -(y * p.log() + (1 - y) * (1 - p).log()).mean(0)
-    rate = y.mean(0).clamp(1e-7, 1 - 1e-7)
-    entropy = -(rate * rate.log() + (1 - rate) * (1 - rate).log())
-    return [float(v) for v in logloss / entropy]
-
-
-def transfer_ratio(ne_vm: float, ne_with_transfer: float, ne_fm: float) -> float:
-    """Share of the FM's NE gain that reaches the VM: ``(NE_vm - NE_x) / (NE_vm - NE_fm)``.
-
-    NaN when the FM is not better than the VM: there is no gain to transfer, and any number
-    would mislead (a tiny denominator makes the ratio explode).
-    """
-    gap = ne_vm - ne_fm
-    if gap <= 0:
-        return math.nan
-    return (ne_vm - ne_with_transfer) / gap
 
 
 def flops_per_pair(model: nn.Module, forward: Callable[[], torch.Tensor], batch_size: int) -> float:

@@ -1,0 +1,90 @@
+"""The measures the method is judged by, each written once.
+
+- :func:`normalized_entropy`: log loss over the entropy of the labels' base rate (1.0 is no
+  better than predicting the base rate; lower is better);
+- :func:`transfer_ratio`: the share of the FM's NE gain that reaches the VM;
+- :func:`coverage_shares`: the share of served pairs per tier;
+- :func:`percentile_rank`: scores as ranks in ``[0, 1]``, so one threshold fits every planner.
+
+numpy only (torch tensors are accepted and read as arrays), so models, the replay, the demo and
+benchmarks can all import it cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from solaris_feast.tiers import Tier
+
+PROBABILITY_CLIP = 1e-7
+"""Probabilities (and the base rate) are clipped to ``[c, 1 - c]``: a confident wrong answer
+costs ``-log(c)``, about 16 nats, instead of infinity."""
+
+
+def _as_float64(values: Any) -> np.ndarray:
+    if hasattr(values, "detach"):  # a torch tensor, possibly made under inference_mode
+        values = values.detach().cpu().numpy()
+    return np.asarray(values, dtype=np.float64)
+
+
+def normalized_entropy(probabilities: Any, labels: Any) -> list[float]:
+    """NE per task of ``(N,)`` or ``(N, T)`` probabilities against 0/1 labels of that shape.
+
+    Returns one value per task (a single one for ``(N,)`` input).
+
+    Raises:
+        ValueError: the shapes differ or there are no rows.
+    """
+    p = _as_float64(probabilities)
+    y = _as_float64(labels)
+    if p.shape != y.shape:
+        raise ValueError(f"probabilities {p.shape} and labels {y.shape} differ in shape")
+    if p.ndim not in (1, 2) or len(p) == 0:
+        raise ValueError(f"NE needs (N,) or (N, T) values with N > 0, got shape {p.shape}")
+    if p.ndim == 1:
+        p, y = p[:, None], y[:, None]
+    p = np.clip(p, PROBABILITY_CLIP, 1 - PROBABILITY_CLIP)
+    logloss = -(y * np.log(p) + (1 - y) * np.log(1 - p)).mean(axis=0)
+    rate = np.clip(y.mean(axis=0), PROBABILITY_CLIP, 1 - PROBABILITY_CLIP)
+    entropy = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
+    return [float(v) for v in logloss / entropy]
+
+
+def transfer_ratio(ne_vm: float, ne_with_transfer: float, ne_fm: float) -> float:
+    """Share of the FM's NE gain that reaches the VM: ``(NE_vm - NE_x) / (NE_vm - NE_fm)``.
+
+    NaN when the FM is not better than the VM: there is no gain to transfer, and any number
+    would mislead (a tiny denominator makes the ratio explode).
+    """
+    gap = ne_vm - ne_fm
+    if gap <= 0:
+        return math.nan
+    return (ne_vm - ne_with_transfer) / gap
+
+
+def coverage_shares(tier_counts: np.ndarray) -> dict[str, float]:
+    """Share of served pairs per tier from ``(len(Tier),)`` counts indexed by tier value, and
+    ``any``: the share that got a non-zero embedding."""
+    counts = np.asarray(tier_counts)
+    total = max(int(counts.sum()), 1)
+    zero = float(counts[int(Tier.ZERO)]) / total
+    return {
+        "exact": float(counts[int(Tier.EXACT)]) / total,
+        "similar": float(counts[int(Tier.SIMILAR)]) / total,
+        "user": float(counts[int(Tier.USER_AGG)]) / total,
+        "zero": zero,
+        "any": 1.0 - zero,
+    }
+
+
+def percentile_rank(values: np.ndarray) -> np.ndarray:
+    """Rank of each value in ``[0, 1]`` (1 = highest); ties share the lowest rank of their
+    group, so a block of equal scores never jumps a threshold that a better score misses."""
+    if len(values) <= 1:
+        return np.ones(len(values))
+    ranks = pd.Series(values).rank(method="min").to_numpy()
+    return np.asarray((ranks - 1) / (len(values) - 1), dtype=np.float64)

@@ -1,0 +1,166 @@
+"""The replay's report: one JSON record per (planner, budget, user space), a summary table
+and a plot of coverage and NE against budget."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from solaris_feast.evaluation.metrics import coverage_shares, normalized_entropy, transfer_ratio
+from solaris_feast.evaluation.replay_config import ABLATION_STEPS, SimulationConfig
+from solaris_feast.evaluation.replay_state import PlannerState
+
+
+def build_records(
+    states: list[PlannerState],
+    baselines: dict[str, list[np.ndarray]],
+    candidate_recall: list[float],
+    fm_rate: list[tuple[int, float]],
+    feast_check: dict[str, Any] | None,
+    cfg: SimulationConfig,
+    total_steps: int,
+    first_scored: int,
+) -> list[dict[str, Any]]:
+    if not baselines["labels"]:
+        raise ValueError("no impressions were served in the scored steps: nothing to report")
+    labels = np.concatenate(baselines["labels"])
+    ne_vm = normalized_entropy(np.concatenate(baselines["vm_zero"]), labels)[0]
+    ne_fm = normalized_entropy(np.concatenate(baselines["fm"]), labels)[0]
+    pairs = sum(n for n, _ in fm_rate)
+    seconds = sum(s for _, s in fm_rate)
+    records = []
+    for state in states:
+        ablation: list[dict[str, Any]] = []
+        for name in ABLATION_STEPS:
+            ne = normalized_entropy(np.concatenate(state.probs[name]), labels)[0]
+            tr = transfer_ratio(ne_vm, ne, ne_fm)
+            ablation.append(
+                {
+                    "tiers": name,
+                    "coverage": _round(coverage_shares(state.tier_counts[name])),
+                    "ne": round(ne, 5),
+                    "tr": round(tr, 4) if math.isfinite(tr) else None,
+                }
+            )
+        full = ablation[-1]
+        fm_s = state.seconds.get("fm", 0.0)
+        # The issue's overhead: planning, writes, aggregation, fill. Candidate generation and
+        # verifier scoring are reported beside it, since they scale with candidates, not budget.
+        overhead = sum(state.seconds.get(k, 0.0) for k in ("plan", "store", "aggregate", "fill"))
+        scoring = state.seconds.get("candidates", 0.0) + state.seconds.get("verifier", 0.0)
+        record: dict[str, Any] = {
+            "planner": state.planner,
+            "budget": state.budget,
+            "budget_basis": cfg.budget_basis,
+            "similarity_space": state.space,
+            "exact_hit_rate": full["coverage"]["exact"],
+            "coverage": full["coverage"],
+            "ne": full["ne"],
+            "tr": full["tr"],
+            "ne_vm_without_embedding": round(ne_vm, 5),
+            "ne_fm": round(ne_fm, 5),
+            "fm_pairs": state.fm_pairs,
+            "mean_budget_pairs_per_step": round(float(np.mean(state.budget_pairs)), 1),
+            "served_pairs": state.served,
+            "ablation": ablation,
+            "plan": dict(state.plan_totals),
+            "seconds": {k: round(v, 3) for k, v in sorted(state.seconds.items())},
+            "non_fm_share": round(overhead / (overhead + fm_s), 4) if overhead + fm_s else None,
+            "non_fm_share_with_scoring": round(
+                (overhead + scoring) / (overhead + scoring + fm_s), 4
+            )
+            if overhead + scoring + fm_s
+            else None,
+            "steps": total_steps - first_scored,
+            "warmup_steps": cfg.warmup_steps,
+            "ne_vm": cfg.ne_vm,
+            "ne_tuning_steps": first_scored - cfg.warmup_steps,
+            "candidate_recall": round(float(np.mean(candidate_recall)), 4)
+            if candidate_recall
+            else None,
+            "fm_pairs_per_second": round(pairs / seconds, 1) if seconds > 0 else None,
+            "dataset": cfg.dataset,
+        }
+        if (
+            feast_check is not None
+            and feast_check.get("planner") == state.planner
+            and (
+                feast_check.get("budget") == state.budget
+                and feast_check.get("space") == state.space
+            )
+        ):
+            record["feast_check"] = feast_check
+        records.append(record)
+    return records
+
+
+def _round(values: dict[str, float]) -> dict[str, float]:
+    return {k: round(float(v), 5) for k, v in values.items()}
+
+
+def write_report(
+    records: list[dict[str, Any]], json_path: Path | None, plot_path: Path | None
+) -> None:
+    """Write the records as JSON and, optionally, a PNG of coverage and NE against budget."""
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(records, indent=2) + "\n")
+    if plot_path is not None:
+        _plot(records, plot_path)
+
+
+def _plot(records: list[dict[str, Any]], path: Path) -> None:
+    from solaris_feast.plots import pyplot, save_figure
+
+    plt = pyplot()
+
+    main = [r for r in records if r["similarity_space"] == records[0]["similarity_space"]]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for n, planner in enumerate(dict.fromkeys(r["planner"] for r in main)):
+        rows = sorted((r for r in main if r["planner"] == planner), key=lambda r: r["budget"])
+        budgets = [r["budget"] for r in rows]
+        color = f"C{n}"  # one colour per planner in both panels
+        left.plot(budgets, [r["coverage"]["exact"] for r in rows], "o-", color=color, label=planner)
+        if planner == "verifier":  # every planner's any-tier coverage is about the same
+            any_tier = [r["coverage"]["any"] for r in rows]
+            left.plot(budgets, any_tier, "o--", color="grey", label="verifier, any tier")
+        right.plot(budgets, [r["ne"] for r in rows], "o-", color=color, label=planner)
+    basis = records[0].get("budget_basis", "step") if records else "step"
+    xlabel = (
+        "FM budget (share of candidate pairs per run)"
+        if basis == "step"
+        else "FM budget (share of candidate pairs kept fresh)"
+    )
+    if main:
+        right.axhline(main[0]["ne_vm_without_embedding"], color="grey", ls=":", label="VM, no z")
+        right.axhline(main[0]["ne_fm"], color="black", ls=":", label="FM")
+    left.set_xlabel(xlabel)
+    left.set_ylabel("share of served pairs")
+    left.set_title("Coverage: exact (solid), any tier (dashed)")
+    right.set_xlabel(xlabel)
+    right.set_ylabel("normalized entropy (lower is better)")
+    right.set_title("NE of the VM on served pairs")
+    left.legend(fontsize=7)
+    right.legend(fontsize=7)
+    save_figure(fig, path, dpi=120)
+
+
+def format_summary(records: list[dict[str, Any]]) -> str:
+    """A plain-text table: one line per record, then the ablation of the verifier's records."""
+    lines = [
+        f"{'planner':<9} {'budget':>6} {'space':<9} {'exact':>6} {'similar':>7} {'user':>6} "
+        f"{'zero':>6} {'NE':>7} {'TR':>6} {'FM pairs':>9}"
+    ]
+    for r in records:
+        c = r["coverage"]
+        tr = "n/a" if r["tr"] is None else f"{r['tr']:.3f}"
+        lines.append(
+            f"{r['planner']:<9} {r['budget']:>6.2f} {r['similarity_space']:<9} {c['exact']:>6.3f} "
+            f"{c['similar']:>7.3f} {c['user']:>6.3f} {c['zero']:>6.3f} {r['ne']:>7.4f} {tr:>6} "
+            f"{r['fm_pairs']:>9}"
+        )
+    return "\n".join(lines)
