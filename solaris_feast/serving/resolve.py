@@ -14,10 +14,10 @@ The best usable tier wins, exact > similar > user aggregate > zero; the served a
 0 for values up to the allowance in the future.
 
 Everything that applies the rule calls :func:`resolve` (or :func:`usable_rows` for one tier): the
-retriever, the replay, the coverage of a round, the store status, the user aggregate and the similarity fill. The
-resolved on-demand view runs inside Feast without solaris installed, so its generated source
-embeds the text of :func:`usable_rows` itself (see ``store/definitions.py``); a parity test over a
-grid of cases pins the two.
+retriever, the replay, the coverage of a round, the store status, the user aggregate and the
+similarity fill. The resolved on-demand view runs inside Feast without solaris installed, so its
+generated source embeds the text of :func:`usable_rows` itself (see ``store/definitions.py``); a
+parity test over a grid of cases pins the two.
 """
 
 from __future__ import annotations
