@@ -1,8 +1,9 @@
 """One int64 key per ``(user, item)`` pair, for sorting, joining and ``np.isin`` on pairs.
 
-``key = user << 31 | item``: item ids stay below 2**31 in every data set here and user ids below
-2**32, so keys keep the ``(user, item)`` order and unpack exactly. Kept here until
-``store/layout.py`` (which owns how pairs are keyed in the stores) can hold it.
+``key = user << 31 | item``: keys keep the ``(user, item)`` order and unpack exactly while item ids
+stay below 2**31 and user ids below 2**32; ids outside raise rather than collide. Candidates, the
+plan, the aggregate, the similarity fill and the replay all key pairs through here. (How Feast keys
+pairs in the online store is another layout: ``store/layout.py``.)
 """
 
 from __future__ import annotations

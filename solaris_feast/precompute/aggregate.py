@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from solaris_feast.data.schema import ITEM_ID, USER_ID
+from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
+from solaris_feast.keys import pair_keys
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
 from solaris_feast.serving.resolve import usable_rows
 
@@ -121,8 +122,7 @@ class PairEmbeddings:
         rows = np.flatnonzero(keep)
         if len(rows) == 0:
             return rows
-        span = int(self.item_ids[rows].max()) + 1
-        pair_key = self.user_ids[rows] * span + self.item_ids[rows]
+        pair_key = pair_keys(self.user_ids[rows], self.item_ids[rows])
         if not (np.diff(pair_key) > 0).all():
             # One stable sort by pair, then the newest row of each run of equal pairs (the first
             # newest on ties): a single int64 sort is several times faster than a lexsort.
@@ -177,7 +177,7 @@ def aggregate_user_embeddings(
     """
     cfg = config or AggregateConfig()
     table = pairs if isinstance(pairs, PairEmbeddings) else PairEmbeddings.from_frame(pairs)
-    now_s = _utc(now).value / 1e9
+    now_s = as_utc(now, "now").value / 1e9
     window = table.usable(model_version, now_s, cfg.window_seconds)
     if len(window) == 0:
         return _empty_user_rows()
@@ -221,10 +221,3 @@ def _empty_user_rows() -> pd.DataFrame:
             COMPUTED_AT: pd.Series([], dtype="datetime64[ns, UTC]"),
         }
     )
-
-
-def _utc(ts: pd.Timestamp) -> pd.Timestamp:
-    ts = pd.Timestamp(ts)
-    if ts.tzinfo is None:
-        raise ValueError(f"now must be timezone-aware (UTC), got naive {ts}")
-    return ts.tz_convert("UTC")

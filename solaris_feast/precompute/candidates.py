@@ -32,8 +32,9 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID
+from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
+from solaris_feast.keys import pair_keys, split_pair_keys
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ def generate_candidates(
         ``candidates_per_user`` rows per user, sorted by user, then score descending, then item.
     """
     cfg = config or CandidateConfig()
-    now = _utc(now)
+    now = as_utc(now, "now")
     for column in (USER_ID, ITEM_ID, EVENT_TIMESTAMP):
         if column not in interactions.columns:
             raise SchemaError("interactions", column, "is missing")
@@ -121,19 +122,15 @@ def generate_candidates(
     if len(active) == 0 or log.empty:
         return _empty_candidates()
 
-    num_keys = int(max(log[ITEM_ID].max(), 0)) + 1
-    if items is not None and len(items):
-        num_keys = max(num_keys, int(items[ITEM_ID].max()) + 1)
     seen_keys = np.zeros(0, dtype=np.int64)
     if cfg.exclude_seen_items:
         past = interactions.loc[ts < now, [USER_ID, ITEM_ID]]
         past = past.loc[past[USER_ID].isin(active)]
-        num_keys = max(num_keys, int(past[ITEM_ID].max()) + 1 if len(past) else 0)
-        seen_keys = past[USER_ID].to_numpy(np.int64) * num_keys + past[ITEM_ID].to_numpy(np.int64)
+        seen_keys = pair_keys(past[USER_ID].to_numpy(np.int64), past[ITEM_ID].to_numpy(np.int64))
     recent = _recent_items(log, active, cfg.recent_items_per_user)
     parts: list[tuple[int, _Scores]] = []
     if cfg.cooccurrence_weight > 0:
-        parts.append((0, _cooccurrence_scores(log, recent, cfg, num_keys)))
+        parts.append((0, _cooccurrence_scores(log, recent, cfg)))
     if cfg.category_weight > 0 and cfg.category_column is not None:
         if items is None or cfg.category_column not in items.columns:
             raise SchemaError(
@@ -148,7 +145,7 @@ def generate_candidates(
 
     weights = (cfg.cooccurrence_weight, cfg.category_weight, cfg.popular_weight)
     # One int64 key per pair turns the merge of the sources into a sort plus bincounts.
-    keys = np.concatenate([s.user * num_keys + s.item for _, s in parts])
+    keys = np.concatenate([pair_keys(s.user, s.item) for _, s in parts])
     unique_keys, inverse = np.unique(keys, return_inverse=True)
     per_source = np.zeros((len(unique_keys), len(SOURCES)), dtype=np.float64)
     offset = 0
@@ -161,10 +158,9 @@ def generate_candidates(
     total = per_source.sum(axis=1)
     # The source label is the biggest contributor (argmax keeps the first on ties).
     source = per_source.argmax(axis=1)
-    user = unique_keys // num_keys
-    item = unique_keys % num_keys
+    user, item = split_pair_keys(unique_keys)
     if cfg.exclude_recent_items or cfg.exclude_seen_items:
-        seen = np.isin(unique_keys, recent.user * num_keys + recent.item)
+        seen = np.isin(unique_keys, pair_keys(recent.user, recent.item))
         if cfg.exclude_seen_items:
             seen |= np.isin(unique_keys, seen_keys)
         user, item, total, source = user[~seen], item[~seen], total[~seen], source[~seen]
@@ -306,9 +302,7 @@ def _recent_items(log: pd.DataFrame, active: np.ndarray, per_user: int) -> _Scor
     return _Scores(user[keep], item[keep], 1.0 / (1.0 + rank[keep]))
 
 
-def _cooccurrence_scores(
-    log: pd.DataFrame, recent: _Scores, cfg: CandidateConfig, num_keys: int
-) -> _Scores:
+def _cooccurrence_scores(log: pd.DataFrame, recent: _Scores, cfg: CandidateConfig) -> _Scores:
     user = log[USER_ID].to_numpy(dtype=np.int64)
     item = log[ITEM_ID].to_numpy(dtype=np.int64)
     sources: list[np.ndarray] = []
@@ -321,10 +315,10 @@ def _cooccurrence_scores(
     a = np.concatenate(sources) if sources else np.zeros(0, dtype=np.int64)
     b = np.concatenate(targets) if targets else np.zeros(0, dtype=np.int64)
     distinct = a != b
-    pair_keys, counts = np.unique(a[distinct] * num_keys + b[distinct], return_counts=True)
-    if len(pair_keys) == 0:
+    transitions, counts = np.unique(pair_keys(a[distinct], b[distinct]), return_counts=True)
+    if len(transitions) == 0:
         return _empty_scores()
-    a, b = pair_keys // num_keys, pair_keys % num_keys
+    a, b = split_pair_keys(transitions)
     order = _order_group_then_score_desc(a, counts.astype(np.float64))
     a, b, counts = a[order], b[order], counts[order]
     keep = _rank_within_sorted(a) < cfg.neighbours_per_item
@@ -336,9 +330,7 @@ def _cooccurrence_scores(
     pos = np.minimum(pos, len(seeds) - 1)
     has = seeds[pos] == recent.item
     owner, idx = _expand_ranges(seed_start[pos[has]], seed_len[pos[has]])
-    return _sum_per_pair(
-        recent.user[has][owner], b[idx], recent.score[has][owner] * norm[idx], num_keys
-    )
+    return _sum_per_pair(recent.user[has][owner], b[idx], recent.score[has][owner] * norm[idx])
 
 
 def _category_scores(
@@ -371,8 +363,7 @@ def _category_scores(
     # The user's category shares among their recent items, recency-weighted; keep the top C.
     recent_cats = category(recent.item)
     known = recent_cats >= 0
-    num_cats = int(max(cat_ids.max(), recent_cats.max(initial=0))) + 1
-    affinity = _sum_per_pair(recent.user[known], recent_cats[known], recent.score[known], num_cats)
+    affinity = _sum_per_pair(recent.user[known], recent_cats[known], recent.score[known])
     if len(affinity.user) == 0:
         return _empty_scores()
     user_total = pd.Series(affinity.score).groupby(affinity.user).transform("sum").to_numpy()
@@ -408,10 +399,10 @@ def _popular_scores(
     )
 
 
-def _sum_per_pair(user: np.ndarray, item: np.ndarray, score: np.ndarray, num_keys: int) -> _Scores:
-    keys, inverse = np.unique(user * num_keys + item, return_inverse=True)
+def _sum_per_pair(user: np.ndarray, item: np.ndarray, score: np.ndarray) -> _Scores:
+    keys, inverse = np.unique(pair_keys(user, item), return_inverse=True)
     summed = np.bincount(inverse, weights=score, minlength=len(keys))
-    return _normalize_per_user(_Scores(keys // num_keys, keys % num_keys, summed))
+    return _normalize_per_user(_Scores(*split_pair_keys(keys), summed))
 
 
 def _normalize_per_user(scores: _Scores) -> _Scores:
@@ -437,10 +428,3 @@ def _empty_candidates() -> pd.DataFrame:
             SOURCE: np.array([], dtype=object),
         }
     )
-
-
-def _utc(ts: pd.Timestamp) -> pd.Timestamp:
-    ts = pd.Timestamp(ts)
-    if ts.tzinfo is None:
-        raise ValueError(f"now must be timezone-aware (UTC), got naive {ts}")
-    return ts.tz_convert("UTC")

@@ -35,8 +35,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from solaris_feast.data.schema import ITEM_ID, USER_ID
+from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
+from solaris_feast.keys import pair_keys, split_pair_keys
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +156,7 @@ def plan_precompute(
             f"refresh_margin_seconds must lie in [0, ttl_seconds={ttl_seconds}), "
             f"got {refresh_margin_seconds}"
         )
-    now = _utc(now)
+    now = as_utc(now, "now")
     cand_user, cand_item, cand_score = _scored_pairs("candidates", candidates)
     if queued_misses is not None and len(queued_misses):
         miss_user, miss_item, miss_score = _scored_pairs("queued_misses", queued_misses)
@@ -169,11 +170,7 @@ def plan_precompute(
     item = np.concatenate([cand_item, miss_item])
     score = np.concatenate([cand_score, miss_score])
     is_miss = np.concatenate([np.zeros(len(cand_user), bool), np.ones(len(miss_user), bool)])
-    num_items = int(item.max(initial=-1)) + 1
-    if fresh_state is not None and len(fresh_state):
-        num_items = max(num_items, int(fresh_state[ITEM_ID].max()) + 1)
-    num_items = max(num_items, 1)
-    key = user * num_items + item
+    key = pair_keys(user, item)
     frame = pd.DataFrame({"key": key, "score": score, "miss": is_miss, "miss_score": score})
     frame.loc[~frame["miss"], "miss_score"] = -np.inf
     grouped = frame.groupby("key", sort=True).agg(
@@ -185,9 +182,7 @@ def plan_precompute(
     miss_priority = queued & (grouped["miss_score"].to_numpy() >= min_miss_score)
     misses_below = int((queued & ~miss_priority).sum())
 
-    stored, remaining_s = _remaining_seconds(
-        fresh_state, key, num_items, now, ttl_seconds, model_version
-    )
+    stored, remaining_s = _remaining_seconds(fresh_state, key, now, ttl_seconds, model_version)
     fresh = stored & (remaining_s > refresh_margin_seconds)
     skipped_fresh = int(fresh.sum())
     eligible = ~fresh
@@ -200,7 +195,7 @@ def plan_precompute(
     if user_balanced:
         # Place of each pair in its user's ranking, then a stable sort on it: the order becomes
         # (tier, place in the user's ranking, -score, user, item).
-        user_of = key // num_items
+        user_of = split_pair_keys(key)[0]
         by_user = by_score[np.argsort(user_of[by_score], kind="stable")]
         grouped_user = user_of[by_user]
         starts = np.flatnonzero(np.r_[True, grouped_user[1:] != grouped_user[:-1]])
@@ -213,8 +208,8 @@ def plan_precompute(
     reason = np.where(
         miss_priority, REASON_MISS, np.where(stored, REASON_REFRESH, REASON_NEW)
     ).astype(object)
-    pairs = _pair_frame(key, score, reason, queued, take, num_items, first_priority=0)
-    uncovered = _pair_frame(key, score, reason, queued, rest, num_items, first_priority=len(take))
+    pairs = _pair_frame(key, score, reason, queued, take, first_priority=0)
+    uncovered = _pair_frame(key, score, reason, queued, rest, first_priority=len(take))
     planned_reason = reason[take]
     stats = PlanStats(
         from_misses=int((planned_reason == REASON_MISS).sum()),
@@ -369,7 +364,6 @@ def _scored_pairs(table: str, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarr
 def _remaining_seconds(
     fresh_state: pd.DataFrame | None,
     key: np.ndarray,
-    num_items: int,
     now: pd.Timestamp,
     ttl_seconds: int,
     model_version: str | None,
@@ -386,8 +380,8 @@ def _remaining_seconds(
     if model_version is not None and MODEL_VERSION in state.columns:
         state = state.loc[state[MODEL_VERSION] == model_version]
     computed_s = unix_seconds(state[COMPUTED_AT])
-    state_key = state[USER_ID].to_numpy(dtype=np.int64) * num_items + state[ITEM_ID].to_numpy(
-        dtype=np.int64
+    state_key = pair_keys(
+        state[USER_ID].to_numpy(dtype=np.int64), state[ITEM_ID].to_numpy(dtype=np.int64)
     )
     # Several rows for one pair: the newest decides.
     newest = pd.Series(computed_s).groupby(state_key).max()
@@ -424,23 +418,16 @@ def _pair_frame(
     reason: np.ndarray,
     queued: np.ndarray,
     rows: np.ndarray,
-    num_items: int,
     first_priority: int,
 ) -> pd.DataFrame:
+    users, items = split_pair_keys(key[rows])
     return pd.DataFrame(
         {
-            USER_ID: key[rows] // num_items,
-            ITEM_ID: key[rows] % num_items,
+            USER_ID: users,
+            ITEM_ID: items,
             VERIFIER_SCORE: score[rows].astype(np.float32),
             REASON: reason[rows],
             PRIORITY: np.arange(first_priority, first_priority + len(rows), dtype=np.int64),
             QUEUED_MISS: queued[rows],
         }
     )
-
-
-def _utc(ts: pd.Timestamp) -> pd.Timestamp:
-    ts = pd.Timestamp(ts)
-    if ts.tzinfo is None:
-        raise ValueError(f"now must be timezone-aware (UTC), got naive {ts}")
-    return ts.tz_convert("UTC")

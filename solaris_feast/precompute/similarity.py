@@ -32,8 +32,9 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
-from solaris_feast.data.schema import ITEM_ID, USER_ID
+from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
+from solaris_feast.keys import pair_keys, split_pair_keys
 from solaris_feast.precompute.aggregate import EMBEDDING, PairEmbeddings
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION
 
@@ -243,9 +244,7 @@ def similarity_fill(
         distance to them), ``model_version``, ``computed_at``; sorted by user then item.
     """
     cfg = config or SimilarityConfig()
-    now_ts = pd.Timestamp(now)
-    if now_ts.tzinfo is None:
-        raise ValueError(f"now must be timezone-aware (UTC), got naive {now_ts}")
+    now_ts = as_utc(now, "now")
     now_s = now_ts.value / 1e9
     for column in (USER_ID, ITEM_ID):
         if column not in targets.columns:
@@ -255,13 +254,11 @@ def similarity_fill(
     fresh_user, fresh_item = exact.user_ids[fresh_rows], exact.item_ids[fresh_rows]
     target_user = targets[USER_ID].to_numpy(dtype=np.int64)
     target_item = targets[ITEM_ID].to_numpy(dtype=np.int64)
-    span = int(max(target_item.max(initial=-1), fresh_item.max(initial=-1))) + 1
-    span = max(span, 1)
-    target_key = np.unique(target_user * span + target_item)
-    exact_key = fresh_user * span + fresh_item  # sorted: usable_rows() orders by pair
+    target_key = np.unique(pair_keys(target_user, target_item))
+    exact_key = pair_keys(fresh_user, fresh_item)  # sorted: usable_rows() orders by pair
     # A target served exactly needs no fill; an unindexed user has no neighbours.
     target_key = target_key[~_contains(exact_key, target_key)]
-    target_user, target_item = target_key // span, target_key % span
+    target_user, target_item = split_pair_keys(target_key)
     indexed = index.rows_of(target_user) >= 0
     target_user, target_item = target_user[indexed], target_item[indexed]
     if len(target_user) == 0 or len(fresh_rows) == 0:
@@ -293,7 +290,7 @@ def similarity_fill(
         for lo in range(0, len(open_targets), max(1, _LOOKUPS_PER_CHUNK // (hi_col - lo_col))):
             rows_t = open_targets[lo : lo + _LOOKUPS_PER_CHUNK // (hi_col - lo_col)]
             nb = neighbour[query_row[rows_t], lo_col:hi_col]  # (T, W) neighbour ids
-            lookup = np.where(nb >= 0, nb * span + target_item[rows_t, None], -1)
+            lookup = np.where(nb >= 0, pair_keys(np.maximum(nb, 0), target_item[rows_t, None]), -1)
             found = exact_lookup.get_indexer(lookup.ravel()).reshape(lookup.shape)
             r, c = np.nonzero(found >= 0)  # row-major: by target, then nearest first
             found_target.append(rows_t[r])
@@ -347,7 +344,7 @@ def similarity_fill(
             NEIGHBOUR_COUNT: out_count[done],
             MEAN_DISTANCE: out_distance[done],
             MODEL_VERSION: model_version,
-            COMPUTED_AT: now_ts.tz_convert("UTC"),
+            COMPUTED_AT: now_ts,
         }
     )
 
