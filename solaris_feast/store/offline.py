@@ -17,13 +17,18 @@ if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
 
 
+def source_path(path: str, repo_path: Path | str | None) -> Path:
+    """A FileSource path as Feast's file offline store reads it: relative to the repo folder."""
+    resolved = Path(path)
+    if not resolved.is_absolute() and repo_path is not None:
+        resolved = Path(repo_path) / resolved
+    return resolved
+
+
 def offline_view_root(store: FeatureStore, view: str | FeatureView) -> Path:
     """Folder of a view's parquet log: its FileSource path, resolved against the repo."""
     feature_view = store.get_feature_view(view) if isinstance(view, str) else view
-    path = Path(feature_view.batch_source.path)  # type: ignore[union-attr]
-    if not path.is_absolute() and store.config.repo_path is not None:
-        path = Path(store.config.repo_path) / path
-    return path
+    return source_path(feature_view.batch_source.path, store.config.repo_path)  # type: ignore[union-attr]
 
 
 def read_offline_rows(

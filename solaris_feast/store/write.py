@@ -319,17 +319,13 @@ class EmbeddingWriter:
 
     # -- offline ------------------------------------------------------------------------------
 
-    def _offline_root(self) -> Path:
-        path = Path(self.view.batch_source.path)  # type: ignore[union-attr]
-        if not path.is_absolute() and self.store.config.repo_path is not None:
-            path = Path(self.store.config.repo_path) / path
-        return path
-
     def _write_offline(self, batch: _ValidBatch) -> tuple[list[Path], int]:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        root = self._offline_root()
+        from solaris_feast.store.offline import offline_view_root
+
+        root = offline_view_root(self.store, self.view)
         # UTC day of each row as an integer; only the distinct days are formatted.
         day_index = np.floor_divide(batch.computed_at_ns, NANOS_PER_DAY)
         files: list[Path] = []

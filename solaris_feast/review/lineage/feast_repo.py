@@ -38,9 +38,9 @@ def _last_offline_write(
     """
     if not path_text or "://" in path_text:
         return None
-    path = Path(path_text)
-    if not path.is_absolute():
-        path = repo / path
+    from solaris_feast.store.offline import source_path
+
+    path = source_path(path_text, repo)
     files = sorted(path.rglob("*.parquet")) if path.is_dir() else [path] if path.is_file() else []
     if not files:
         return None
