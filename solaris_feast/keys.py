@@ -2,11 +2,17 @@
 
 ``key = user << 31 | item``: keys keep the ``(user, item)`` order and unpack exactly while item ids
 stay below 2**31 and user ids below 2**32; ids outside raise rather than collide. Candidates, the
-plan, the aggregate, the similarity fill and the replay all key pairs through here. (How Feast keys
-pairs in the online store is another layout: ``store/layout.py``.)
+plan, the aggregate, the similarity fill and the replay all key pairs through here. Ids as real
+systems have them (sparse int64 up to 2**63-1, strings) are first mapped to dense codes for the
+round (:class:`PairCodes`: sorted distinct ids, so code order is id order) and back after.
+(How Feast keys pairs in the online store is another layout: ``store/layout.py``.)
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -37,3 +43,88 @@ def split_pair_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(users, items)`` of keys made by :func:`pair_keys`."""
     k = np.asarray(keys, dtype=np.int64)
     return k >> ITEM_BITS, k & _ITEM_MASK
+
+
+def id_array(values: Any) -> np.ndarray:
+    """``(N,)`` int64 for integer ids, ``(N,)`` object of str for String ids.
+
+    Sparse int64 ids (up to 2**63-1) and strings do not fit a pair key; map them to dense codes
+    first (:class:`PairCodes`).
+    """
+    array = np.asarray(values.to_numpy() if hasattr(values, "to_numpy") else values)
+    if array.dtype.kind in "iu" or array.size == 0:
+        return array.astype(np.int64)
+    if array.dtype.kind == "U":
+        return array.astype(object)
+    if array.dtype == object:
+        items = array.tolist()
+        if all(isinstance(v, int | np.integer) and not isinstance(v, bool) for v in items):
+            return array.astype(np.int64)
+        if all(isinstance(v, str) for v in items):
+            return array
+    raise TypeError(f"ids must be integers or strings, got dtype {array.dtype}")
+
+
+@dataclass(frozen=True)
+class PairCodes:
+    """Dense int64 codes for the users and items of one round, so any ids pack in a pair key.
+
+    The codes are positions in the sorted distinct ids (``np.unique``), so sorting by code sorts
+    by id (ints numerically, strings lexicographically) and ties broken by code are broken by id.
+
+    Attributes:
+        users: ``(U,)`` sorted distinct user ids (int64 or object of str).
+        items: ``(I,)`` sorted distinct item ids.
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+
+    @classmethod
+    def of(cls, users: Sequence[np.ndarray], items: Sequence[np.ndarray]) -> PairCodes:
+        """Codes covering every id in ``users`` and ``items`` (lists of id arrays)."""
+        return cls(_distinct(users), _distinct(items))
+
+    def user_codes(self, users: Any) -> np.ndarray:
+        return _codes(self.users, id_array(users), "user")
+
+    def item_codes(self, items: Any) -> np.ndarray:
+        return _codes(self.items, id_array(items), "item")
+
+    def keys(self, users: Any, items: Any) -> np.ndarray:
+        """``(N,)`` int64 pair keys of ids (every id must be among the codes)."""
+        return pair_keys(self.user_codes(users), self.item_codes(items))
+
+    def split(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(users, items)`` ids of keys made by :meth:`keys`."""
+        u, i = split_pair_keys(keys)
+        return self.users[u], self.items[i]
+
+
+def dense_pair_keys(users: Any, items: Any) -> np.ndarray:
+    """Pair keys of ids of any type, valid within this call only (for sorting and grouping)."""
+    u, i = id_array(users), id_array(items)
+    return PairCodes.of([u], [i]).keys(u, i)
+
+
+def _distinct(arrays: Sequence[np.ndarray]) -> np.ndarray:
+    parts = [id_array(a) for a in arrays]
+    parts = [p for p in parts if len(p)] or [np.zeros(0, dtype=np.int64)]
+    kinds = {p.dtype == object for p in parts}
+    if len(kinds) > 1:
+        raise TypeError("ids of one side mix integers and strings")
+    return np.unique(np.concatenate(parts))
+
+
+def _codes(distinct: np.ndarray, ids: np.ndarray, side: str) -> np.ndarray:
+    if not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    if (ids.dtype == object) != (distinct.dtype == object) and len(distinct):
+        raise TypeError(f"{side} ids are {ids.dtype}, the codes were built from {distinct.dtype}")
+    at = np.searchsorted(distinct, ids)
+    inside = at < len(distinct)
+    found = np.zeros(len(ids), dtype=bool)
+    found[inside] = distinct[at[inside]] == ids[inside]
+    if not found.all():
+        raise ValueError(f"{side} id {ids[~found][0]!r} has no code in this round")
+    return at.astype(np.int64)

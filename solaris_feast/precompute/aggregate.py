@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
-from solaris_feast.keys import pair_keys
+from solaris_feast.keys import dense_pair_keys, id_array
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
 from solaris_feast.serving.resolve import usable_rows
 
@@ -36,8 +36,8 @@ class PairEmbeddings:
     """Exact pair embeddings as parallel arrays (the fast form of the ``solaris_pair`` rows).
 
     Attributes:
-        user_ids: ``(N,)`` int64.
-        item_ids: ``(N,)`` int64.
+        user_ids: ``(N,)`` int64, or object of str for String ids.
+        item_ids: ``(N,)`` int64, or object of str.
         vectors: ``(N, d)`` float32.
         computed_at_s: ``(N,)`` float64 unix seconds.
         model_versions: ``(N,)`` object array of version strings.
@@ -80,8 +80,8 @@ class PairEmbeddings:
         if dim is not None and vectors.shape[1] != dim:
             raise SchemaError(table, EMBEDDING, f"has dimension {vectors.shape[1]}, expected {dim}")
         return cls(
-            user_ids=frame[USER_ID].to_numpy(dtype=np.int64),
-            item_ids=frame[ITEM_ID].to_numpy(dtype=np.int64),
+            user_ids=id_array(frame[USER_ID]),
+            item_ids=id_array(frame[ITEM_ID]),
             vectors=vectors,
             computed_at_s=unix_seconds(frame[COMPUTED_AT]),
             model_versions=frame[MODEL_VERSION].astype(object).to_numpy(),
@@ -122,7 +122,8 @@ class PairEmbeddings:
         rows = np.flatnonzero(keep)
         if len(rows) == 0:
             return rows
-        pair_key = pair_keys(self.user_ids[rows], self.item_ids[rows])
+        # Dense codes of this table's ids: sparse int64 and string ids pack in one int64 key.
+        pair_key = dense_pair_keys(self.user_ids[rows], self.item_ids[rows])
         if not (np.diff(pair_key) > 0).all():
             # One stable sort by pair, then the newest row of each run of equal pairs (the first
             # newest on ties): a single int64 sort is several times faster than a lexsort.
@@ -172,8 +173,9 @@ def aggregate_user_embeddings(
         config: Window and weighting.
 
     Returns:
-        ``user_id`` int64, ``embedding`` (one float32 ``(d,)`` array per row), ``pair_count``
-        int64, ``model_version`` str, ``computed_at`` UTC timestamp; sorted by ``user_id``.
+        ``user_id`` (int64, or str for String ids), ``embedding`` (one float32 ``(d,)`` array
+        per row), ``pair_count`` int64, ``model_version`` str, ``computed_at`` UTC timestamp;
+        sorted by ``user_id``.
     """
     cfg = config or AggregateConfig()
     table = pairs if isinstance(pairs, PairEmbeddings) else PairEmbeddings.from_frame(pairs)

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
-from solaris_feast.keys import pair_keys, split_pair_keys
+from solaris_feast.keys import PairCodes, id_array, pair_keys, split_pair_keys
 from solaris_feast.precompute.aggregate import EMBEDDING, PairEmbeddings
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION
 
@@ -107,7 +107,8 @@ class UserIndex:
     """A faiss index over user vectors, with the id map from rows to ``user_id``.
 
     Attributes:
-        user_ids: ``(U,)`` int64, sorted; row ``r`` of the index is ``user_ids[r]``.
+        user_ids: ``(U,)`` int64 (or object of str for String ids), sorted; row ``r`` of the
+            index is ``user_ids[r]``.
         vectors: ``(U, D)`` float32 user vectors in the same order.
         kind: ``flat``, ``hnsw`` or ``ivf``.
         index: The faiss index.
@@ -133,19 +134,27 @@ class UserIndex:
         """The ``k`` nearest other users of each (indexed) user.
 
         Returns:
-            ``(Q, k)`` neighbour ``user_id`` (``-1`` where fewer were found) and ``(Q, k)`` L2
-            distances (not squared), nearest first; the query user itself is left out.
+            ``(Q, k)`` neighbour ``user_id`` (``-1`` where fewer were found; ``None`` for String
+            ids) and ``(Q, k)`` L2 distances (not squared), nearest first; the query user itself
+            is left out.
         """
-        rows = self.rows_of(np.asarray(user_ids, dtype=np.int64))
+        rows = self.rows_of(id_array(user_ids))
         if (rows < 0).any():
             raise ValueError(f"{int((rows < 0).sum())} query users are not in the index")
+        found, distance = self.search_rows(rows, k)
+        missing: Any = None if self.user_ids.dtype == object else -1
+        neighbour = np.where(found >= 0, self.user_ids[np.maximum(found, 0)], missing)
+        return neighbour, distance
+
+    def search_rows(self, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`search` by index row: ``(Q, k)`` neighbour rows (``-1`` where fewer were
+        found) and distances. Rows are int64 whatever the id type."""
         k_total = min(k + 1, len(self.user_ids))
         if self.kind == "hnsw":
             self.index.hnsw.efSearch = max(self.index.hnsw.efSearch, k_total)
         with faiss_threads(self.threads):
             squared, found = self.index.search(self.vectors[rows], k_total)
-        neighbour = np.where(found >= 0, self.user_ids[np.maximum(found, 0)], -1)
-        neighbour = np.where(neighbour == np.asarray(user_ids)[:, None], -1, neighbour)
+        neighbour = np.where(found == np.asarray(rows)[:, None], -1, found).astype(np.int64)
         # Drop the query user (mostly in column 0) by shifting each row's kept entries left.
         keep = neighbour >= 0
         order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
@@ -169,7 +178,7 @@ def build_user_index(
     import faiss  # heavy import kept off the DAG parse path
 
     cfg = config or SimilarityConfig()
-    ids = np.asarray(user_ids, dtype=np.int64)
+    ids = id_array(user_ids)
     vecs = np.asarray(vectors, dtype=np.float32)
     if vecs.ndim != 2 or len(vecs) != len(ids):
         raise ValueError(f"vectors must be (U, D) with U={len(ids)}, got {vecs.shape}")
@@ -239,9 +248,10 @@ def similarity_fill(
         config: ``neighbours`` (k), ``search_neighbours``, ``mode``.
 
     Returns:
-        ``user_id``, ``item_id`` int64, ``embedding`` (float32 ``(d,)`` per row),
-        ``neighbour_count`` int64 (holders combined, <= k), ``mean_distance`` float32 (mean L2
-        distance to them), ``model_version``, ``computed_at``; sorted by user then item.
+        ``user_id``, ``item_id`` (int64, or str for String ids), ``embedding`` (float32
+        ``(d,)`` per row), ``neighbour_count`` int64 (holders combined, <= k),
+        ``mean_distance`` float32 (mean L2 distance to them), ``model_version``,
+        ``computed_at``; sorted by user then item.
     """
     cfg = config or SimilarityConfig()
     now_ts = as_utc(now, "now")
@@ -252,14 +262,19 @@ def similarity_fill(
     # Row indices rather than a copy: the exact table can hold millions of vectors.
     fresh_rows = exact.usable_rows(model_version, now_s, exact_ttl_seconds)
     fresh_user, fresh_item = exact.user_ids[fresh_rows], exact.item_ids[fresh_rows]
-    target_user = targets[USER_ID].to_numpy(dtype=np.int64)
-    target_item = targets[ITEM_ID].to_numpy(dtype=np.int64)
-    target_key = np.unique(pair_keys(target_user, target_item))
-    exact_key = pair_keys(fresh_user, fresh_item)  # sorted: usable_rows() orders by pair
+    target_user_ids, target_item_ids = id_array(targets[USER_ID]), id_array(targets[ITEM_ID])
+    # From here on users and items are this round's dense codes (sorted ids, so code order is
+    # id order): sparse int64 and string ids pack in one int64 pair key; ids come back at the end.
+    codes = PairCodes.of(
+        [index.user_ids, target_user_ids, fresh_user], [target_item_ids, fresh_item]
+    )
+    index_code = codes.user_codes(index.user_ids)  # sorted, as index.user_ids is
+    target_key = np.unique(codes.keys(target_user_ids, target_item_ids))
+    exact_key = codes.keys(fresh_user, fresh_item)  # sorted: usable_rows() orders by pair
     # A target served exactly needs no fill; an unindexed user has no neighbours.
     target_key = target_key[~_contains(exact_key, target_key)]
     target_user, target_item = split_pair_keys(target_key)
-    indexed = index.rows_of(target_user) >= 0
+    indexed = _contains(index_code, target_user)
     target_user, target_item = target_user[indexed], target_item[indexed]
     if len(target_user) == 0 or len(fresh_rows) == 0:
         return _empty_similar_rows()
@@ -267,14 +282,15 @@ def similarity_fill(
     query_users, query_row = np.unique(target_user, return_inverse=True)
     k_search = min(cfg.search_neighbours, max(len(index.user_ids) - 1, 1))
     started = time.perf_counter()
-    neighbour, distance = index.search(query_users, k_search)
+    neighbour_rows, distance = index.search_rows(np.searchsorted(index_code, query_users), k_search)
+    neighbour = np.where(neighbour_rows >= 0, index_code[np.maximum(neighbour_rows, 0)], -1)
     searched = time.perf_counter() - started
     started = time.perf_counter()
 
     k = 1 if cfg.mode == "nearest" else cfg.neighbours
     # Only holders of a target item can match: a smaller hash table stays in cache. A hash
     # lookup (pandas Index) is several times faster than searchsorted for millions of keys.
-    exact_rows = np.flatnonzero(np.isin(fresh_item, np.unique(target_item)))
+    exact_rows = np.flatnonzero(np.isin(codes.item_codes(fresh_item), np.unique(target_item)))
     exact_lookup = pd.Index(exact_key[exact_rows])
     # Per target, the (neighbour column, exact row) of its holders, nearest first. Neighbours
     # are scanned in doubling column blocks and a target leaves the scan once it has k holders:
@@ -289,7 +305,7 @@ def similarity_fill(
         hi_col = min(lo_col + width, k_search)
         for lo in range(0, len(open_targets), max(1, _LOOKUPS_PER_CHUNK // (hi_col - lo_col))):
             rows_t = open_targets[lo : lo + _LOOKUPS_PER_CHUNK // (hi_col - lo_col)]
-            nb = neighbour[query_row[rows_t], lo_col:hi_col]  # (T, W) neighbour ids
+            nb = neighbour[query_row[rows_t], lo_col:hi_col]  # (T, W) neighbour codes
             lookup = np.where(nb >= 0, pair_keys(np.maximum(nb, 0), target_item[rows_t, None]), -1)
             found = exact_lookup.get_indexer(lookup.ravel()).reshape(lookup.shape)
             r, c = np.nonzero(found >= 0)  # row-major: by target, then nearest first
@@ -338,8 +354,8 @@ def similarity_fill(
     )
     return pd.DataFrame(
         {
-            USER_ID: target_user[done],
-            ITEM_ID: target_item[done],
+            USER_ID: codes.users[target_user[done]],
+            ITEM_ID: codes.items[target_item[done]],
             EMBEDDING: list(out_vectors[done]),
             NEIGHBOUR_COUNT: out_count[done],
             MEAN_DISTANCE: out_distance[done],

@@ -8,17 +8,22 @@ Redis layout (all keys share the hash tag ``{project}``, so a Redis Cluster keep
 slot):
 
 - ``solaris:{project}:misses``: a stream, one entry per queued pair with fields ``user_id``,
-  ``item_id``, ``model_version``, ``missed_at`` (unix seconds). Consumer groups work on it as on
-  any stream (``XGROUP CREATE ... 0``, ``XREADGROUP``, ``XACK``); :meth:`MissQueue.drain` is the
-  simple single-consumer path, :meth:`MissQueue.read_group` and :meth:`MissQueue.ack` the
-  at-least-once one (a worker that dies before acknowledging leaves its pairs to be claimed).
-- ``solaris:{project}:missed:<user>:<item>``: a marker with a TTL (``round_ttl_seconds``); while it
-  exists the pair is not queued again. Draining deletes the markers, which opens the next round.
+  ``item_id``, ``model_version``, ``missed_at`` (unix seconds). Ids are kept in their JSON text
+  form (``5`` for an Int64 id, ``"a:b"`` for a String one), so they read back with their type.
+  Consumer groups work on it as on any stream (``XGROUP CREATE ... 0``, ``XREADGROUP``,
+  ``XACK``); :meth:`MissQueue.drain` is the simple single-consumer path,
+  :meth:`MissQueue.read_group` and :meth:`MissQueue.ack` the at-least-once one (a worker
+  that dies before acknowledging leaves its pairs to be claimed).
+- ``solaris:{project}:missed:<user>:<item>`` (the ids' JSON text): a marker with a TTL
+  (``round_ttl_seconds``); while it exists the pair is not queued again. Draining deletes the
+  markers, which opens the next round.
 - ``solaris:{project}:miss_round``: a counter that every drain bumps. The retriever reads it in
   the same round trip as the embeddings and skips re-sending pairs it already queued this round.
 
 SQLite layout: one table ``solaris_miss_queue`` in the online store's database file, primary key
 ``(project, user_id, item_id)``; ``INSERT OR IGNORE`` is the dedupe and draining deletes the rows.
+Int64 ids are stored as integers, String ids in their JSON text form (never numeric-looking, so
+the columns' INTEGER affinity keeps them text).
 
 The storage operations live in the backends (``store/backends/redis.py``, ``sqlite.py``); this
 module holds the queue's policy (round TTL, stream bound) and its frames.
@@ -34,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from solaris_feast.store.backends import OnlineBackend, QueuedMiss
+from solaris_feast.store.ids import EntityId, IdType, check_id, check_ids, id_column
 from solaris_feast.store.layout import miss_marker_prefix, miss_round_key, miss_stream_key
 
 if TYPE_CHECKING:
@@ -106,13 +112,29 @@ class MissQueue:
             round_ttl_seconds=round_ttl_seconds,
         )
 
-    def record(self, user_id: int, item_ids: Sequence[int] | np.ndarray, model_version: str) -> int:
-        """Queue the pairs ``(user_id, item)`` not already queued this round; return how many."""
-        items = [int(i) for i in np.asarray(item_ids, dtype=np.int64).tolist()]
-        if not items:
+    def record(
+        self,
+        user_id: EntityId,
+        item_ids: Sequence[EntityId] | np.ndarray,
+        model_version: str,
+    ) -> int:
+        """Queue the pairs ``(user_id, item)`` not already queued this round; return how many.
+
+        Ids are ints (Int64 join keys) or str (String join keys), all items of one type; they
+        come back from :meth:`drain` with the same type.
+        """
+        if isinstance(user_id, str):
+            user: EntityId = check_id(user_id, "string", "user_id")
+        else:
+            user = check_id(user_id, "int64", "user_id")
+        values = list(np.asarray(item_ids, dtype=object).tolist())
+        if not values:
             return 0
+        item_type: IdType = "string" if isinstance(values[0], str) else "int64"
+        checked = check_ids(np.asarray(values, dtype=object), item_type, "item_ids").tolist()
+        items = [str(i) for i in checked] if item_type == "string" else [int(i) for i in checked]
         return self.backend.record_misses(
-            int(user_id),
+            user,
             items,
             model_version,
             now=int(time.time()),
@@ -124,7 +146,8 @@ class MissQueue:
         """Take up to ``max_pairs`` queued pairs off the queue, oldest first.
 
         Returns:
-            columns ``user_id`` int64, ``item_id`` int64, ``model_version`` str,
+            columns ``user_id`` and ``item_id`` (int64 for Int64 ids, object of str for String
+            ids), ``model_version`` str,
             ``missed_at`` datetime64[ns, UTC]. The drained pairs can be queued again.
         """
         return _frame(self.backend.drain_misses(max_pairs), with_entry_ids=False)
@@ -164,7 +187,7 @@ class MissQueue:
         if taken.empty:
             return 0
         misses = [
-            QueuedMiss(int(user), int(item), "", 0, str(entry_id))
+            QueuedMiss(_id(user), _id(item), "", 0, str(entry_id))
             for entry_id, user, item in zip(
                 taken["entry_id"], taken["user_id"], taken["item_id"], strict=True
             )
@@ -186,9 +209,15 @@ def _frame(misses: list[QueuedMiss], *, with_entry_ids: bool) -> pd.DataFrame:
         for m in misses
     ]
     frame = pd.DataFrame(rows, columns=columns)
-    frame = frame.astype({"user_id": "int64", "item_id": "int64"}).assign(
-        missed_at=pd.to_datetime(frame["missed_at"].astype("int64"), unit="s", utc=True)
-    )
+    frame = frame.assign(
+        user_id=id_column([m.user_id for m in misses]),
+        item_id=id_column([m.item_id for m in misses]),
+    ).assign(missed_at=pd.to_datetime(frame["missed_at"].astype("int64"), unit="s", utc=True))
     if with_entry_ids:
         frame = frame.assign(entry_id=frame["entry_id"].astype(str))
     return frame
+
+
+def _id(value: Any) -> EntityId:
+    # A frame's numpy ints become Python ints; str ids stay str.
+    return value if isinstance(value, str) else int(value)

@@ -51,6 +51,7 @@ from solaris_feast.serving.resolve import (
 )
 from solaris_feast.store.backends import OnlineBackend, TierRead, backend_for
 from solaris_feast.store.definitions import SolarisFeastConfig
+from solaris_feast.store.ids import EntityId, IdType, check_id, check_ids, join_key_types
 from solaris_feast.store.layout import FloatListCodec
 from solaris_feast.store.tags import TAG_EMBEDDING_DIM
 from solaris_feast.tiers import Tier
@@ -64,7 +65,6 @@ DEFAULT_DEADLINE_MS = 50.0
 TIER_DTYPE = np.int8
 MAX_REMEMBERED_MISSES = 200_000
 """Pairs a retriever remembers having queued this round before it forgets them all."""
-_INT64_MAX = 2**63 - 1
 _SEARCH_ORDER = SEARCH_ORDER
 
 
@@ -132,33 +132,26 @@ def _decode_timestamp(raw: Any) -> float:
     return float(proto.unix_timestamp_val)
 
 
-def validate_request(user_id: Any, item_ids: Any) -> tuple[int, np.ndarray]:
-    """Check one fetch request; return the user id and the item ids as ``(N,)`` int64."""
-    if isinstance(user_id, bool) or not isinstance(user_id, int | np.integer):
-        raise TypeError(f"user_id must be an integer, got {type(user_id).__name__}")
-    if not 0 <= int(user_id) <= _INT64_MAX:
-        raise ValueError(f"user_id must be in [0, 2**63 - 1] (an Int64 join key), got {user_id}")
+def validate_request(
+    user_id: Any,
+    item_ids: Any,
+    user_id_type: IdType = "int64",
+    item_id_type: IdType = "int64",
+) -> tuple[EntityId, np.ndarray]:
+    """Check one fetch request; return the user id and the item ids as ``(N,)`` int64 (Int64
+    item keys) or ``(N,)`` object of str (String item keys)."""
+    user = check_id(user_id, user_id_type, "user_id")
     if isinstance(item_ids, str | bytes) or not isinstance(item_ids, Sequence | np.ndarray):
         raise TypeError(
-            f"item_ids must be a sequence or array of integers, got {type(item_ids).__name__}"
+            f"item_ids must be a sequence or array of ids, got {type(item_ids).__name__}"
         )
-    array = np.asarray(item_ids)
-    if array.ndim != 1:
-        raise ValueError(f"item_ids must be one-dimensional, got shape {array.shape}")
-    if array.size == 0:
+    if len(item_ids) == 0:
         raise ValueError("item_ids is empty: ask for at least one candidate item")
-    if array.dtype == np.bool_ or not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"item_ids must be integers, got dtype {array.dtype}")
-    if array.size and array.dtype.kind == "u" and int(array.max()) > _INT64_MAX:
-        raise ValueError("item_ids must fit in int64 (Int64 join keys); got values above 2**63 - 1")
-    ids = array.astype(np.int64)
-    negative = np.flatnonzero(ids < 0)
-    if negative.size:
-        raise ValueError(f"item_ids must be non-negative; negative at positions {negative[:10]}")
+    ids = check_ids(item_ids, item_id_type, "item_ids")
     unique, counts = np.unique(ids, return_counts=True)
     if (counts > 1).any():
         raise ValueError(f"item_ids has duplicates: {unique[counts > 1][:10].tolist()}")
-    return int(user_id), ids
+    return user, ids
 
 
 class SolarisRetriever:
@@ -233,6 +226,10 @@ class SolarisRetriever:
         if len(dims) != 1:
             raise ConfigError(f"the three views disagree on the embedding dimension: {dims}")
         self.dim = dims.pop()
+        # Ids are typed as the registry's pair view says (Int64 or String join keys).
+        key_types = join_key_types(store.get_feature_view(self.view_names[Tier.EXACT]))
+        self.user_id_type: IdType = key_types.get("user_id", "int64")
+        self.item_id_type: IdType = key_types.get("item_id", "int64")
         self.codec = FloatListCodec(self.dim)
         # Stored model versions are compared as bytes: Feast serializes a string value the same
         # way every time, so equal bytes mean equal versions without parsing each value.
@@ -251,21 +248,22 @@ class SolarisRetriever:
         self._miss_round: bytes | None = None
         self._queued_round: bytes | None = None
         self._queued_since = 0.0
-        self._queued: set[tuple[int, int]] = set()
+        self._queued: set[tuple[EntityId, EntityId]] = set()
 
     # -- public -------------------------------------------------------------------------------
 
-    def fetch(self, user_id: int, item_ids: Sequence[int] | np.ndarray) -> FetchResult:
+    def fetch(self, user_id: EntityId, item_ids: Sequence[EntityId] | np.ndarray) -> FetchResult:
         """Best available embedding for each of N candidate items of one user.
 
         Args:
-            user_id: the user, a non-negative integer.
-            item_ids: ``(N,)`` distinct non-negative integers.
+            user_id: the user: a non-negative int (Int64 join key) or a non-empty str
+                (String join key), as the registered views type it.
+            item_ids: ``(N,)`` distinct item ids of the item join key's type.
 
         Returns:
             :class:`FetchResult` with embeddings ``(N, D)``, tiers ``(N,)`` and ages ``(N,)``.
         """
-        user, items = validate_request(user_id, item_ids)
+        user, items = validate_request(user_id, item_ids, self.user_id_type, self.item_id_type)
         started = time.perf_counter()
         self.stats.fetches += 1
         self.stats.items += len(items)
@@ -288,7 +286,7 @@ class SolarisRetriever:
             self._queue_misses(user, items[result.tiers != Tier.EXACT])
         return result
 
-    def _queue_misses(self, user: int, missed: np.ndarray) -> None:
+    def _queue_misses(self, user: EntityId, missed: np.ndarray) -> None:
         if self.miss_queue is None or not missed.size:
             return
         if self.backend.reads_miss_round:
@@ -322,7 +320,7 @@ class SolarisRetriever:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _read(self, user: int, items: np.ndarray, deadline_s: float) -> dict[Tier, _TierRead]:
+    def _read(self, user: EntityId, items: np.ndarray, deadline_s: float) -> dict[Tier, _TierRead]:
         """The backend's read of all tiers, aborted at ``deadline_s`` (``perf_counter`` time);
         the miss queue's round number rides along where the backend reads it."""
         reads = self.backend.read_tiers(user, items, self.view_names, deadline_s)

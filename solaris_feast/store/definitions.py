@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, SEARCH_ORDER, usable_rows
+from solaris_feast.store.ids import IdType, feast_value_type
 from solaris_feast.store.tags import (
     TAG_COMPRESSOR_VERSION,
     TAG_EMBEDDING_DIM,
@@ -75,9 +76,14 @@ class SolarisFeastConfig(BaseModel):
     embedding_dim: Annotated[int, Field(gt=0, le=MAX_EMBEDDING_DIM)] = DEFAULT_EMBEDDING_DIM
     """Length D of every stored embedding (the compressor's output size)."""
     user_entity_name: str = "user"
-    """Name of the user entity; its join key is ``user_id`` (Int64)."""
+    """Name of the user entity; its join key is ``user_id`` (typed by ``user_id_type``)."""
     item_entity_name: str = "item"
-    """Name of the item entity; its join key is ``item_id`` (Int64)."""
+    """Name of the item entity; its join key is ``item_id`` (typed by ``item_id_type``)."""
+    user_id_type: IdType = "int64"
+    """``int64`` (any id in [0, 2**63-1], sparse or dense) or ``string`` (Feast
+    ``ValueType.STRING``): how user ids are typed in the views, the online keys and the queue."""
+    item_id_type: IdType = "int64"
+    """``int64`` or ``string``: how item ids are typed (see ``user_id_type``)."""
     pair_view_name: str = "solaris_pair"
     """Feature view of exact FM embeddings keyed by (user, item)."""
     user_view_name: str = "solaris_user"
@@ -336,7 +342,6 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
         FileSource,
         OnDemandFeatureView,
         RequestSource,
-        ValueType,
     )
     from feast import Field as FeastField
     from feast.types import Array, Float32, Float64, Int64, String, UnixTimestamp
@@ -345,13 +350,13 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
     user = Entity(
         name=cfg.user_entity_name,
         join_keys=["user_id"],
-        value_type=ValueType.INT64,
+        value_type=feast_value_type(cfg.user_id_type),
         description="A user of the recommender",
     )
     item = Entity(
         name=cfg.item_entity_name,
         join_keys=["item_id"],
-        value_type=ValueType.INT64,
+        value_type=feast_value_type(cfg.item_id_type),
         description="A candidate item",
     )
 

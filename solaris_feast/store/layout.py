@@ -6,7 +6,7 @@ Feast does. Everything Feast-shaped here is derived from Feast's own functions a
 against them when built; any other code that packs an entity key, a hash field or a table name
 calls these.
 
-- Entity keys: ``serialize_entity_key`` (version 3) of int64 join keys, see
+- Entity keys: ``serialize_entity_key`` (version 3) of Int64 or String join keys, see
   :class:`EntityKeyLayout`; on Redis the key of a hash is that plus the project name.
 - Redis hash fields: ``mmh3("<view>:<feature>")`` per feature, ``_ts:<view>`` for the event
   timestamp; one hash per entity key holds every view of that key.
@@ -33,13 +33,15 @@ def _check_serialization_version(version: int) -> None:
 
 
 class EntityKeyLayout:
-    """Feast's serialized entity key for int64 join keys, built without a proto per row.
+    """Feast's serialized entity key for Int64 and String join keys, built without a proto per row.
 
     ``feast.infra.key_encoding_utils.serialize_entity_key`` builds an ``EntityKeyProto`` per row,
-    which costs more than the network read for 100 candidates. For int64 keys its output is a
-    fixed prefix (sorted join key names) followed by one fixed-size block per value
-    (``<I value type> <I length 8> <q value>``), so the bytes are assembled with ``struct``; the
-    constructor checks the result against Feast's function.
+    which costs more than the network read for 100 candidates. Its output is a fixed prefix
+    (sorted join key names) followed by one block per value: ``<I INT64> <I 8> <q value>`` for an
+    int, ``<I STRING> <I length> <utf-8 bytes>`` for a str. Each value is packed by its Python
+    type (``int`` or ``str``); which type a join key has is checked where ids enter
+    (:func:`solaris_feast.store.ids.check_ids`), not here. The constructor checks the result
+    against Feast's function for int, string (unicode, ``:``) and mixed keys.
     """
 
     def __init__(self, join_keys: list[str], serialization_version: int) -> None:
@@ -54,53 +56,81 @@ class EntityKeyLayout:
         self._order = [self.join_keys.index(k) for k in self._sorted]
         self._prefix = serialize_entity_key_prefix(self._sorted, serialization_version)
         self._int64_type = int(ValueType.INT64)
-        self._value_header = struct.pack("<II", self._int64_type, 8)
+        self._string_type = int(ValueType.STRING)
+        self._int_header = struct.pack("<II", self._int64_type, 8)
         self._pack = struct.Struct("<q").pack
-        self.length = len(self._prefix) + 16 * len(self.join_keys)
+        self._string_header = struct.Struct("<II").pack
+        n = len(join_keys)
         for sample in (
-            [0] * len(join_keys),
-            list(range(7, 7 + len(join_keys))),
-            [2**40] * len(join_keys),
+            [0] * n,
+            list(range(7, 7 + n)),
+            [2**63 - 1] * n,
+            ["u:1", "ü-ß \u2603:x"][:n] + ["z"] * max(n - 2, 0),
+            [5, "item:5"][:n] + [0] * max(n - 2, 0),
         ):
-            if self.key(*sample) != self._feast_key(sample):
+            key = self.key(*sample)
+            if key != self._feast_key(sample) or self.decode(key) != dict(
+                zip(self.join_keys, sample, strict=True)
+            ):
                 raise ConfigError(
                     "Feast's entity key serialization changed; the fast key layout no longer "
                     f"matches it for join keys {join_keys}"
                 )
 
-    def _feast_key(self, values: list[int]) -> bytes:
+    def _feast_key(self, values: list[int | str]) -> bytes:
         from feast.infra.key_encoding_utils import serialize_entity_key
         from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
         proto = EntityKeyProto(
-            join_keys=self.join_keys, entity_values=[ValueProto(int64_val=v) for v in values]
+            join_keys=self.join_keys,
+            entity_values=[
+                ValueProto(string_val=v) if isinstance(v, str) else ValueProto(int64_val=v)
+                for v in values
+            ],
         )
         return serialize_entity_key(
             proto, entity_key_serialization_version=self.serialization_version
         )
 
-    def key(self, *values: int) -> bytes:
+    def key(self, *values: int | str) -> bytes:
         """Serialized key for join key values given in ``join_keys`` order."""
         parts = [self._prefix]
         for position in self._order:
-            parts.append(self._value_header)
-            parts.append(self._pack(values[position]))
+            value = values[position]
+            if isinstance(value, str):
+                raw = value.encode("utf-8")
+                parts.append(self._string_header(self._string_type, len(raw)))
+                parts.append(raw)
+            else:
+                parts.append(self._int_header)
+                parts.append(self._pack(value))
         return b"".join(parts)
 
-    def decode(self, key: bytes) -> dict[str, int] | None:
+    def decode(self, key: bytes) -> dict[str, int | str] | None:
         """Join key values of a serialized key of this layout; None for any other key."""
-        if len(key) != self.length or not key.startswith(self._prefix):
+        if not key.startswith(self._prefix):
             return None
-        values = {}
+        values: dict[str, int | str] = {}
         offset = len(self._prefix)
         for name in self._sorted:
-            value_type, size = struct.unpack_from("<II", key, offset)
-            if value_type != self._int64_type or size != 8:
+            if offset + 8 > len(key):
                 return None
-            values[name] = struct.unpack_from("<q", key, offset + 8)[0]
-            offset += 16
-        return values
+            value_type, size = struct.unpack_from("<II", key, offset)
+            offset += 8
+            if offset + size > len(key):
+                return None
+            if value_type == self._int64_type and size == 8:
+                values[name] = struct.unpack_from("<q", key, offset)[0]
+            elif value_type == self._string_type:
+                try:
+                    values[name] = key[offset : offset + size].decode("utf-8")
+                except UnicodeDecodeError:
+                    return None
+            else:
+                return None
+            offset += size
+        return values if offset == len(key) else None
 
 
 class FloatListCodec:
@@ -200,3 +230,11 @@ def miss_round_key(project: str) -> str:
 def miss_marker_prefix(project: str) -> str:
     """Prefix of the per-pair markers (``<prefix><user>:<item>``) that dedupe a round."""
     return f"solaris:{{{project}}}:missed:"
+
+
+def miss_marker(project: str, user: int | str, item: int | str) -> str:
+    """The per-pair marker: ids in their typed text form (``5``, ``"a:b"``), so ints read as
+    before (``<prefix>5:7``) and a ``:`` inside a string id cannot make two pairs collide."""
+    from solaris_feast.store.ids import encode_id
+
+    return f"{miss_marker_prefix(project)}{encode_id(user)}:{encode_id(item)}"

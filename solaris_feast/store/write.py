@@ -6,6 +6,7 @@ user view ``user_id, embedding, pair_count, model_version, computed_at``; the si
 ``user_id, item_id, embedding, neighbour_count, mean_distance, model_version, computed_at``).
 
 A batch is checked as a whole first (missing columns, wrong dtypes, negative or duplicate keys,
+string ids that are empty or not ``str`` for String join keys,
 NaN/Inf or wrong-length vectors, empty versions, naive or missing timestamps); a bad batch raises
 :class:`~solaris_feast.errors.WriteBatchError` naming the rows (positions in the frame) and
 nothing of it is written.
@@ -42,6 +43,7 @@ import pandas as pd
 from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.definitions import CREATED_TIMESTAMP_COLUMN, EVENT_TIMESTAMP_COLUMN
+from solaris_feast.store.ids import join_key_types
 from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec
 from solaris_feast.store.tags import TAG_EMBEDDING_DIM
 
@@ -77,7 +79,8 @@ class WriteReport:
 
 @dataclass(frozen=True)
 class _ValidBatch:
-    """A checked batch, normalized: keys ``(N,)`` int64 per join key, embeddings ``(N, D)``."""
+    """A checked batch, normalized: keys ``(N,)`` int64 or object (str) per join key,
+    embeddings ``(N, D)``."""
 
     keys: dict[str, np.ndarray]
     embeddings: np.ndarray
@@ -100,6 +103,13 @@ def _feature_kind(dtype: Any) -> str:
         if dtype == feast_type:
             return kind
     raise ConfigError(f"feature type {dtype} is not supported by the solaris write path")
+
+
+def _key_order(batch: _ValidBatch, rows: np.ndarray, join_keys: list[str]) -> np.ndarray:
+    """Positions into ``rows`` sorting them by the join keys (ints or strings)."""
+    # np.lexsort cannot sort str objects; sorted unique codes keep each key's order.
+    columns = [np.unique(batch.keys[k][rows], return_inverse=True)[1] for k in join_keys]
+    return np.lexsort(list(reversed(columns)))
 
 
 class EmbeddingWriter:
@@ -160,6 +170,7 @@ class EmbeddingWriter:
         self.key_layout = EntityKeyLayout(
             self.join_keys, store.config.entity_key_serialization_version
         )
+        self.key_types = join_key_types(self.view)
         self.kind = backend_kind(store)  # refuses unsupported stores before any write
         key_ttl = getattr(store.config.online_store, "key_ttl_seconds", None)
         if key_ttl is not None and key_ttl < 0:
@@ -184,7 +195,8 @@ class EmbeddingWriter:
         """Check the whole batch, then write it offline and online.
 
         Args:
-            frame: one row per entity key with the view's join keys (int64), ``embedding``
+            frame: one row per entity key with the view's join keys (int64, or str for String
+                keys), ``embedding``
                 (a length-D sequence of floats per row), ``model_version`` (str),
                 ``computed_at`` (timezone-aware datetime) and the view's other features.
 
@@ -222,15 +234,7 @@ class EmbeddingWriter:
 
         keys: dict[str, np.ndarray] = {}
         for key in self.join_keys:
-            column = frame[key]
-            if column.dtype == bool or not pd.api.types.is_integer_dtype(column.dtype):
-                raise WriteBatchError(
-                    f"{self.view_name}: column {key!r} must be int64, got {column.dtype}",
-                    positions.tolist(),
-                )
-            values = column.to_numpy(dtype=np.int64)
-            refuse(f"negative {key}", values < 0)
-            keys[key] = values
+            keys[key] = self._key_column(frame[key], key, positions, refuse)
         duplicated = (
             pd.DataFrame(keys).duplicated(keep=False).to_numpy()
             if len(frame)
@@ -293,6 +297,27 @@ class EmbeddingWriter:
 
     # -- checks -------------------------------------------------------------------------------
 
+    def _key_column(
+        self, column: pd.Series, key: str, positions: np.ndarray, refuse: Any
+    ) -> np.ndarray:
+        """``(N,)`` int64 or object (str) ids of one join key, typed as the registry says."""
+        id_type = self.key_types[key]
+        if id_type == "int64":
+            if column.dtype == bool or not pd.api.types.is_integer_dtype(column.dtype):
+                raise WriteBatchError(
+                    f"{self.view_name}: column {key!r} must be int64, got {column.dtype}",
+                    positions.tolist(),
+                )
+            values = column.to_numpy(dtype=np.int64)
+            refuse(f"negative {key}", values < 0)
+            return values
+        values = column.to_numpy(dtype=object)
+        refuse(
+            f"{key} must be a non-empty str (String join key)",
+            np.array([not (isinstance(v, str) and v) for v in values.tolist()], dtype=bool),
+        )
+        return values
+
     def _embedding_matrix(self, column: pd.Series, refuse: Any) -> np.ndarray:
         """``(N, D)`` float32 from a column of length-D sequences."""
         n = len(column)
@@ -335,7 +360,7 @@ class EmbeddingWriter:
             day = pd.Timestamp(index * NANOS_PER_DAY, unit="ns", tz="UTC").strftime("%Y-%m-%d")
             rows = np.flatnonzero(day_index == index)
             # Sorted by key so the same rows in another order hash to the same file.
-            order = rows[np.lexsort([batch.keys[k][rows] for k in reversed(self.join_keys)])]
+            order = rows[_key_order(batch, rows, self.join_keys)]
             digest = self._content_hash(batch, order)
             path = root / day / f"part-{digest}.parquet"
             files.append(path)
@@ -371,7 +396,14 @@ class EmbeddingWriter:
     def _content_hash(self, batch: _ValidBatch, order: np.ndarray) -> str:
         digest = hashlib.sha256(self.view_name.encode())
         for key in self.join_keys:
-            digest.update(np.ascontiguousarray(batch.keys[key][order]).tobytes())
+            values = batch.keys[key][order]
+            if values.dtype == object:
+                # Length-prefixed, so ("a:", "b") and ("a", ":b") hash apart.
+                for text in values.tolist():
+                    raw = text.encode("utf-8")
+                    digest.update(len(raw).to_bytes(4, "little") + raw)
+            else:
+                digest.update(np.ascontiguousarray(values).tobytes())
         digest.update(np.ascontiguousarray(batch.embeddings[order]).tobytes())
         for name in sorted(batch.features):
             values = batch.features[name][order]

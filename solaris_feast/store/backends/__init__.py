@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 from solaris_feast.errors import ConfigError
+from solaris_feast.store.ids import EntityId
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class StoredValues:
     """One stored row of one view as the status needs it (raw bytes, None = absent)."""
 
     tier: Tier
-    keys: dict[str, int]
+    keys: dict[str, EntityId]
     model_version: bytes | None
     computed_at: bytes | None
 
@@ -100,8 +101,8 @@ class StoredScan:
 class QueuedMiss:
     """One queued (user, item) miss; ``entry_id`` is set by consumer-group reads only."""
 
-    user_id: int
-    item_id: int
+    user_id: EntityId
+    item_id: EntityId
     model_version: str
     missed_at: int
     entry_id: str | None = None
@@ -124,11 +125,11 @@ class OnlineBackend(Protocol):
     consumer_groups: bool
 
     def read_tiers(
-        self, user: int, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
+        self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
     ) -> TierReads:
-        """Stored values of every tier for ``user`` and ``(N,)`` int64 ``items``, in one round
-        trip; aborted with :class:`~solaris_feast.errors.DeadlineExceededError` when it cannot
-        finish within ``deadline_s`` seconds (a ``time.perf_counter()`` instant)."""
+        """Stored values of every tier for ``user`` and ``(N,)`` ``items`` (int64 or str ids),
+        in one round trip; aborted with :class:`~solaris_feast.errors.DeadlineExceededError`
+        when it cannot finish within ``deadline_s`` seconds (a ``time.perf_counter()`` instant)."""
         ...
 
     def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
@@ -138,8 +139,8 @@ class OnlineBackend(Protocol):
 
     def record_misses(
         self,
-        user: int,
-        items: Sequence[int],
+        user: EntityId,
+        items: Sequence[EntityId],
         model_version: str,
         *,
         now: int,

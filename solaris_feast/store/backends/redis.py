@@ -47,6 +47,7 @@ from solaris_feast.store.backends import (
     TierReads,
     split_tiers,
 )
+from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
     EntityKeyLayout,
     miss_marker_prefix,
@@ -381,7 +382,7 @@ class RedisBackend:
         return self._read_fields[cache_key]
 
     def read_tiers(
-        self, user: int, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
+        self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
     ) -> TierReads:
         deadline_ms = self._deadline_ms(deadline_s)
         pair_fields, user_fields = self.read_fields(views)
@@ -561,8 +562,8 @@ class RedisBackend:
 
     def record_misses(
         self,
-        user: int,
-        items: Sequence[int],
+        user: EntityId,
+        items: Sequence[EntityId],
         model_version: str,
         *,
         now: int,
@@ -577,10 +578,10 @@ class RedisBackend:
                     self._marker_prefix,
                     round_ttl_seconds,
                     max_stream_length,
-                    int(user),
+                    encode_id(user),
                     model_version,
                     now,
-                    *items,
+                    *(encode_id(item) for item in items),
                 ],
             )
         )
@@ -644,7 +645,7 @@ class RedisBackend:
         for miss in taken:
             if miss.entry_id is None:
                 raise ValueError("ack needs the entry_id of each pair, as read_group returns it")
-            args += [miss.entry_id, f"{miss.user_id}:{miss.item_id}"]
+            args += [miss.entry_id, f"{encode_id(miss.user_id)}:{encode_id(miss.item_id)}"]
         script = self._script("ack", ACK_SCRIPT)
         return int(script(keys=[self._stream_key, self._round_key], args=args))
 
@@ -654,12 +655,12 @@ class RedisBackend:
         """``SCAN ... COUNT`` over keys ending with the project name (Feast's layout), never
         ``KEYS``; stops after ``max_keys`` keys."""
         project = self._project_bytes
-        pair_keys: list[tuple[bytes, dict[str, int]]] = []
-        user_keys: list[tuple[bytes, dict[str, int]]] = []
+        pair_keys: list[tuple[bytes, dict[str, EntityId]]] = []
+        user_keys: list[tuple[bytes, dict[str, EntityId]]] = []
         keys_read = 0
         truncated = False
-        # The miss queue's keys do not end with the project name, and the exact length check
-        # of the key layouts drops other projects whose names end with this one.
+        # The miss queue's keys do not end with the project name, and the key layouts refuse
+        # trailing bytes, which drops other projects whose names end with this one.
         for key in self._scan_keys(b"*" + _glob_escape(project), scan_count):
             if keys_read >= max_keys:
                 truncated = True
@@ -723,8 +724,8 @@ def _text(value: bytes | str) -> str:
 
 def _queued(fields: dict[str, str], entry_id: str | None = None) -> QueuedMiss:
     return QueuedMiss(
-        int(fields["user_id"]),
-        int(fields["item_id"]),
+        decode_id(fields["user_id"]),
+        decode_id(fields["item_id"]),
         fields["model_version"],
         int(fields["missed_at"]),
         entry_id,

@@ -23,6 +23,7 @@ import numpy as np
 from solaris_feast.errors import DeadlineExceededError
 from solaris_feast.store.backends import BackendKind, OnlineBatch, TierReads, split_tiers
 from solaris_feast.store.backends.redis import WRITE_SCRIPT, RedisBackend, connection_kwargs
+from solaris_feast.store.ids import EntityId
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -60,7 +61,7 @@ class RedisClusterBackend(RedisBackend):
         )
 
     def read_tiers(
-        self, user: int, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
+        self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
     ) -> TierReads:
         started = time.perf_counter()
         pair_fields, user_fields = self.read_fields(views)

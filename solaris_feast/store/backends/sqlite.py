@@ -37,6 +37,7 @@ from solaris_feast.store.backends import (
     TierRead,
     TierReads,
 )
+from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import EntityKeyLayout, quoted_sqlite_table
 from solaris_feast.tiers import Tier
 
@@ -56,6 +57,16 @@ def sqlite_path(store: FeatureStore) -> str:
     if not path.is_absolute() and cfg.repo_path is not None:
         path = Path(cfg.repo_path) / path
     return str(path)
+
+
+def _queue_value(value: EntityId) -> int | str:
+    # Int ids are stored as integers (as before); string ids in their JSON text form, which
+    # never looks numeric, so the columns' INTEGER affinity cannot turn "007" into 7.
+    return int(value) if not isinstance(value, str) else encode_id(value)
+
+
+def _queue_id(stored: int | str) -> EntityId:
+    return stored if isinstance(stored, int) else decode_id(stored)
 
 
 def _no_such_table(exc: sqlite3.OperationalError) -> bool:
@@ -126,7 +137,7 @@ class SqliteBackend:
     # -- reading ------------------------------------------------------------------------------
 
     def read_tiers(
-        self, user: int, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
+        self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
     ) -> TierReads:
         conn = self._connection()
         deadline_ms = (deadline_s - time.perf_counter()) * 1000.0
@@ -277,8 +288,8 @@ class SqliteBackend:
 
     def record_misses(
         self,
-        user: int,
-        items: Sequence[int],
+        user: EntityId,
+        items: Sequence[EntityId],
         model_version: str,
         *,
         now: int,
@@ -291,7 +302,10 @@ class SqliteBackend:
             conn.executemany(
                 "INSERT OR IGNORE INTO solaris_miss_queue "
                 "(project, user_id, item_id, model_version, missed_at) VALUES (?, ?, ?, ?, ?)",
-                [(self.project, int(user), int(item), model_version, now) for item in items],
+                [
+                    (self.project, _queue_value(user), _queue_value(item), model_version, now)
+                    for item in items
+                ],
             )
             return conn.total_changes - before
 
@@ -307,7 +321,7 @@ class SqliteBackend:
                 "DELETE FROM solaris_miss_queue WHERE project = ? AND user_id = ? AND item_id = ?",
                 [(self.project, r[0], r[1]) for r in rows],
             )
-        return [QueuedMiss(int(r[0]), int(r[1]), str(r[2]), int(r[3])) for r in rows]
+        return [QueuedMiss(_queue_id(r[0]), _queue_id(r[1]), str(r[2]), int(r[3])) for r in rows]
 
     def pending_misses(self) -> int:
         row = (
