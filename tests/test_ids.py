@@ -1,0 +1,282 @@
+"""Ids as real systems have them: sparse Int64 up to 2**63-1 and String ids (unicode, ':').
+
+Through the writer, ``SolarisRetriever.fetch``, plain Feast ``get_online_features`` on the
+resolved view, the miss queue, the user aggregate and the similarity fill, on SQLite and on the
+shared Redis (this test's own Feast project; its keys are deleted by ``feast_project``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from solaris_feast.errors import WriteBatchError
+from solaris_feast.keys import PairCodes, dense_pair_keys
+from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
+from solaris_feast.precompute.similarity import (
+    SimilarityConfig,
+    build_user_index,
+    similarity_fill,
+)
+from solaris_feast.serving.miss_queue import MissQueue
+from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.config import open_store
+from solaris_feast.store.definitions import (
+    MODEL_VERSION_REQUEST_FIELD,
+    SolarisFeastConfig,
+    solaris_definitions,
+)
+from solaris_feast.store.layout import EntityKeyLayout
+from solaris_feast.store.write import EmbeddingWriter
+from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+DIM = 8
+VERSION = "cmp-ids-v1"
+BIG = 2**63 - 1
+# Users and items of each id type; the first user holds the exact pair, the second is its
+# neighbour in the similarity fill.
+IDS: dict[str, tuple[list[Any], list[Any]]] = {
+    "int64": ([BIG, 2**62 + 17, 3], [BIG - 1, 2**40 + 3, 5, 2**33]),
+    "string": (["user:ü:1", "用户:2", "u"], ["item:a", "item:b:ß", "☃", "a:"]),
+}
+rng = np.random.default_rng(7)
+
+
+def vectors(n: int) -> np.ndarray:
+    return rng.standard_normal((n, DIM)).astype(np.float32)
+
+
+def now() -> pd.Timestamp:
+    return pd.Timestamp.now(tz="UTC").floor("s")
+
+
+def id_series(values: list[Any]) -> pd.Series:
+    if isinstance(values[0], str):
+        return pd.Series(values, dtype=object)
+    return pd.Series(values, dtype=np.int64)
+
+
+def pair_rows(users: list[Any], items: list[Any], vecs: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "user_id": id_series(users),
+            "item_id": id_series(items),
+            "embedding": list(vecs),
+            "model_version": VERSION,
+            "computed_at": now(),
+        }
+    )
+
+
+@pytest.fixture(params=["int64", "string"])
+def id_type(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store(
+    request: pytest.FixtureRequest, id_type: str, feast_project: str, tmp_path: Path, redis_url: str
+) -> FeatureStore:
+    feast_store = open_store(feast_project, tmp_path, online=request.param, redis_url=redis_url)
+    config = SolarisFeastConfig(embedding_dim=DIM, user_id_type=id_type, item_id_type=id_type)
+    feast_store.apply(solaris_definitions(config).all())
+    return feast_store
+
+
+def resolved_tiers(store: FeatureStore, user: Any, items: list[Any]) -> tuple[list[int], Any]:
+    answer = store.get_online_features(
+        features=["solaris_resolved:resolved_embedding", "solaris_resolved:resolved_tier"],
+        entity_rows=[
+            {"user_id": user, "item_id": item, MODEL_VERSION_REQUEST_FIELD: VERSION}
+            for item in items
+        ],
+        full_feature_names=True,
+    ).to_dict()
+    return answer["solaris_resolved__resolved_tier"], np.asarray(
+        answer["solaris_resolved__resolved_embedding"], dtype=np.float32
+    )
+
+
+def test_sparse_and_string_ids_through_writer_retriever_and_resolved_view(
+    store: FeatureStore, id_type: str
+) -> None:
+    users, items = IDS[id_type]
+    user = users[0]
+    exact, similar, user_vec = vectors(1), vectors(1), vectors(1)
+    EmbeddingWriter(store, "solaris_pair").write(pair_rows([user], [items[0]], exact))
+    EmbeddingWriter(store, "solaris_similar", offline=False).write(
+        pair_rows([user], [items[1]], similar).assign(neighbour_count=3, mean_distance=0.5)
+    )
+    EmbeddingWriter(store, "solaris_user", offline=False).write(
+        pair_rows([user], [items[0]], user_vec).drop(columns="item_id").assign(pair_count=4)
+    )
+    retriever = SolarisRetriever(store, VERSION, record_misses=False)
+    try:
+        result = retriever.fetch(user, items[:3])
+        # An id one character or one unit away is another key: it gets nothing.
+        other = users[2]
+        assert retriever.fetch(other, items[:1]).tiers.tolist() == [Tier.ZERO]
+    finally:
+        retriever.close()
+    assert result.tiers.tolist() == [Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG]
+    np.testing.assert_array_equal(result.embeddings, np.vstack([exact, similar, user_vec]))
+
+    feast_tiers, feast_vectors = resolved_tiers(store, user, items[:3])
+    assert feast_tiers == result.tiers.tolist()
+    np.testing.assert_array_equal(feast_vectors, result.embeddings)
+    assert resolved_tiers(store, users[2], items[:1])[0] == [Tier.ZERO]
+
+
+def test_ids_of_the_wrong_type_are_refused_by_writer_and_retriever(
+    store: FeatureStore, id_type: str
+) -> None:
+    users, items = IDS[id_type]
+    wrong = IDS["string" if id_type == "int64" else "int64"]
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+    with pytest.raises(WriteBatchError, match="user_id"):
+        writer.validate(pair_rows(wrong[0][:1], items[:1], vectors(1)))
+    if id_type == "string":
+        with pytest.raises(WriteBatchError, match="item_id") as caught:
+            writer.validate(pair_rows(users[:2], ["ok", ""], vectors(2)))
+        assert caught.value.rows == [1]
+    retriever = SolarisRetriever(store, VERSION, record_misses=False)
+    try:
+        with pytest.raises(TypeError, match="user_id"):
+            retriever.fetch(wrong[0][0], items[:1])
+        with pytest.raises(TypeError, match="item_ids"):
+            retriever.fetch(users[0], wrong[1][:2])
+        with pytest.raises(ValueError, match="duplicates"):
+            retriever.fetch(users[0], [items[0], items[0]])
+    finally:
+        retriever.close()
+
+
+def test_missed_ids_are_queued_and_drained_with_their_type(
+    store: FeatureStore, id_type: str
+) -> None:
+    users, items = IDS[id_type]
+    retriever = SolarisRetriever(store, VERSION)
+    queue = MissQueue.for_store(store)
+    try:
+        assert retriever.fetch(users[0], items).tiers.tolist() == [Tier.ZERO] * len(items)
+        retriever.fetch(users[0], items)  # the same misses again: queued once this round
+        drained = queue.drain()
+    finally:
+        retriever.close()
+        queue.close()
+    queued = zip(drained["user_id"].tolist(), drained["item_id"].tolist(), strict=True)
+    assert sorted(queued) == sorted((users[0], item) for item in items)
+    assert all(type(v) is type(users[0]) for v in drained["user_id"].tolist())
+    assert (drained["user_id"].dtype == object) == (id_type == "string")
+
+
+@pytest.mark.parametrize("id_type", ["string"])  # a ':' inside an id needs String ids
+def test_queued_string_ids_with_colons_do_not_collide(store: FeatureStore, id_type: str) -> None:
+    queue = MissQueue.for_store(store)
+    try:
+        # "a:" + "b" and "a" + ":b" would both be the marker "a::b" without typed text.
+        assert queue.record("a:", ["b"], VERSION) == 1
+        assert queue.record("a", [":b"], VERSION) == 1
+        # The string "5" and the int 5 stay apart too.
+        assert queue.record("5", ["7"], VERSION) == 1
+        drained = queue.drain()
+    finally:
+        queue.close()
+    pairs = set(zip(drained["user_id"].tolist(), drained["item_id"].tolist(), strict=True))
+    assert pairs == {("a:", "b"), ("a", ":b"), ("5", "7")}
+
+
+def test_aggregate_and_similarity_fill_serve_sparse_and_string_ids(
+    store: FeatureStore, id_type: str
+) -> None:
+    users, items = IDS[id_type]
+    at = now()
+    # User 1 holds exact pairs for items 0 and 1; user 0 is its nearest neighbour.
+    held = vectors(2)
+    exact_rows = pair_rows([users[1], users[1]], items[:2], held)
+    exact = PairEmbeddings.from_frame(exact_rows, dim=DIM)
+    aggregate = aggregate_user_embeddings(exact, at, VERSION)
+    assert aggregate["user_id"].tolist() == [users[1]]
+    np.testing.assert_allclose(aggregate["embedding"].iloc[0], held.mean(axis=0), rtol=1e-6)
+
+    cfg = SimilarityConfig(neighbours=1, index_kind="flat")
+    user_vecs = np.array([[0.0, 0.0], [0.1, 0.0], [9.0, 9.0]], dtype=np.float32)
+    index = build_user_index(
+        np.asarray(users, dtype=object if id_type == "string" else np.int64), user_vecs, cfg
+    )
+    targets = pd.DataFrame({"user_id": id_series([users[0]] * 3), "item_id": id_series(items[:3])})
+    filled = similarity_fill(index, targets, exact, at, VERSION, 3600, cfg)
+    # Sorted by (user, item) as the ids sort; each filled pair carries its holder's vector.
+    got = dict(zip(filled["item_id"].tolist(), filled["embedding"].tolist(), strict=True))
+    assert filled["user_id"].tolist() == [users[0]] * 2
+    assert filled["item_id"].tolist() == sorted(items[:2])
+    np.testing.assert_allclose(np.vstack([got[items[0]], got[items[1]]]), held)
+
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(exact_rows)
+    EmbeddingWriter(store, "solaris_user", offline=False).write(aggregate)
+    EmbeddingWriter(store, "solaris_similar", offline=False).write(filled)
+    retriever = SolarisRetriever(store, VERSION, record_misses=False)
+    try:
+        near = retriever.fetch(users[0], items[:3])
+        holder = retriever.fetch(users[1], items[:3])
+    finally:
+        retriever.close()
+    assert near.tiers.tolist() == [Tier.SIMILAR, Tier.SIMILAR, Tier.ZERO]
+    assert holder.tiers.tolist() == [Tier.EXACT, Tier.EXACT, Tier.USER_AGG]
+    assert resolved_tiers(store, users[0], items[:3])[0] == near.tiers.tolist()
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        ["user:ü:1", "item:☃"],
+        ["", "x"],
+        ["a" * 300, "b:c"],
+        [BIG, "item:a"],
+        ["用户", 0],
+        [BIG, BIG - 1],
+    ],
+)
+def test_key_layout_matches_feasts_serialize_entity_key(values: list[Any]) -> None:
+    from feast.infra.key_encoding_utils import serialize_entity_key
+    from feast.protos.feast.types.EntityKey_pb2 import EntityKey as EntityKeyProto
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+    layout = EntityKeyLayout(["user_id", "item_id"], 3)
+    proto = EntityKeyProto(
+        join_keys=["user_id", "item_id"],
+        entity_values=[
+            ValueProto(string_val=v) if isinstance(v, str) else ValueProto(int64_val=v)
+            for v in values
+        ],
+    )
+    key = layout.key(*values)
+    assert key == serialize_entity_key(proto, entity_key_serialization_version=3)
+    assert layout.decode(key) == {"user_id": values[0], "item_id": values[1]}
+    # Trailing bytes (another project's suffix) or a cut key are not keys of this layout.
+    assert layout.decode(key + b"x") is None
+    assert layout.decode(key[:-1]) is None
+    single = EntityKeyLayout(["user_id"], 3)
+    assert single.decode(key) is None
+
+
+def test_round_codes_keep_id_order_and_come_back() -> None:
+    users = np.array(["b", "a:", "a", "é"], dtype=object)
+    items = np.array(["z", "y", "x", "y"], dtype=object)
+    codes = PairCodes.of([users], [items])
+    keys = codes.keys(users, items)
+    back_users, back_items = codes.split(keys)
+    assert back_users.tolist() == users.tolist() and back_items.tolist() == items.tolist()
+    # Sorting by key sorts by (user, item) as the ids themselves sort.
+    assert [users[i] for i in np.argsort(keys)] == sorted(users.tolist())
+    sparse = np.array([BIG, 0, 2**40], dtype=np.int64)
+    assert np.argsort(dense_pair_keys(sparse, sparse)).tolist() == [1, 2, 0]
+    with pytest.raises(ValueError, match="no code"):
+        codes.keys(np.array(["nobody"], dtype=object), np.array(["z"], dtype=object))
