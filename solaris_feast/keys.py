@@ -91,6 +91,18 @@ class PairCodes:
     def item_codes(self, items: Any) -> np.ndarray:
         return _codes(self.items, id_array(items), "item")
 
+    def contains(self, users: Any, items: Any) -> np.ndarray:
+        """``(N,)`` bool: both ids of the pair have a code (ids of another type have none)."""
+        return _found(self.users, id_array(users)) & _found(self.items, id_array(items))
+
+    def has_users(self, users: Any) -> np.ndarray:
+        """``(N,)`` bool: the user id has a code."""
+        return _found(self.users, id_array(users))
+
+    def has_items(self, items: Any) -> np.ndarray:
+        """``(N,)`` bool: the item id has a code."""
+        return _found(self.items, id_array(items))
+
     def keys(self, users: Any, items: Any) -> np.ndarray:
         """``(N,)`` int64 pair keys of ids (every id must be among the codes)."""
         return pair_keys(self.user_codes(users), self.item_codes(items))
@@ -99,6 +111,35 @@ class PairCodes:
         """``(users, items)`` ids of keys made by :meth:`keys`."""
         u, i = split_pair_keys(keys)
         return self.users[u], self.items[i]
+
+
+def fits_pair_keys(users: np.ndarray, items: np.ndarray) -> bool:
+    """Whether ids pack in :func:`pair_keys` as they are (dense enough int64 ids)."""
+    if users.dtype == object or items.dtype == object:
+        return False
+    return (not len(items) or (int(items.min()) >= 0 and int(items.max()) <= _ITEM_MASK)) and (
+        not len(users) or (int(users.min()) >= 0 and int(users.max()) < 1 << (63 - ITEM_BITS))
+    )
+
+
+def checked_id_column(table: str, frame: Any, column: str) -> np.ndarray:
+    """``(N,)`` int64 (non-negative) or object of non-empty str ids of one frame column.
+
+    Raises:
+        SchemaError: naming the table and column, for negative ids or another type.
+    """
+    from solaris_feast.errors import SchemaError
+
+    values = frame[column]
+    if values.dtype.kind in "iu":
+        if len(values) and values.min() < 0:
+            raise SchemaError(table, column, "has negative ids")
+        return np.asarray(values.to_numpy(dtype=np.int64))
+    if values.dtype == object and all(isinstance(v, str) and v for v in values.tolist()):
+        return np.asarray(values.to_numpy(dtype=object))
+    raise SchemaError(
+        table, column, f"must hold integer or non-empty string ids, got {values.dtype}"
+    )
 
 
 def dense_pair_keys(users: Any, items: Any) -> np.ndarray:
@@ -116,15 +157,22 @@ def _distinct(arrays: Sequence[np.ndarray]) -> np.ndarray:
     return np.unique(np.concatenate(parts))
 
 
+def _found(distinct: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    if not len(ids) or not len(distinct) or (ids.dtype == object) != (distinct.dtype == object):
+        return np.zeros(len(ids), dtype=bool)
+    at = np.searchsorted(distinct, ids)
+    inside = at < len(distinct)
+    found = np.zeros(len(ids), dtype=bool)
+    found[inside] = distinct[at[inside]] == ids[inside]
+    return found
+
+
 def _codes(distinct: np.ndarray, ids: np.ndarray, side: str) -> np.ndarray:
     if not len(ids):
         return np.zeros(0, dtype=np.int64)
     if (ids.dtype == object) != (distinct.dtype == object) and len(distinct):
         raise TypeError(f"{side} ids are {ids.dtype}, the codes were built from {distinct.dtype}")
-    at = np.searchsorted(distinct, ids)
-    inside = at < len(distinct)
-    found = np.zeros(len(ids), dtype=bool)
-    found[inside] = distinct[at[inside]] == ids[inside]
+    found = _found(distinct, ids)
     if not found.all():
         raise ValueError(f"{side} id {ids[~found][0]!r} has no code in this round")
-    return at.astype(np.int64)
+    return np.searchsorted(distinct, ids).astype(np.int64)

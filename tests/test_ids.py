@@ -280,3 +280,51 @@ def test_round_codes_keep_id_order_and_come_back() -> None:
     assert np.argsort(dense_pair_keys(sparse, sparse)).tolist() == [1, 2, 0]
     with pytest.raises(ValueError, match="no code"):
         codes.keys(np.array(["nobody"], dtype=object), np.array(["z"], dtype=object))
+
+
+def _monotone(id_type: str, dense: np.ndarray, *, item: bool) -> np.ndarray:
+    """Dense ids 0..N-1 mapped, order kept, to sparse int64 or to strings with ':' and unicode."""
+    if id_type == "int64":
+        # Spread over the whole int64 range; the largest is 2**63-1 itself.
+        return (BIG - (2**50) * (1_000 - dense.astype(np.int64))).astype(np.int64)
+    prefix = "itém:" if item else "usér:"
+    return np.array([f"{prefix}{v:06d}" for v in dense.tolist()], dtype=object)
+
+
+@pytest.mark.parametrize("id_type", ["int64", "string"])
+def test_candidates_and_plan_give_the_same_pairs_for_any_id_spelling(id_type: str) -> None:
+    from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
+    from solaris_feast.precompute.plan import plan_precompute
+
+    at = pd.Timestamp("2026-06-01T12:00:00Z")
+    gen = np.random.default_rng(3)
+    n = 4000
+    log = pd.DataFrame(
+        {
+            "user_id": gen.integers(0, 150, n).astype(np.int64),
+            "item_id": (gen.zipf(1.4, n) % 300).astype(np.int64),
+            "event_timestamp": at - pd.to_timedelta(gen.uniform(0.01, 24 * 10, n), unit="h"),
+        }
+    )
+    items = pd.DataFrame({"item_id": np.arange(300, dtype=np.int64), "genre": np.arange(300) % 7})
+    cfg = CandidateConfig(candidates_per_user=20, category_column="genre")
+    dense = generate_candidates(log, at, cfg, items=items)
+
+    def spell(frame: pd.DataFrame) -> pd.DataFrame:
+        out = frame.assign(user_id=_monotone(id_type, frame["user_id"].to_numpy(), item=False))
+        return out.assign(item_id=_monotone(id_type, frame["item_id"].to_numpy(), item=True))
+
+    spelled = generate_candidates(spell(log), at, cfg, items=spell(items.assign(user_id=0)))
+    pd.testing.assert_frame_equal(spelled, spell(dense), check_dtype=False)
+    assert spelled["user_id"].dtype == (object if id_type == "string" else np.int64)
+
+    scored = dense.assign(verifier_score=gen.uniform(0, 1, len(dense)))
+    misses = scored.iloc[:7][["user_id", "item_id"]].assign(verifier_score=0.9)
+    state = scored.iloc[7:40][["user_id", "item_id"]].assign(computed_at=at, model_version="v")
+    args = dict(budget_pairs=200, now=at, ttl_seconds=3600, refresh_margin_seconds=600)
+    plain = plan_precompute(scored, misses, state, min_miss_score=0.0, model_version="v", **args)
+    coded = plan_precompute(
+        spell(scored), spell(misses), spell(state), min_miss_score=0.0, model_version="v", **args
+    )
+    pd.testing.assert_frame_equal(coded.pairs, spell(plain.pairs), check_dtype=False)
+    assert coded.stats == plain.stats and plain.stats.skipped_fresh == 33

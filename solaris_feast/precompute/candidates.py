@@ -34,7 +34,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
-from solaris_feast.keys import pair_keys, split_pair_keys
+from solaris_feast.keys import (
+    PairCodes,
+    checked_id_column,
+    fits_pair_keys,
+    id_array,
+    pair_keys,
+    split_pair_keys,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +93,7 @@ def generate_candidates(
     config: CandidateConfig | None = None,
     *,
     items: pd.DataFrame | None = None,
-    users: Sequence[int] | np.ndarray | None = None,
+    users: Sequence[int] | Sequence[str] | np.ndarray | None = None,
 ) -> pd.DataFrame:
     """Candidate items for each active user, from the log strictly before ``now``.
 
@@ -100,9 +107,53 @@ def generate_candidates(
             history get the recently popular items only.
 
     Returns:
-        ``user_id`` int64, ``item_id`` int64, ``candidate_score`` float32, ``source`` str; at most
-        ``candidates_per_user`` rows per user, sorted by user, then score descending, then item.
+        ``user_id``, ``item_id`` (int64, or str for String ids, as in the log),
+        ``candidate_score`` float32, ``source`` str; at most ``candidates_per_user`` rows per
+        user, sorted by user, then score descending, then item.
+
+    Sparse int64 ids (up to 2**63-1) and String ids are mapped to this call's dense codes
+    (:class:`~solaris_feast.keys.PairCodes`, sorted ids, so every tie breaks as by id) and back;
+    ids that fit a pair key as they are skip the mapping.
     """
+    for column in (USER_ID, ITEM_ID, EVENT_TIMESTAMP):
+        if column not in interactions.columns:
+            raise SchemaError("interactions", column, "is missing")
+    log_users = checked_id_column("interactions", interactions, USER_ID)
+    log_items = checked_id_column("interactions", interactions, ITEM_ID)
+    wanted = None if users is None else id_array(np.asarray(users))
+    if fits_pair_keys(log_users, log_items) and (wanted is None or fits_pair_keys(wanted, wanted)):
+        return _generate_candidates(interactions, now, config, items=items, users=users)
+    codes = PairCodes.of([log_users], [log_items])
+    coded_items = None
+    if items is not None and ITEM_ID in items.columns:
+        # Items the log never saw can never be candidates: their attributes are not needed.
+        known = codes.has_items(items[ITEM_ID])
+        coded_items = items.loc[known].assign(
+            **{ITEM_ID: codes.item_codes(items.loc[known, ITEM_ID])}
+        )
+    coded_users = None if wanted is None else codes.user_codes(wanted[codes.has_users(wanted)])
+    out = _generate_candidates(
+        interactions.assign(
+            **{USER_ID: codes.user_codes(log_users), ITEM_ID: codes.item_codes(log_items)}
+        ),
+        now,
+        config,
+        items=items if coded_items is None else coded_items,
+        users=coded_users,
+    )
+    user_ids, item_ids = out[USER_ID].to_numpy(), out[ITEM_ID].to_numpy()
+    return out.assign(**{USER_ID: codes.users[user_ids], ITEM_ID: codes.items[item_ids]})
+
+
+def _generate_candidates(
+    interactions: pd.DataFrame,
+    now: pd.Timestamp,
+    config: CandidateConfig | None,
+    *,
+    items: pd.DataFrame | None,
+    users: Sequence[int] | np.ndarray | None,
+) -> pd.DataFrame:
+    """:func:`generate_candidates` on ids that fit a pair key."""
     cfg = config or CandidateConfig()
     now = as_utc(now, "now")
     for column in (USER_ID, ITEM_ID, EVENT_TIMESTAMP):
@@ -188,7 +239,8 @@ def validate_candidate_table(
 ) -> pd.DataFrame:
     """Check a user-supplied candidate table and return it in the generated table's form.
 
-    Required columns: ``user_id`` and ``item_id`` (integers, non-negative, no duplicate pairs).
+    Required columns: ``user_id`` and ``item_id`` (non-negative integers or non-empty strings,
+    no duplicate pairs).
     ``candidate_score`` (float) is optional; without it the row order within a user is the rank.
     A user with more than ``candidates_per_user`` rows keeps the best ones (by score, then item).
 
@@ -196,15 +248,13 @@ def validate_candidate_table(
         SchemaError: naming the first column that breaks the contract.
     """
     table = "candidates"
+    ids = {}
     for column in (USER_ID, ITEM_ID):
         if column not in frame.columns:
             raise SchemaError(table, column, f"is missing (columns present: {list(frame.columns)})")
-        if not pd.api.types.is_integer_dtype(frame[column]):
-            raise SchemaError(table, column, f"must be an integer type, got {frame[column].dtype}")
-        values = frame[column].to_numpy()
-        if len(values) and values.min() < 0:
-            raise SchemaError(table, column, "has negative ids")
-    if num_items is not None and len(frame) and frame[ITEM_ID].max() >= num_items:
+        ids[column] = checked_id_column(table, frame, column)
+    dense_items = ids[ITEM_ID].dtype != object
+    if num_items is not None and dense_items and len(frame) and frame[ITEM_ID].max() >= num_items:
         raise SchemaError(table, ITEM_ID, f"has ids outside 0..{num_items - 1}")
     duplicated = frame.duplicated([USER_ID, ITEM_ID])
     if duplicated.any():
@@ -213,7 +263,7 @@ def validate_candidate_table(
             table,
             ITEM_ID,
             f"has {int(duplicated.sum())} duplicate (user_id, item_id) pairs, "
-            f"for instance ({int(first[USER_ID])}, {int(first[ITEM_ID])})",
+            f"for instance ({first[USER_ID]}, {first[ITEM_ID]})",
         )
     if CANDIDATE_SCORE in frame.columns:
         scores = frame[CANDIDATE_SCORE].to_numpy(dtype=np.float64)
@@ -225,8 +275,8 @@ def validate_candidate_table(
         scores = 1.0 / (1.0 + rank)
     out = pd.DataFrame(
         {
-            USER_ID: frame[USER_ID].to_numpy(dtype=np.int64),
-            ITEM_ID: frame[ITEM_ID].to_numpy(dtype=np.int64),
+            USER_ID: ids[USER_ID],
+            ITEM_ID: ids[ITEM_ID],
             CANDIDATE_SCORE: scores.astype(np.float32),
             SOURCE: frame[SOURCE].astype(str).to_numpy() if SOURCE in frame.columns else "supplied",
         }

@@ -37,7 +37,7 @@ import pandas as pd
 
 from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
-from solaris_feast.keys import pair_keys, split_pair_keys
+from solaris_feast.keys import PairCodes, checked_id_column, id_array, split_pair_keys
 
 logger = logging.getLogger(__name__)
 
@@ -170,7 +170,9 @@ def plan_precompute(
     item = np.concatenate([cand_item, miss_item])
     score = np.concatenate([cand_score, miss_score])
     is_miss = np.concatenate([np.zeros(len(cand_user), bool), np.ones(len(miss_user), bool)])
-    key = pair_keys(user, item)
+    # This round's dense codes: sparse int64 and string ids pack in one int64 key.
+    codes = PairCodes.of([user], [item])
+    key = codes.keys(user, item)
     frame = pd.DataFrame({"key": key, "score": score, "miss": is_miss, "miss_score": score})
     frame.loc[~frame["miss"], "miss_score"] = -np.inf
     grouped = frame.groupby("key", sort=True).agg(
@@ -182,7 +184,9 @@ def plan_precompute(
     miss_priority = queued & (grouped["miss_score"].to_numpy() >= min_miss_score)
     misses_below = int((queued & ~miss_priority).sum())
 
-    stored, remaining_s = _remaining_seconds(fresh_state, key, now, ttl_seconds, model_version)
+    stored, remaining_s = _remaining_seconds(
+        fresh_state, key, now, ttl_seconds, model_version, codes
+    )
     fresh = stored & (remaining_s > refresh_margin_seconds)
     skipped_fresh = int(fresh.sum())
     eligible = ~fresh
@@ -208,8 +212,8 @@ def plan_precompute(
     reason = np.where(
         miss_priority, REASON_MISS, np.where(stored, REASON_REFRESH, REASON_NEW)
     ).astype(object)
-    pairs = _pair_frame(key, score, reason, queued, take, first_priority=0)
-    uncovered = _pair_frame(key, score, reason, queued, rest, first_priority=len(take))
+    pairs = _pair_frame(codes, key, score, reason, queued, take, first_priority=0)
+    uncovered = _pair_frame(codes, key, score, reason, queued, rest, first_priority=len(take))
     planned_reason = reason[take]
     stats = PlanStats(
         from_misses=int((planned_reason == REASON_MISS).sum()),
@@ -346,19 +350,11 @@ def _scored_pairs(table: str, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarr
     for column in (USER_ID, ITEM_ID, VERIFIER_SCORE):
         if column not in frame.columns:
             raise SchemaError(table, column, f"is missing (columns present: {list(frame.columns)})")
-    for column in (USER_ID, ITEM_ID):
-        if not pd.api.types.is_integer_dtype(frame[column]):
-            raise SchemaError(table, column, f"must be an integer type, got {frame[column].dtype}")
-        if len(frame) and frame[column].min() < 0:
-            raise SchemaError(table, column, "has negative ids")
+    ids = {column: checked_id_column(table, frame, column) for column in (USER_ID, ITEM_ID)}
     score = frame[VERIFIER_SCORE].to_numpy(dtype=np.float64)
     if not np.isfinite(score).all():
         raise SchemaError(table, VERIFIER_SCORE, "has NaN or infinite scores")
-    return (
-        frame[USER_ID].to_numpy(dtype=np.int64),
-        frame[ITEM_ID].to_numpy(dtype=np.int64),
-        score,
-    )
+    return ids[USER_ID], ids[ITEM_ID], score
 
 
 def _remaining_seconds(
@@ -367,6 +363,7 @@ def _remaining_seconds(
     now: pd.Timestamp,
     ttl_seconds: int,
     model_version: str | None,
+    codes: PairCodes,
 ) -> tuple[np.ndarray, np.ndarray]:
     """For each pair key: whether an exact embedding is stored, and its seconds of life left."""
     stored = np.zeros(len(key), dtype=bool)
@@ -380,9 +377,11 @@ def _remaining_seconds(
     if model_version is not None and MODEL_VERSION in state.columns:
         state = state.loc[state[MODEL_VERSION] == model_version]
     computed_s = unix_seconds(state[COMPUTED_AT])
-    state_key = pair_keys(
-        state[USER_ID].to_numpy(dtype=np.int64), state[ITEM_ID].to_numpy(dtype=np.int64)
-    )
+    # Stored pairs of ids this round does not plan cannot matter; the rest get their codes.
+    state_user, state_item = id_array(state[USER_ID]), id_array(state[ITEM_ID])
+    inside = codes.contains(state_user, state_item)
+    computed_s = computed_s[inside]
+    state_key = codes.keys(state_user[inside], state_item[inside])
     # Several rows for one pair: the newest decides.
     newest = pd.Series(computed_s).groupby(state_key).max()
     known_key = newest.index.to_numpy(dtype=np.int64)
@@ -413,6 +412,7 @@ def unix_seconds(values: pd.Series) -> np.ndarray:
 
 
 def _pair_frame(
+    codes: PairCodes,
     key: np.ndarray,
     score: np.ndarray,
     reason: np.ndarray,
@@ -420,7 +420,7 @@ def _pair_frame(
     rows: np.ndarray,
     first_priority: int,
 ) -> pd.DataFrame:
-    users, items = split_pair_keys(key[rows])
+    users, items = codes.split(key[rows])
     return pd.DataFrame(
         {
             USER_ID: users,

@@ -75,15 +75,15 @@ class StoredRow:
 
     Attributes:
         tier: the view's tier.
-        user_id: the user of the row.
+        user_id: the user of the row (int for Int64 ids, str for String ids).
         item_id: the item, None for the user view.
         model_version: the stored ``model_version``; None when absent or unreadable.
         computed_at: the stored ``computed_at`` in unix seconds; None when absent.
     """
 
     tier: Tier
-    user_id: int
-    item_id: int | None
+    user_id: int | str
+    item_id: int | str | None
     model_version: str | None
     computed_at: float | None
 
@@ -205,7 +205,7 @@ def _coverage(
 ) -> dict[str, Any]:
     from solaris_feast.serving.retriever import SolarisRetriever
 
-    pairs: dict[int, set[int]] = {}
+    pairs: dict[int | str, set[int | str]] = {}
     for row in rows:
         if row.item_id is not None:
             pairs.setdefault(row.user_id, set()).add(row.item_id)
@@ -226,7 +226,7 @@ def _coverage(
     try:
         for user in sampled:
             for chunk in _chunks(sorted(pairs[user]), MAX_ITEMS_PER_FETCH):
-                result = retriever.fetch(user, np.asarray(chunk, dtype=np.int64))
+                result = retriever.fetch(user, chunk)  # Int64 or String ids, as stored
                 if result.error:
                     errors += len(chunk)
                 counts += np.bincount(result.tiers.astype(np.int64), minlength=len(Tier))

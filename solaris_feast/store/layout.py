@@ -61,13 +61,15 @@ class EntityKeyLayout:
         self._pack = struct.Struct("<q").pack
         self._string_header = struct.Struct("<II").pack
         n = len(join_keys)
-        for sample in (
+        samples: list[list[int | str]] = [
             [0] * n,
             list(range(7, 7 + n)),
             [2**63 - 1] * n,
-            ["u:1", "ü-ß \u2603:x"][:n] + ["z"] * max(n - 2, 0),
-            [5, "item:5"][:n] + [0] * max(n - 2, 0),
-        ):
+        ]
+        strings: list[int | str] = ["u:1", "ü-ß \u2603:x", *["z"] * max(n - 2, 0)]
+        mixed: list[int | str] = [5, "item:5", *[0] * max(n - 2, 0)]
+        samples += [strings[:n], mixed[:n]]
+        for sample in samples:
             key = self.key(*sample)
             if key != self._feast_key(sample) or self.decode(key) != dict(
                 zip(self.join_keys, sample, strict=True)
