@@ -328,3 +328,113 @@ def test_candidates_and_plan_give_the_same_pairs_for_any_id_spelling(id_type: st
     )
     pd.testing.assert_frame_equal(coded.pairs, spell(plain.pairs), check_dtype=False)
     assert coded.stats == plain.stats and plain.stats.skipped_fresh == 33
+
+
+# --- The reference models' id vocabulary ----------------------------------------------------------
+
+
+def _sparse_log(n: int, seed: int, users: int = 40, items: int = 30) -> pd.DataFrame:
+    """A log with sparse int64 user ids near 2**63-1 and String item ids, its own label."""
+    gen = np.random.default_rng(seed)
+    user = gen.integers(0, users, n)
+    item = gen.integers(0, items, n)
+    return pd.DataFrame(
+        {
+            "user_id": (BIG - user.astype(np.int64) * 2**40).astype(np.int64),
+            "item_id": np.array([f"sku:{i}:ü" for i in item.tolist()], dtype=object),
+            "event_timestamp": pd.Timestamp("2026-06-01T00:00:00Z")
+            + pd.to_timedelta(np.sort(gen.uniform(0, 72, n)), unit="h"),
+            "clicked": (item % 3 == 0).astype(np.int64),  # a property of the item
+        }
+    )
+
+
+def test_vocabulary_maps_known_ids_to_rows_and_unknown_ids_to_the_oov_bucket() -> None:
+    from solaris_feast.models.vocabulary import OOV_INDEX, Vocabulary
+
+    log = pd.DataFrame(
+        {"user_id": np.array([BIG, 5, BIG, 2**40]), "item_id": ["b:1", "a", "☃", "a"]}
+    )
+    vocab = Vocabulary.from_log(log)
+    assert vocab.users.size == 4 and vocab.items.size == 4  # three known ids plus OOV
+    assert vocab.users.index(np.array([5, 2**40, BIG, 6])).tolist() == [1, 2, 3, OOV_INDEX]
+    assert vocab.items.index(np.array(["a", "b:1", "☃", "b"], dtype=object)).tolist() == [
+        1,
+        2,
+        3,
+        OOV_INDEX,
+    ]
+    # An id of the other type is unknown, not an error.
+    assert vocab.items.index(np.array([1], dtype=np.int64)).tolist() == [OOV_INDEX]
+    # Ids seen fewer than min_count times are left to the OOV bucket.
+    assert Vocabulary.from_log(log, min_count=2).users.ids.tolist() == [BIG]
+
+
+def test_vocabulary_save_load_round_trip_beside_the_card(tmp_path: Path) -> None:
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.models.vocabulary import Vocabulary, vocabulary_path
+
+    vocab = Vocabulary.from_log(_sparse_log(200, seed=1))
+    path = vocab.save(tmp_path, "fm-ids-1")
+    assert path == vocabulary_path(tmp_path, "fm-ids-1") and path.parent == tmp_path
+    loaded = Vocabulary.load(tmp_path, "fm-ids-1")
+    assert loaded is not None
+    assert (
+        loaded.users.ids.dtype == np.int64 and loaded.users.ids.tolist() == vocab.users.ids.tolist()
+    )
+    assert BIG in loaded.users.ids.tolist()
+    assert loaded.items.ids.tolist() == vocab.items.ids.tolist()
+    assert Vocabulary.load(tmp_path, "fm-without-vocabulary") is None
+    path.rename(vocabulary_path(tmp_path, "fm-other"))
+    with pytest.raises(ConfigError, match="fm-ids-1"):
+        Vocabulary.load(tmp_path, "fm-other")
+
+
+def test_reference_vm_trained_with_a_vocabulary_scores_a_log_with_sparse_ids(
+    tmp_path: Path,
+) -> None:
+    import torch
+
+    from solaris_feast.models.registry import load_bundle, register_untrained_chain
+    from solaris_feast.models.training import TrainConfig, train_vertical, vertical_probabilities
+    from solaris_feast.models.vertical import VerticalConfig, VerticalModel
+    from solaris_feast.models.vocabulary import OOV_INDEX, Vocabulary, VocabularyFeaturizer
+
+    train = _sparse_log(1500, seed=2)
+    vocab = Vocabulary.from_log(train)
+    featurizer = VocabularyFeaturizer(vocab, train, ("clicked",), history_len=8)
+    schema = featurizer.schema
+    assert (schema.num_users, schema.num_items) == (vocab.users.size, vocab.items.size)
+    torch.manual_seed(0)
+    vm = VerticalModel(schema, 1, VerticalConfig(embedding_dim=0))
+    batch = featurizer.for_log(train)
+    labels = torch.from_numpy(train[["clicked"]].to_numpy(np.float32))
+    train_vertical(vm, batch, labels, TrainConfig(epochs=15, batch_size=128, learning_rate=1e-2))
+    trained = vertical_probabilities(vm, batch)[:, 0].numpy()
+    # It learned something from the sparse ids: clicked pairs score higher.
+    clicked = train["clicked"].to_numpy() == 1
+    assert trained[clicked].mean() > trained[~clicked].mean() + 0.1
+
+    # A later log: known ids, users and items never seen (ids of a later signup), one per type.
+    later = _sparse_log(300, seed=3, users=60, items=45)
+    later["event_timestamp"] += pd.Timedelta(days=5)
+    scorer = VocabularyFeaturizer(vocab, pd.concat([train, later]), ("clicked",), history_len=8)
+    scoring = scorer.for_log(later)
+    unknown_user = ~np.isin(later["user_id"], train["user_id"])
+    assert unknown_user.any()
+    assert (scoring.user_id.numpy()[unknown_user] == OOV_INDEX).all()
+    assert (scoring.user_id.numpy()[~unknown_user] > OOV_INDEX).all()
+    # Two unknown users embed alike (OOV) but keep their own histories.
+    new_users = later.loc[unknown_user, "user_id"].unique()[:2]
+    rows = [int(np.flatnonzero(later["user_id"].to_numpy() == u)[-1]) for u in new_users]
+    assert not torch.equal(scoring.hist_item[rows[0]], scoring.hist_item[rows[1]])
+    probabilities = vertical_probabilities(vm, scoring)[:, 0].numpy()
+    assert np.isfinite(probabilities).all() and ((probabilities >= 0) & (probabilities <= 1)).all()
+
+    # Saved beside the FM card, the vocabulary comes back with the bundle.
+    torch.manual_seed(0)
+    chain = register_untrained_chain(tmp_path, schema, ("clicked", "liked"))
+    vocab.save(tmp_path, chain.fm_card.version)
+    bundle = load_bundle(tmp_path)
+    assert bundle.vocabulary is not None
+    assert bundle.vocabulary.users.ids.tolist() == vocab.users.ids.tolist()

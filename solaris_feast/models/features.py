@@ -111,9 +111,24 @@ class PairFeaturizer:
     featurizing a million candidate pairs costs no Python loop.
     """
 
-    def __init__(self, dataset: InteractionDataset, history_len: int = DEFAULT_HISTORY_LEN) -> None:
+    def __init__(
+        self,
+        dataset: InteractionDataset,
+        history_len: int = DEFAULT_HISTORY_LEN,
+        *,
+        user_rows: np.ndarray | None = None,
+        item_rows: np.ndarray | None = None,
+        num_user_rows: int | None = None,
+        num_item_rows: int | None = None,
+    ) -> None:
         if history_len <= 0:
             raise ValueError(f"history_len must be positive, got {history_len}")
+        # Embedding row of each dataset id (an id vocabulary's rows, see models/vocabulary.py);
+        # by default the id itself. Histories and attributes stay keyed by the dataset's ids.
+        self._user_rows = None if user_rows is None else np.asarray(user_rows, dtype=np.int64)
+        self._item_rows = None if item_rows is None else np.asarray(item_rows, dtype=np.int64)
+        self._num_user_rows = num_user_rows or dataset.num_users
+        self._num_item_rows = num_item_rows or dataset.num_items
         self.dataset = dataset
         self.history_len = history_len
         log = dataset.interactions
@@ -143,8 +158,8 @@ class PairFeaturizer:
     def schema(self) -> FeatureSchema:
         ds = self.dataset
         return FeatureSchema(
-            num_users=ds.num_users,
-            num_items=ds.num_items,
+            num_users=self._num_user_rows,
+            num_items=self._num_item_rows,
             user_cardinalities=tuple(ds.cardinality("users", c) for c in ds.user_categorical),
             item_cardinalities=tuple(ds.cardinality("items", c) for c in ds.item_categorical),
             user_dense_dim=len(ds.user_dense),
@@ -193,15 +208,18 @@ class PairFeaturizer:
             else np.zeros(idx.shape)
         )
         hist_age = np.where(mask, np.log1p(np.maximum(hours, 0.0)), 0.0).astype(np.float32)
+        hist_item_cat = self._item_cat[hist_item]
+        if self._item_rows is not None:
+            hist_item = np.where(mask, self._item_rows[hist_item], 0)
         return PairBatch(
-            user_id=torch.from_numpy(users),
-            item_id=torch.from_numpy(items),
+            user_id=torch.from_numpy(users if self._user_rows is None else self._user_rows[users]),
+            item_id=torch.from_numpy(items if self._item_rows is None else self._item_rows[items]),
             user_cat=torch.from_numpy(self._user_cat[users]),
             user_dense=torch.from_numpy(self._user_dense[users]),
             item_cat=torch.from_numpy(self._item_cat[items]),
             item_dense=torch.from_numpy(self._item_dense[items]),
             hist_item=torch.from_numpy(np.ascontiguousarray(hist_item)),
-            hist_item_cat=torch.from_numpy(self._item_cat[hist_item]),
+            hist_item_cat=torch.from_numpy(hist_item_cat),
             hist_label=torch.from_numpy(np.ascontiguousarray(hist_label)),
             hist_age=torch.from_numpy(hist_age),
             hist_mask=torch.from_numpy(mask),

@@ -35,6 +35,7 @@ from solaris_feast.models.compressor import CompressorConfig, EmbeddingCompresso
 from solaris_feast.models.features import FeatureSchema
 from solaris_feast.models.foundation import FoundationConfig, FoundationModel
 from solaris_feast.models.vertical import VerticalConfig, VerticalModel
+from solaris_feast.models.vocabulary import Vocabulary
 
 # The card schema, reading, hashing and chain selection live in the torch-free card module;
 # these names are re-exported for the callers that load weights from here.
@@ -106,6 +107,8 @@ class ModelBundle:
     compressor_card: ModelCard
     vm_card: ModelCard
     schema: FeatureSchema
+    vocabulary: Vocabulary | None = None
+    """The FM's id vocabulary (saved beside its card); None: dense ids index the tables."""
 
     @property
     def embedding_version(self) -> str:
@@ -139,7 +142,9 @@ def load_model(card: ModelCard, models_dir: Path) -> nn.Module:
 
 
 def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
-    """Load the newest VM (or ``vm_version``) with the compressor and FM it was trained on."""
+    """Load the newest VM (or ``vm_version``) with the compressor and FM it was trained on,
+    and the FM's id vocabulary when one was saved beside its card (checked against the FM's
+    table sizes)."""
     chain = select_chain(list_cards(models_dir), vm_version)
     if chain is None or chain.vm is None:
         raise ConfigError(
@@ -157,7 +162,16 @@ def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
         raise ConfigError(
             f"model cards of {vm_card.version} do not form an FM -> compressor -> VM chain"
         )
-    return ModelBundle(fm, compressor, vm, fm_card, compressor_card, vm_card, fm.schema)
+    vocabulary = Vocabulary.load(models_dir, fm_card.version)
+    if vocabulary is not None and (
+        vocabulary.users.size != fm.schema.num_users or vocabulary.items.size != fm.schema.num_items
+    ):
+        raise ConfigError(
+            f"vocabulary of {fm_card.version} has {vocabulary.users.size} user and "
+            f"{vocabulary.items.size} item rows, the FM's tables {fm.schema.num_users} and "
+            f"{fm.schema.num_items}"
+        )
+    return ModelBundle(fm, compressor, vm, fm_card, compressor_card, vm_card, fm.schema, vocabulary)
 
 
 def register_untrained_chain(
