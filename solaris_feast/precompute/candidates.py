@@ -151,7 +151,7 @@ def _generate_candidates(
     config: CandidateConfig | None,
     *,
     items: pd.DataFrame | None,
-    users: Sequence[int] | np.ndarray | None,
+    users: Sequence[int] | Sequence[str] | np.ndarray | None,
 ) -> pd.DataFrame:
     """:func:`generate_candidates` on ids that fit a pair key."""
     cfg = config or CandidateConfig()

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from solaris_feast.data.schema import ITEM_ID, USER_ID
+from solaris_feast.keys import id_array
 from solaris_feast.precompute.aggregate import EMBEDDING
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, Plan
 from solaris_feast.store.write import DEFAULT_ATOMIC_ROWS
@@ -29,6 +30,7 @@ from solaris_feast.store.write import DEFAULT_ATOMIC_ROWS
 if TYPE_CHECKING:
     from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.models.registry import ModelBundle
+    from solaris_feast.models.vocabulary import VocabularyFeaturizer
 
 
 logger = logging.getLogger(__name__)
@@ -95,7 +97,7 @@ class PrecomputeStats:
 
 def compute_pair_embeddings(
     bundle: ModelBundle,
-    featurizer: PairFeaturizer,
+    featurizer: PairFeaturizer | VocabularyFeaturizer,
     user_ids: np.ndarray,
     item_ids: np.ndarray,
     at: pd.Timestamp,
@@ -109,8 +111,8 @@ def compute_pair_embeddings(
 
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    users = np.asarray(user_ids, dtype=np.int64)
-    items = np.asarray(item_ids, dtype=np.int64)
+    # Ids as they are (int64, or str through a VocabularyFeaturizer): the featurizer maps them.
+    users, items = id_array(user_ids), id_array(item_ids)
     code_dim = int(bundle.compressor.config.code_dim)
     out = np.zeros((len(users), code_dim), dtype=np.float32)
     featurize_s = fm_s = 0.0
@@ -132,7 +134,7 @@ def compute_pair_embeddings(
 def run_precompute(
     plan_shard: Plan,
     bundle: ModelBundle,
-    featurizer: PairFeaturizer,
+    featurizer: PairFeaturizer | VocabularyFeaturizer,
     writer: EmbeddingSink,
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> PrecomputeStats:
@@ -156,8 +158,7 @@ def run_precompute(
     at = pd.Timestamp(plan_shard.planned_at)
     if at.tzinfo is None:
         raise ValueError(f"plan's planned_at must be timezone-aware, got {at}")
-    users = plan_shard.pairs[USER_ID].to_numpy(dtype=np.int64)
-    items = plan_shard.pairs[ITEM_ID].to_numpy(dtype=np.int64)
+    users, items = id_array(plan_shard.pairs[USER_ID]), id_array(plan_shard.pairs[ITEM_ID])
     version = bundle.embedding_version
     computed_at = at.tz_convert("UTC")
     featurize_s = fm_s = write_s = 0.0
