@@ -71,46 +71,87 @@ class PairCodes:
 
     The codes are positions in the sorted distinct ids (``np.unique``), so sorting by code sorts
     by id (ints numerically, strings lexicographically) and ties broken by code are broken by id.
+    With ``identity`` (ids that already fit a pair key, see :meth:`for_round`) the codes are the
+    ids themselves and nothing is looked up: the dense ids of the built-in data sets cost nothing.
 
     Attributes:
-        users: ``(U,)`` sorted distinct user ids (int64 or object of str).
-        items: ``(I,)`` sorted distinct item ids.
+        users: ``(U,)`` sorted distinct user ids (int64 or object of str); empty for identity.
+        items: ``(I,)`` sorted distinct item ids; empty for identity.
+        identity: codes are the ids.
     """
 
     users: np.ndarray
     items: np.ndarray
+    identity: bool = False
 
     @classmethod
-    def of(cls, users: Sequence[np.ndarray], items: Sequence[np.ndarray]) -> PairCodes:
-        """Codes covering every id in ``users`` and ``items`` (lists of id arrays)."""
+    def of(cls, users: Sequence[Any], items: Sequence[Any]) -> PairCodes:
+        """Dense codes covering every id in ``users`` and ``items`` (lists of id arrays)."""
         return cls(_distinct(users), _distinct(items))
 
+    @classmethod
+    def for_round(cls, users: Sequence[Any], items: Sequence[Any]) -> PairCodes:
+        """:meth:`of`, or identity codes when every id already fits a pair key."""
+        user_parts, item_parts = [id_array(u) for u in users], [id_array(i) for i in items]
+        if all(fits_pair_keys(u, _EMPTY) for u in user_parts) and all(
+            fits_pair_keys(_EMPTY, i) for i in item_parts
+        ):
+            return cls(_EMPTY, _EMPTY, identity=True)
+        return cls(_distinct(user_parts), _distinct(item_parts))
+
     def user_codes(self, users: Any) -> np.ndarray:
+        if self.identity:
+            return id_array(users)
         return _codes(self.users, id_array(users), "user")
 
     def item_codes(self, items: Any) -> np.ndarray:
+        if self.identity:
+            return id_array(items)
         return _codes(self.items, id_array(items), "item")
 
     def contains(self, users: Any, items: Any) -> np.ndarray:
         """``(N,)`` bool: both ids of the pair have a code (ids of another type have none)."""
-        return _found(self.users, id_array(users)) & _found(self.items, id_array(items))
+        return self.has_users(users) & self.has_items(items)
 
     def has_users(self, users: Any) -> np.ndarray:
         """``(N,)`` bool: the user id has a code."""
-        return _found(self.users, id_array(users))
+        ids = id_array(users)
+        if self.identity:
+            return _fits(ids, 1 << (63 - ITEM_BITS))
+        return _found(self.users, ids)
 
     def has_items(self, items: Any) -> np.ndarray:
         """``(N,)`` bool: the item id has a code."""
-        return _found(self.items, id_array(items))
+        ids = id_array(items)
+        if self.identity:
+            return _fits(ids, _ITEM_MASK + 1)
+        return _found(self.items, ids)
 
     def keys(self, users: Any, items: Any) -> np.ndarray:
         """``(N,)`` int64 pair keys of ids (every id must be among the codes)."""
         return pair_keys(self.user_codes(users), self.item_codes(items))
 
+    def user_ids(self, codes: np.ndarray) -> np.ndarray:
+        """The user ids of codes."""
+        return np.asarray(codes) if self.identity else self.users[codes]
+
+    def item_ids(self, codes: np.ndarray) -> np.ndarray:
+        """The item ids of codes."""
+        return np.asarray(codes) if self.identity else self.items[codes]
+
     def split(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(users, items)`` ids of keys made by :meth:`keys`."""
         u, i = split_pair_keys(keys)
-        return self.users[u], self.items[i]
+        return self.user_ids(u), self.item_ids(i)
+
+
+_EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _fits(ids: np.ndarray, bound: int) -> np.ndarray:
+    if ids.dtype == object:
+        return np.zeros(len(ids), dtype=bool)
+    return (ids >= 0) & (ids < bound)
 
 
 def fits_pair_keys(users: np.ndarray, items: np.ndarray) -> bool:
@@ -145,7 +186,10 @@ def checked_id_column(table: str, frame: Any, column: str) -> np.ndarray:
 def dense_pair_keys(users: Any, items: Any) -> np.ndarray:
     """Pair keys of ids of any type, valid within this call only (for sorting and grouping)."""
     u, i = id_array(users), id_array(items)
-    return PairCodes.of([u], [i]).keys(u, i)
+    if fits_pair_keys(u, i):
+        return pair_keys(u, i)
+    # The inverse of the sort gives the codes directly, without a search per id.
+    return pair_keys(np.unique(u, return_inverse=True)[1], np.unique(i, return_inverse=True)[1])
 
 
 def _distinct(arrays: Sequence[np.ndarray]) -> np.ndarray:

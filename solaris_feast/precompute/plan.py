@@ -171,7 +171,7 @@ def plan_precompute(
     score = np.concatenate([cand_score, miss_score])
     is_miss = np.concatenate([np.zeros(len(cand_user), bool), np.ones(len(miss_user), bool)])
     # This round's dense codes: sparse int64 and string ids pack in one int64 key.
-    codes = PairCodes.of([user], [item])
+    codes = PairCodes.for_round([user], [item])
     key = codes.keys(user, item)
     frame = pd.DataFrame({"key": key, "score": score, "miss": is_miss, "miss_score": score})
     frame.loc[~frame["miss"], "miss_score"] = -np.inf

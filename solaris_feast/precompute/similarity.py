@@ -265,7 +265,7 @@ def similarity_fill(
     target_user_ids, target_item_ids = id_array(targets[USER_ID]), id_array(targets[ITEM_ID])
     # From here on users and items are this round's dense codes (sorted ids, so code order is
     # id order): sparse int64 and string ids pack in one int64 pair key; ids come back at the end.
-    codes = PairCodes.of(
+    codes = PairCodes.for_round(
         [index.user_ids, target_user_ids, fresh_user], [target_item_ids, fresh_item]
     )
     index_code = codes.user_codes(index.user_ids)  # sorted, as index.user_ids is
@@ -354,8 +354,8 @@ def similarity_fill(
     )
     return pd.DataFrame(
         {
-            USER_ID: codes.users[target_user[done]],
-            ITEM_ID: codes.items[target_item[done]],
+            USER_ID: codes.user_ids(target_user[done]),
+            ITEM_ID: codes.item_ids(target_item[done]),
             EMBEDDING: list(out_vectors[done]),
             NEIGHBOUR_COUNT: out_count[done],
             MEAN_DISTANCE: out_distance[done],
