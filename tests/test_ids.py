@@ -24,6 +24,7 @@ from solaris_feast.precompute.similarity import (
 )
 from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.backends import backend_for
 from solaris_feast.store.config import open_store
 from solaris_feast.store.definitions import (
     MODEL_VERSION_REQUEST_FIELD,
@@ -132,6 +133,19 @@ def test_sparse_and_string_ids_through_writer_retriever_and_resolved_view(
     assert feast_tiers == result.tiers.tolist()
     np.testing.assert_array_equal(feast_vectors, result.embeddings)
     assert resolved_tiers(store, users[2], items[:1])[0] == [Tier.ZERO]
+
+    # The status's scan reads the stored keys back with their type.
+    backend = backend_for(store, timeout_seconds=5.0)
+    try:
+        scan = backend.scan(SolarisFeastConfig().view_name_by_tier(), 100, 100)
+    finally:
+        backend.close()
+    stored = {(r.tier, r.keys["user_id"], r.keys.get("item_id")) for r in scan.rows}
+    assert stored == {
+        (Tier.EXACT, user, items[0]),
+        (Tier.SIMILAR, user, items[1]),
+        (Tier.USER_AGG, user, None),
+    }
 
 
 def test_ids_of_the_wrong_type_are_refused_by_writer_and_retriever(
@@ -438,3 +452,32 @@ def test_reference_vm_trained_with_a_vocabulary_scores_a_log_with_sparse_ids(
     bundle = load_bundle(tmp_path)
     assert bundle.vocabulary is not None
     assert bundle.vocabulary.users.ids.tolist() == vocab.users.ids.tolist()
+
+
+def test_featurizer_for_a_bundle_maps_ids_through_its_vocabulary() -> None:
+    from solaris_feast.data.synthetic import SyntheticConfig, generate
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.models.vocabulary import OOV_INDEX, Vocabulary, featurizer_for
+
+    dataset = generate(SyntheticConfig(num_users=50, num_items=40, days=1.0))
+    assert isinstance(featurizer_for(None, dataset, 4), PairFeaturizer)
+    log = dataset.interactions
+    # A vocabulary that knows only the first half of the users (a model trained earlier).
+    early = log.loc[log["user_id"] < 25]
+    vocab = Vocabulary.from_log(early)
+    featurizer = featurizer_for(vocab, dataset, 4)
+    plain = PairFeaturizer(dataset, 4).for_log(log)
+    mapped = featurizer.for_log(log)
+    assert mapped.user_id.tolist() == vocab.users.index(log["user_id"]).tolist()
+    assert (mapped.user_id.numpy()[log["user_id"].to_numpy() >= 25] == OOV_INDEX).all()
+    # Histories and attributes are the log's own; only the rows the models see are mapped.
+    assert mapped.hist_mask.tolist() == plain.hist_mask.tolist()
+    assert mapped.user_cat.tolist() == plain.user_cat.tolist()
+    assert (
+        mapped.hist_item.tolist()
+        == np.where(
+            plain.hist_mask.numpy(),
+            vocab.items.index(plain.hist_item.numpy().ravel()).reshape(plain.hist_item.shape),
+            0,
+        ).tolist()
+    )

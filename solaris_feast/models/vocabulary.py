@@ -19,7 +19,7 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,9 @@ from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, Interac
 from solaris_feast.errors import ConfigError
 from solaris_feast.keys import PairCodes, id_array
 from solaris_feast.store.ids import IdType
+
+if TYPE_CHECKING:
+    from solaris_feast.models.features import PairBatch, PairFeaturizer
 
 OOV_INDEX = 0
 """Embedding row of every id the vocabulary does not hold."""
@@ -234,7 +237,7 @@ class VocabularyFeaturizer:
     def schema(self) -> Any:
         return self.featurizer.schema
 
-    def batch(self, user_ids: Any, item_ids: Any, at: Any) -> Any:
+    def batch(self, user_ids: Any, item_ids: Any, at: Any) -> PairBatch:
         """:meth:`PairFeaturizer.batch` for raw ids (any of the vocabulary's type)."""
         users, items = id_array(user_ids), id_array(item_ids)
         user_code = np.full(len(users), self._unknown_user, dtype=np.int64)
@@ -245,6 +248,29 @@ class VocabularyFeaturizer:
         item_code[known] = self.codes.item_codes(items[known])
         return self.featurizer.batch(user_code, item_code, at)
 
-    def for_log(self, log: pd.DataFrame) -> Any:
+    def for_log(self, log: pd.DataFrame) -> PairBatch:
         """Inputs for every row of ``log``, each as of its own timestamp."""
         return self.batch(log[USER_ID], log[ITEM_ID], log[EVENT_TIMESTAMP])
+
+
+def featurizer_for(
+    vocabulary: Vocabulary | None, dataset: InteractionDataset, history_len: int
+) -> PairFeaturizer | VocabularyFeaturizer:
+    """The featurizer a bundle's models need over ``dataset``: through the FM's vocabulary when
+    it has one (``ModelBundle.vocabulary``), else the plain one (ids are the table rows)."""
+    from solaris_feast.models.features import PairFeaturizer
+
+    if vocabulary is None:
+        return PairFeaturizer(dataset, history_len)
+    return VocabularyFeaturizer(
+        vocabulary,
+        dataset.interactions,
+        dataset.label_columns,
+        users=dataset.users,
+        items=dataset.items,
+        user_categorical=dataset.user_categorical,
+        item_categorical=dataset.item_categorical,
+        user_dense=dataset.user_dense,
+        item_dense=dataset.item_dense,
+        history_len=history_len,
+    )
