@@ -481,3 +481,24 @@ def test_featurizer_for_a_bundle_maps_ids_through_its_vocabulary() -> None:
             0,
         ).tolist()
     )
+
+
+@pytest.mark.parametrize(
+    ("values", "id_type", "error"),
+    [
+        (["a", 1], "string", TypeError),  # numpy alone would make "1" of the 1
+        ([1, "a"], "int64", TypeError),
+        ([True], "int64", TypeError),
+        ([2**63], "int64", ValueError),
+        ([-1], "int64", ValueError),
+        (["ok", ""], "string", ValueError),
+        ([b"bytes"], "string", TypeError),
+    ],
+)
+def test_bad_ids_are_refused_naming_the_column(
+    values: list[Any], id_type: str, error: type
+) -> None:
+    from solaris_feast.store.ids import check_ids
+
+    with pytest.raises(error, match="item_ids"):
+        check_ids(values, id_type, "item_ids")  # type: ignore[arg-type]

@@ -71,7 +71,13 @@ def check_ids(values: Any, id_type: IdType, name: str) -> np.ndarray:
     """
     if id_type not in ID_TYPES:
         raise ConfigError(f"{name}: id type must be one of {ID_TYPES}, got {id_type!r}")
-    array = np.asarray(values.to_numpy() if hasattr(values, "to_numpy") else values, dtype=None)
+    if hasattr(values, "to_numpy"):
+        array = np.asarray(values.to_numpy())
+    elif isinstance(values, list | tuple):
+        # Object, not numpy's guess: ["a", 1] would silently become two strings.
+        array = np.asarray(values, dtype=object)
+    else:
+        array = np.asarray(values)
     if array.ndim != 1:
         raise ValueError(f"{name} must be one-dimensional, got shape {array.shape}")
     if id_type == "int64":
