@@ -74,8 +74,10 @@ def check_ids(values: Any, id_type: IdType, name: str) -> np.ndarray:
     if hasattr(values, "to_numpy"):
         array = np.asarray(values.to_numpy())
     elif isinstance(values, list | tuple):
-        # Object, not numpy's guess: ["a", 1] would silently become two strings.
-        array = np.asarray(values, dtype=object)
+        array = np.asarray(values)
+        if array.dtype.kind not in "iu":
+            # Object, not numpy's guess: ["a", 1] would silently become two strings.
+            array = np.asarray(values, dtype=object)
     else:
         array = np.asarray(values)
     if array.ndim != 1:
