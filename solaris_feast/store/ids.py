@@ -126,7 +126,11 @@ def check_id(value: Any, id_type: IdType, name: str) -> EntityId:
         raise TypeError(f"{name} must be an integer (Int64 join key), got {type(value).__name__}")
     if id_type == "string" and not isinstance(value, str):
         raise TypeError(f"{name} must be a str (String join key), got {type(value).__name__}")
-    checked = check_ids([value], id_type, name)[0]
+    if id_type == "int64" and 0 <= int(value) <= INT64_MAX:
+        return int(value)  # the common case without building an array (one per request)
+    if id_type == "string" and value:
+        return str(value)
+    checked = check_ids([value], id_type, name)[0]  # raises, naming the problem
     return int(checked) if id_type == "int64" else str(checked)
 
 
