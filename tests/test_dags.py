@@ -188,10 +188,12 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
     assert precompute["tasks"]["fill_similar"] == ["solaris_similar"]
     from solaris_feast.pipeline.settings import PrecomputeSettings, TrainingSettings
 
-    # Every setting of a precompute run is a param of the DAG (the held-out tail is the demo's).
-    assert set(precompute["params"]) == set(PrecomputeSettings.model_fields) - {"holdout_fraction"}
+    # Every setting of a precompute run is a param of the DAG, but the held-out tail (the
+    # demo's) and the user's log and candidate tables (the config file's).
+    not_params = {"holdout_fraction", "log", "candidates"}
+    assert set(precompute["params"]) == set(PrecomputeSettings.model_fields) - not_params
     training = result["dags"]["solaris_training"]
-    assert set(training["params"]) == set(TrainingSettings.model_fields) - {"holdout_fraction"}
+    assert set(training["params"]) == set(TrainingSettings.model_fields) - not_params
     assert training["tasks"]["train_fm"] == ["solaris_model_fm"]
     assert training["tasks"]["train_compressor"] == ["solaris_model_compressor"]
     assert training["tasks"]["train_vm"] == ["solaris_model_vm"]
