@@ -349,3 +349,53 @@ def schedule_of(kind: Literal["precompute", "training"], default: str) -> str:
         schedules = load_config().schedules
         return schedules.precompute if kind == "precompute" else schedules.training
     return default
+
+
+def config_reference_rows(
+    model: type[BaseModel] = SolarisConfig, prefix: str = ""
+) -> list[tuple[str, str, str, str]]:
+    """``(key, type, default, description)`` of every key of ``model``, nested sections
+    flattened to dotted keys: the README's key table is generated from this."""
+    import json
+    import types
+    import typing
+
+    rows: list[tuple[str, str, str, str]] = []
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        annotation = info.annotation
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        nested = annotation if isinstance(annotation, type) else None
+        if nested is None and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            nested = members[0] if len(members) == 1 and isinstance(members[0], type) else None
+        description = " ".join((info.description or "").split())
+        if nested is not None and issubclass(nested, BaseModel):
+            optional = "" if info.is_required() else " (optional)"
+            rows.append((key, "section" + optional, "", description))
+            rows += config_reference_rows(nested, f"{key}.")
+            continue
+        if info.is_required():
+            default = "required"
+        else:
+            default = json.dumps(info.get_default(call_default_factory=True))
+        if typing.get_origin(annotation) is Literal:
+            type_name = " or ".join(json.dumps(a) for a in typing.get_args(annotation))
+        elif isinstance(annotation, type):
+            type_name = annotation.__name__
+        else:
+            type_name = str(annotation).replace("typing.", "").replace("NoneType", "null")
+        rows.append((key, type_name, default, description))
+    return rows
+
+
+def config_reference_markdown() -> str:
+    """The key table of solaris.yaml as markdown (``python -m solaris_feast.config``)."""
+    lines = ["| key | type | default | what it is |", "| --- | --- | --- | --- |"]
+    for key, type_name, default, description in config_reference_rows():
+        cells = [f"`{key}`", type_name.replace("|", "or"), default.replace("|", "or"), description]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(config_reference_markdown())

@@ -354,3 +354,13 @@ def _vm(root: Path) -> str:
     from solaris_feast.models.cards import list_cards
 
     return next(c.version for c in list_cards(root / "small" / "models") if c.kind == "vm")
+
+
+def test_readme_lists_every_config_key_and_its_example_is_a_valid_config() -> None:
+    from solaris_feast.config import config_reference_markdown
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Bring your own data and models", 1)[1].split("\n## ", 1)[0]
+    assert config_reference_markdown() in section
+    example = section.split("```yaml", 1)[1].split("```", 1)[0]
+    SolarisConfig.model_validate(yaml.safe_load(example))
