@@ -266,7 +266,7 @@ def promote_command(
     loaded = _config_or_exit(config)
     with _final_errors_exit():
         from solaris_feast.config import precompute_settings
-        from solaris_feast.errors import ChainMismatchError
+        from solaris_feast.errors import ChainMismatchError, ConfigError
         from solaris_feast.models.cards import list_cards, select_chain
         from solaris_feast.pipeline.log import load_log
         from solaris_feast.pipeline.promotion import chain_mismatches, promote
@@ -274,8 +274,10 @@ def promote_command(
         models_dir = Path(loaded.models.dir)
         if check:
             chain = select_chain(list_cards(models_dir), vm)
+            if chain is None:  # select_chain raises for an unknown VM; None: no cards at all
+                raise ConfigError(f"no model cards in {models_dir}")
             moment = _utc(at) or datetime.now(UTC)
-            problems = chain_mismatches(chain, load_log(precompute_settings(loaded), moment))  # type: ignore[arg-type]
+            problems = chain_mismatches(chain, load_log(precompute_settings(loaded), moment))
             if problems:
                 raise ChainMismatchError(vm, problems)
         alias = promote(models_dir, vm)

@@ -289,7 +289,7 @@ def test_bad_input_is_refused_naming_the_file_and_column(
 # -- train, promote, precompute -------------------------------------------------------------------
 
 
-def test_own_log_trains_precomputes_and_serves_exact_vectors_through_the_commands(
+def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_via_the_commands(
     tmp_path: Path, feast_project: str, no_config_env: None
 ) -> None:
     from solaris_feast.models.cards import SERVING_ALIAS_FILE, list_cards
@@ -297,6 +297,32 @@ def test_own_log_trains_precomputes_and_serves_exact_vectors_through_the_command
     from solaris_feast.tiers import Tier
 
     config = own_deployment(tmp_path, feast_project)
+    # The user's retrieval: a table per round, named by the round's time, with its own columns.
+    at = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    rng = np.random.default_rng(3)
+    users = np.repeat(np.arange(60), 12)
+    table = pd.DataFrame(
+        {
+            "uid": users,
+            "iid": (users * 7 + np.tile(np.arange(12), 60)) % 45,
+            "retrieval_score": rng.random(len(users)),
+        }
+    )
+    (tmp_path / "retrieval").mkdir()
+    table.to_parquet(tmp_path / "retrieval" / f"{at:%Y%m%dT%H}.parquet", index=False)
+    raw = config_dict(
+        tmp_path,
+        candidates={
+            "source": "table",
+            "table": {
+                "path": "retrieval/{now:%Y%m%dT%H}.parquet",
+                "user_column": "uid",
+                "item_column": "iid",
+                "score_column": "retrieval_score",
+            },
+        },
+    )
+    config = write_config(tmp_path, raw)
     out = run_cli("train", "--config", str(config))
     cards = list_cards(tmp_path / "models")
     [vm] = [c for c in cards if c.kind == "vm"]
@@ -304,11 +330,13 @@ def test_own_log_trains_precomputes_and_serves_exact_vectors_through_the_command
     assert f"solaris promote --vm {vm.version}" in out
     out = run_cli("promote", "--config", str(config), "--vm", vm.version)
     assert (tmp_path / "models" / SERVING_ALIAS_FILE).is_file()
-    out = run_cli("precompute", "--config", str(config))
-    assert "plan        300 pairs" in out and str(tmp_path / "runs") in out
+    out = run_cli("precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}")
+    assert "candidates  720 pairs" in out and "plan        300 pairs" in out
     [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
-    assert run_dir.name == vm.version
-    planned = pd.read_parquet(sorted((run_dir / "plan").glob("*.parquet"))[0])
+    assert run_dir.name == vm.version and str(run_dir) in out
+    planned = pd.read_parquet(run_dir / "plan" / "pairs.parquet")
+    offered = set(zip(table["uid"], table["iid"], strict=True))
+    assert set(zip(planned["user_id"], planned["item_id"], strict=True)) <= offered
     compressor = vm.parents[0]
     for view in open_store(tmp_path / "repo").list_feature_views():
         assert view.tags["solaris.verifier_version"] == vm.version
@@ -364,3 +392,33 @@ def test_readme_lists_every_config_key_and_its_example_is_a_valid_config() -> No
     assert config_reference_markdown() in section
     example = section.split("```yaml", 1)[1].split("```", 1)[0]
     SolarisConfig.model_validate(yaml.safe_load(example))
+
+
+def test_a_log_registered_as_a_feast_file_source_is_read_from_its_path(
+    tmp_path: Path, feast_project: str
+) -> None:
+    from feast import FileSource
+
+    from solaris_feast.config import resolved_log
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    write_own_log(tmp_path / "log", 20, 15, end)
+    write_item_table(tmp_path / "items.parquet", 15)
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    source = FileSource(name="shop_log", path="../log", timestamp_field="seen_at")
+    open_store(repo).apply([source])
+    raw = config_dict(tmp_path)
+    raw["log"] = {
+        **{k: v for k, v in raw["log"].items() if k != "path"},
+        "feast_source": "shop_log",
+    }
+    config = load_config(write_config(tmp_path, raw))
+    log = resolved_log(config)
+    assert Path(log.path).resolve() == (tmp_path / "log").resolve()
+    assert read_log_window(log, end - timedelta(hours=6), end).metadata["rows_read"] > 0
+    missing = config.model_copy(
+        update={"log": config.log.model_copy(update={"feast_source": "no_such_log"})}
+    )
+    with pytest.raises(ConfigError, match=r"no_such_log.*no data source of that name"):
+        resolved_log(missing)
