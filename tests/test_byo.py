@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from test_dags import make_feature_repo, open_store
+from test_dags import make_feature_repo, open_store, yaml_name
 from typer.testing import CliRunner
 
 from solaris_feast.cli import app
@@ -117,13 +117,17 @@ def write_config(root: Path, raw: dict[str, Any]) -> Path:
     return path
 
 
-def own_deployment(root: Path, project: str, users: int = 60, items: int = 45) -> Path:
-    """A log, an item table, an applied Feast repo and a config in ``root``; the config path."""
+def own_deployment(
+    root: Path, project: str, users: int = 60, items: int = 45, redis: bool = False
+) -> Path:
+    """A log, an item table, an applied Feast repo (SQLite, or Redis with its connection from
+    ``SOLARIS_REDIS_CONNECTION``) and a config in ``root``; the config path."""
     end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     write_own_log(root / "log", users, items, end)
     write_item_table(root / "items.parquet", items)
-    make_feature_repo(root / "repo", project)
-    return write_config(root, config_dict(root))
+    make_feature_repo(root / "repo", project, redis=redis)
+    feast = {"repo": "repo", "feature_store_yaml": yaml_name(redis)}
+    return write_config(root, config_dict(root, feast=feast))
 
 
 def run_cli(*args: str) -> str:
@@ -289,14 +293,24 @@ def test_bad_input_is_refused_naming_the_file_and_column(
 # -- train, promote, precompute -------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("online", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
 def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_via_the_commands(
-    tmp_path: Path, feast_project: str, no_config_env: None
+    tmp_path: Path,
+    feast_project: str,
+    no_config_env: None,
+    online: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from solaris_feast.models.cards import SERVING_ALIAS_FILE, list_cards
     from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.config import redis_connection_string
     from solaris_feast.tiers import Tier
 
-    config = own_deployment(tmp_path, feast_project)
+    redis = online == "redis"
+    if redis:
+        monkeypatch.setenv("SOLARIS_REDIS_CONNECTION", redis_connection_string(redis_url))
+    config = own_deployment(tmp_path, feast_project, redis=redis)
     # The user's retrieval: a table per round, named by the round's time, with its own columns.
     at = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     rng = np.random.default_rng(3)
@@ -312,6 +326,7 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
     table.to_parquet(tmp_path / "retrieval" / f"{at:%Y%m%dT%H}.parquet", index=False)
     raw = config_dict(
         tmp_path,
+        feast={"repo": "repo", "feature_store_yaml": yaml_name(redis)},
         candidates={
             "source": "table",
             "table": {
@@ -338,10 +353,10 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
     offered = set(zip(table["uid"], table["iid"], strict=True))
     assert set(zip(planned["user_id"], planned["item_id"], strict=True)) <= offered
     compressor = vm.parents[0]
-    for view in open_store(tmp_path / "repo").list_feature_views():
+    for view in open_store(tmp_path / "repo", redis).list_feature_views():
         assert view.tags["solaris.verifier_version"] == vm.version
     retriever = SolarisRetriever(
-        open_store(tmp_path / "repo"), compressor, record_misses=False, deadline_ms=5000
+        open_store(tmp_path / "repo", redis), compressor, record_misses=False, deadline_ms=5000
     )
     try:
         user = int(planned["user_id"].iloc[0])
