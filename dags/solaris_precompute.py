@@ -12,33 +12,38 @@ inputs live in the run folder, so a retried task, a retried shard or a re-run of
 interval sees the same inputs. A final error (a repo whose views were never applied, a bad
 setting) fails its task at once; a retryable one (the store is down) is retried.
 
-Environment (read at parse time, all optional): ``SOLARIS_PRECOMPUTE_SCHEDULE`` (cron or preset,
-default ``@hourly``), ``SOLARIS_FEATURE_REPO``, ``SOLARIS_FEATURE_STORE_YAML``,
+Config: with ``SOLARIS_CONFIG`` set on the workers, the ``start`` task reads that solaris.yaml at
+run time (:mod:`solaris_feast.config`): a scheduled run takes every setting from it, a manual run's
+changed params override it. Environment (read at parse time, all optional):
+``SOLARIS_PRECOMPUTE_SCHEDULE`` (cron or preset; else the config's schedules.precompute, else
+``@hourly``), ``SOLARIS_FEATURE_REPO``, ``SOLARIS_FEATURE_STORE_YAML``,
 ``SOLARIS_MODELS_DIR``, ``SOLARIS_RUNS_DIR`` (the params' defaults; use shared storage when
 workers run on several machines); ``REDIS_URL`` on the workers for a Redis online store.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
+from solaris_feast.config import schedule_of
 from solaris_feast.pipeline.failures import fail_fast_on_final_errors
 from solaris_feast.pipeline.settings import precompute_dag_params
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCHEDULE = os.environ.get("SOLARIS_PRECOMPUTE_SCHEDULE", "@hourly")
+SCHEDULE = schedule_of("precompute", "@hourly")
 
 # One asset per feature view this DAG writes; the names are the views' names.
 PAIR_EMBEDDINGS = Asset(name="solaris_pair", uri="feast://solaris/solaris_pair")
 USER_AGGREGATES = Asset(name="solaris_user", uri="feast://solaris/solaris_user")
 SIMILAR_EMBEDDINGS = Asset(name="solaris_similar", uri="feast://solaris/solaris_similar")
 
-PARAMS = {name: Param(**schema) for name, schema in precompute_dag_params(REPO_ROOT).items()}
+PARAM_SCHEMAS = precompute_dag_params(REPO_ROOT)
+PARAMS = {name: Param(**schema) for name, schema in PARAM_SCHEMAS.items()}
+PARAM_DEFAULTS = {name: schema["default"] for name, schema in PARAM_SCHEMAS.items()}
 
 
 def _outlet_extra(asset: Asset, extra: dict[str, Any]) -> None:
@@ -66,6 +71,7 @@ def solaris_precompute() -> None:
     @task
     @fail_fast_on_final_errors
     def start() -> dict[str, Any]:
+        from solaris_feast.config import run_settings
         from solaris_feast.pipeline import precompute
 
         context = get_current_context()
@@ -76,7 +82,12 @@ def solaris_precompute() -> None:
             "run_after": getattr(context["dag_run"], "run_after", None),
             "run_id": context["run_id"],
         }
-        return precompute.start_precompute(context["params"], interval)
+        # $SOLARIS_CONFIG is read here, at run time: the settings come from the config file,
+        # the params a manual run changed override them (solaris_feast.config.run_settings).
+        settings = run_settings(
+            "precompute", context["params"], context["dag_run"].conf, PARAM_DEFAULTS
+        )
+        return precompute.start_precompute(settings, interval)
 
     @task
     @fail_fast_on_final_errors

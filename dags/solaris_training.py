@@ -8,30 +8,34 @@ returns the card it already registered for this run instead of training again; a
 
 The task bodies live in :mod:`solaris_feast.pipeline.training`; the params are generated from
 :class:`solaris_feast.pipeline.settings.TrainingSettings`; torch is imported only inside the
-tasks. Environment (parse time, optional): ``SOLARIS_TRAINING_SCHEDULE`` (default ``@daily``),
+tasks. With ``SOLARIS_CONFIG`` set, ``start`` reads that solaris.yaml at run time (the config's
+settings; a manual run's changed params override them). Environment (parse time, optional):
+``SOLARIS_TRAINING_SCHEDULE`` (else the config's schedules.training, else ``@daily``),
 ``SOLARIS_MODELS_DIR``.
 """
 
 from __future__ import annotations
 
-import os
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
+from solaris_feast.config import schedule_of
 from solaris_feast.pipeline.failures import fail_fast_on_final_errors
 from solaris_feast.pipeline.settings import training_dag_params
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCHEDULE = os.environ.get("SOLARIS_TRAINING_SCHEDULE", "@daily")
+SCHEDULE = schedule_of("training", "@daily")
 
 FOUNDATION_MODEL = Asset(name="solaris_model_fm", uri="solaris://models/fm")
 COMPRESSOR_MODEL = Asset(name="solaris_model_compressor", uri="solaris://models/compressor")
 VERTICAL_MODEL = Asset(name="solaris_model_vm", uri="solaris://models/vm")
 
-PARAMS = {name: Param(**schema) for name, schema in training_dag_params(REPO_ROOT).items()}
+PARAM_SCHEMAS = training_dag_params(REPO_ROOT)
+PARAMS = {name: Param(**schema) for name, schema in PARAM_SCHEMAS.items()}
+PARAM_DEFAULTS = {name: schema["default"] for name, schema in PARAM_SCHEMAS.items()}
 
 
 def _mark(asset: Asset, card: dict[str, Any]) -> None:
@@ -57,6 +61,7 @@ def solaris_training() -> None:
     @task
     @fail_fast_on_final_errors
     def start() -> dict[str, Any]:
+        from solaris_feast.config import run_settings
         from solaris_feast.pipeline import training
 
         context = get_current_context()
@@ -67,7 +72,12 @@ def solaris_training() -> None:
             "run_after": getattr(context["dag_run"], "run_after", None),
             "run_id": context["run_id"],
         }
-        return training.start_training(context["params"], interval)
+        # $SOLARIS_CONFIG is read here, at run time: the settings come from the config file,
+        # the params a manual run changed override them (solaris_feast.config.run_settings).
+        settings = run_settings(
+            "training", context["params"], context["dag_run"].conf, PARAM_DEFAULTS
+        )
+        return training.start_training(settings, interval)
 
     @task(outlets=[FOUNDATION_MODEL])
     @fail_fast_on_final_errors

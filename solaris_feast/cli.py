@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import json
 import logging
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -148,16 +149,87 @@ def evaluate_transfer_command(
         typer.echo(f"plot: {plot}")
 
 
+ConfigOption = Annotated[
+    Path | None,
+    typer.Option("--config", help="solaris.yaml (default: $SOLARIS_CONFIG)."),
+]
+AtOption = Annotated[
+    datetime | None,
+    typer.Option(
+        "--at",
+        formats=["%Y-%m-%dT%H:%M:%S%z", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d"],
+        help="The round's time (UTC when no zone is given); default now.",
+    ),
+]
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    return at if at is None or at.tzinfo is not None else at.replace(tzinfo=UTC)
+
+
+def _config_or_exit(path: Path | None) -> Any:
+    """The config, or exit 2 with what to set (nothing falls back to the code checkout)."""
+    from solaris_feast.config import load_config
+    from solaris_feast.errors import ConfigError
+
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+
+
+def _final_errors_exit() -> Any:
+    """Our errors end the command with their message and exit 1, without a traceback."""
+    from contextlib import contextmanager
+
+    from solaris_feast.errors import SolarisError
+
+    @contextmanager
+    def guard() -> Any:
+        try:
+            yield
+        except SolarisError as exc:
+            typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+            raise typer.Exit(1) from exc
+
+    return guard()
+
+
 @app.command("train")
 def train_command(
+    config: ConfigOption = None,
+    at: AtOption = None,
     dataset: DatasetOption = "synthetic",
     size: SizeOption = "default",
     models_dir: Annotated[
-        Path, typer.Option("--models", help="Where artifacts and cards go.")
-    ] = Path("models"),
+        Path | None,
+        typer.Option("--models", help="Where artifacts and cards go (named data set only)."),
+    ] = None,
     progress: Annotated[bool, typer.Option(help="Progress bars.")] = True,
 ) -> None:
-    """Train FM -> compressor -> VM on the whole log and register their model cards."""
+    """Train FM -> compressor -> VM and register their model cards.
+
+    With --config (or $SOLARIS_CONFIG): on the config's log window before --at, into its models
+    dir. Without: on a named data set (--dataset, --size), into --models.
+    """
+    import os
+
+    from solaris_feast.config import CONFIG_ENV
+
+    if config is not None or os.environ.get(CONFIG_ENV, "").strip():
+        from solaris_feast.pipeline.commands import train_round
+
+        loaded = _config_or_exit(config)
+        with _final_errors_exit():
+            train_round(loaded, _utc(at), typer.echo)
+        return
+    if models_dir is None:
+        typer.echo(
+            f"error: pass --config PATH (or set {CONFIG_ENV}), or --dataset NAME --models DIR",
+            err=True,
+        )
+        raise typer.Exit(2)
     from solaris_feast.data.datasets import load_dataset
     from solaris_feast.models.chain import train_and_register
     from solaris_feast.progress import stage_bars
@@ -167,6 +239,49 @@ def train_command(
         bundle = train_and_register(data, models_dir, progress=bars)
     for kind, card in bundle.cards.items():
         typer.echo(f"{kind:<10} {card.version}  {models_dir / card.weights_file}")
+
+
+@app.command("precompute")
+def precompute_command(config: ConfigOption = None, at: AtOption = None) -> None:
+    """Run one precompute round (the precompute DAG's tasks, in this process) for --at."""
+    from solaris_feast.pipeline.commands import precompute_round
+
+    loaded = _config_or_exit(config)
+    with _final_errors_exit():
+        result = precompute_round(loaded, _utc(at), typer.echo)
+    shares = result["coverage"].get("coverage", {})
+    typer.echo(f"coverage    {json.dumps(shares)}")
+
+
+@app.command("promote")
+def promote_command(
+    vm: Annotated[str, typer.Option("--vm", help="VM version to serve (from solaris train).")],
+    config: ConfigOption = None,
+    at: AtOption = None,
+    check: Annotated[
+        bool, typer.Option(help="Refuse a chain that does not fit the log's window before --at.")
+    ] = True,
+) -> None:
+    """Name the serving chain: the VM, its compressor and its FM (the registry's serving alias)."""
+    loaded = _config_or_exit(config)
+    with _final_errors_exit():
+        from solaris_feast.config import precompute_settings
+        from solaris_feast.errors import ChainMismatchError, ConfigError
+        from solaris_feast.models.cards import list_cards, select_chain
+        from solaris_feast.pipeline.log import load_log
+        from solaris_feast.pipeline.promotion import chain_mismatches, promote
+
+        models_dir = Path(loaded.models.dir)
+        if check:
+            chain = select_chain(list_cards(models_dir), vm)
+            if chain is None:  # select_chain raises for an unknown VM; None: no cards at all
+                raise ConfigError(f"no model cards in {models_dir}")
+            moment = _utc(at) or datetime.now(UTC)
+            problems = chain_mismatches(chain, load_log(precompute_settings(loaded), moment))
+            if problems:
+                raise ChainMismatchError(vm, problems)
+        alias = promote(models_dir, vm)
+    typer.echo(f"serving {alias.vm} <- {alias.compressor} <- {alias.fm} ({models_dir})")
 
 
 @app.command("demo")

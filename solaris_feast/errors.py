@@ -21,6 +21,7 @@ class SchemaError(SolarisError, ValueError):
     def __init__(self, table: str, column: str, problem: str) -> None:
         self.table = table
         self.column = column
+        self.problem = problem
         super().__init__(f"{table}: column {column!r} {problem}")
 
 
@@ -132,3 +133,19 @@ def is_retryable(exc: BaseException) -> bool:
         message = str(exc).lower()
         return any(m in message for m in _SQLITE_RETRYABLE_MESSAGES) or "interrupted" in message
     return isinstance(exc, _retryable_types())
+
+
+class ChainMismatchError(ConfigError):
+    """The serving chain (FM, compressor, VM) does not fit the log a round reads: another label
+    set, ids beyond the models' embedding tables, other attribute sizes. No retry can fix it;
+    train on this log, or promote a chain that was."""
+
+    def __init__(self, vm_version: str, mismatches: Sequence[str]) -> None:
+        self.vm_version = vm_version
+        self.mismatches = list(mismatches)
+        super().__init__(
+            f"the serving chain of VM {vm_version} does not fit the log: "
+            + "; ".join(self.mismatches)
+            + ". Train on this log (solaris train --config) and promote the new VM "
+            "(solaris promote --config PATH --vm VERSION)"
+        )

@@ -188,10 +188,12 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
     assert precompute["tasks"]["fill_similar"] == ["solaris_similar"]
     from solaris_feast.pipeline.settings import PrecomputeSettings, TrainingSettings
 
-    # Every setting of a precompute run is a param of the DAG (the held-out tail is the demo's).
-    assert set(precompute["params"]) == set(PrecomputeSettings.model_fields) - {"holdout_fraction"}
+    # Every setting of a precompute run is a param of the DAG, but the held-out tail (the
+    # demo's) and the user's log and candidate tables (the config file's).
+    not_params = {"holdout_fraction", "log", "candidates"}
+    assert set(precompute["params"]) == set(PrecomputeSettings.model_fields) - not_params
     training = result["dags"]["solaris_training"]
-    assert set(training["params"]) == set(TrainingSettings.model_fields) - {"holdout_fraction"}
+    assert set(training["params"]) == set(TrainingSettings.model_fields) - not_params
     assert training["tasks"]["train_fm"] == ["solaris_model_fm"]
     assert training["tasks"]["train_compressor"] == ["solaris_model_compressor"]
     assert training["tasks"]["train_vm"] == ["solaris_model_vm"]
@@ -709,3 +711,60 @@ def test_plan_scores_weigh_the_verifier_by_the_retrieval_score(trained: Trained)
     np.testing.assert_allclose(
         planning_scores(bundle, dataset, own, now, 1.0)["verifier_score"].to_numpy(), vm_only
     )
+
+
+def test_precompute_dag_takes_its_settings_from_solaris_config_and_a_manual_param_overrides(
+    airflow_env: dict[str, str],
+    feast_project: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """With SOLARIS_CONFIG set, the DAG reads the user's log, repo and models from the config at
+    run time (the params' defaults name the code checkout's folders, which are not used); a
+    param the run sets overrides the config. A VM trained on another log fails the run's first
+    task once, naming the mismatch."""
+    from test_byo import config_dict, own_deployment, run_cli, write_config
+
+    from solaris_feast.models.cards import list_cards
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.tiers import Tier
+
+    config = own_deployment(tmp_path / "own", feast_project)
+    monkeypatch.delenv("SOLARIS_CONFIG", raising=False)
+    run_cli("train", "--config", str(config))
+    [vm] = [c for c in list_cards(tmp_path / "own" / "models") if c.kind == "vm"]
+    run_cli("promote", "--config", str(config), "--vm", vm.version)
+    monkeypatch.setenv("SOLARIS_CONFIG", str(config))
+    result = run_dag("solaris_precompute", last_hour(), {"budget_pairs": 120})
+    assert all(t["state"] == "success" for t in result["tasks"].values())
+    [run_dir] = sorted((tmp_path / "own" / "runs").glob("*/*"))
+    report = coverage_of(run_dir)
+    assert report["fm_pairs"] == 120  # the override; the config says 300
+    exact = offline_frame(tmp_path / "own" / "repo", "solaris_pair")
+    user = int(exact["user_id"].iloc[0])
+    items = exact.loc[exact["user_id"] == user, "item_id"].astype(int).tolist()
+    retriever = SolarisRetriever(
+        open_store(tmp_path / "own" / "repo"),
+        vm.parents[0],
+        record_misses=False,
+        deadline_ms=5000,
+    )
+    try:
+        assert retriever.fetch(user, items).tiers.tolist() == [Tier.EXACT] * len(items)
+    finally:
+        retriever.close()
+
+    # Another deployment whose log has three times the users, pointed at these models.
+    other = own_deployment(tmp_path / "big", f"{feast_project}b", users=180)
+    raw = config_dict(tmp_path / "big", models={"dir": str(tmp_path / "own" / "models")})
+    monkeypatch.setenv("SOLARIS_CONFIG", str(write_config(other.parent, raw)))
+    failed = run_dag("solaris_precompute", last_hour(), {}, expect="failed")
+    start = failed["tasks"]["start"]
+    assert (start["state"], start["try_number"]) == ("failed", 1)
+    assert not (tmp_path / "big" / "runs").exists()
+    logged = "".join(capfd.readouterr())
+    assert (
+        f"AirflowFailException: ChainMismatchError: the serving chain of VM {vm.version}" in logged
+    )
+    assert "has room for 60 user ids, the log has user ids up to 17" in logged

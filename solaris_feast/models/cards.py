@@ -7,16 +7,18 @@ cards and loads weights (it needs torch); everything that only reads cards goes 
 module: ``feast apply`` (``feature_repo/solaris_repo.py``), ``solaris status`` and ``solaris
 lineage`` run beside serving and must not load a deep learning framework.
 
-The chain in service is the newest VM, the compressor it was trained on and that compressor's FM
-(:func:`select_chain`); :func:`.registry.load_bundle` loads exactly that chain. The compressor's
-version is the ``model_version`` stored beside every embedding. Cost: reading a card is one small
-JSON file; hashing weights reads the whole file, so only :func:`check_weights` and
-:func:`verify_weights` do it, and only for the cards they are given.
+The chain in service is the promoted VM (the serving alias ``serving.json`` that ``solaris
+promote`` writes, :func:`serving_chain`), else the newest VM, the compressor it was trained on
+and that compressor's FM (:func:`select_chain`); :func:`.registry.load_bundle` loads exactly that
+chain. The compressor's version is the ``model_version`` stored beside every embedding. Cost:
+reading a card is one small JSON file; hashing weights reads the whole file, so only
+:func:`check_weights` and :func:`verify_weights` do it, and only for the cards they are given.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +35,8 @@ from solaris_feast.store.definitions import (
     DEFAULT_USER_TTL_SECONDS,
     SolarisFeastConfig,
 )
+
+logger = logging.getLogger(__name__)
 
 ModelKind = Literal["fm", "compressor", "vm"]
 MODEL_KINDS: tuple[ModelKind, ...] = ("fm", "compressor", "vm")
@@ -262,6 +266,12 @@ class ModelChain:
         return self.compressor.code_dim
 
     @property
+    def vm_version_chain(self) -> str:
+        """``vm <- compressor <- fm`` for messages."""
+        vm = self.vm.version if self.vm is not None else "(no VM)"
+        return f"{vm} <- {self.compressor.version} <- {self.fm.version}"
+
+    @property
     def cards(self) -> tuple[ModelCard, ...]:
         return (self.fm, self.compressor) + ((self.vm,) if self.vm is not None else ())
 
@@ -315,6 +325,74 @@ def newest_chain(models_dir: Path) -> ModelChain | None:
     return select_chain(list_cards(models_dir))
 
 
+SERVING_ALIAS_FILE = "serving.json"
+"""The serving alias in a models folder: the chain ``solaris promote`` named."""
+
+
+class ServingAlias(BaseModel):
+    """The promoted serving chain (written atomically by
+    :func:`solaris_feast.pipeline.promotion.promote`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vm: str = Field(min_length=1)
+    """The promoted VM (the verifier)."""
+    compressor: str = Field(min_length=1)
+    """Its compressor: the model_version stored beside the chain's vectors."""
+    fm: str = Field(min_length=1)
+    """The compressor's FM."""
+    promoted_at: datetime
+    """When it was promoted (UTC)."""
+
+
+def read_serving_alias(models_dir: Path) -> ServingAlias | None:
+    """The serving alias of ``models_dir``; None when nothing was promoted there.
+
+    Raises:
+        ConfigError: the alias file is not a valid alias, naming it.
+    """
+    path = models_dir / SERVING_ALIAS_FILE
+    if not path.is_file():
+        return None
+    try:
+        return ServingAlias.model_validate_json(path.read_text(encoding="utf-8"))
+    except (OSError, ValidationError) as exc:
+        raise ConfigError(f"serving alias {path} is malformed: {exc}") from exc
+
+
+def serving_chain(models_dir: Path, vm_version: str | None = None) -> ModelChain | None:
+    """The chain in service: ``vm_version``'s when given, else the promoted one (the serving
+    alias), else the newest VM's with a warning (a demo or a fresh registry never promoted).
+
+    Raises:
+        ConfigError: a named or promoted VM has no card, or its parents differ from the alias.
+    """
+    cards = list_cards(models_dir)
+    if vm_version:
+        return select_chain(cards, vm_version)
+    alias = read_serving_alias(models_dir)
+    if alias is None:
+        chain = select_chain(cards)
+        if chain is not None and chain.vm is not None:
+            logger.warning(
+                "no serving alias in %s: serving the newest VM %s; name the chain with "
+                "solaris promote --config PATH --vm VERSION",
+                models_dir,
+                chain.vm.version,
+            )
+        return chain
+    chain = select_chain(cards, alias.vm)
+    if chain is not None and (chain.compressor.version, chain.fm.version) != (
+        alias.compressor,
+        alias.fm,
+    ):
+        raise ConfigError(
+            f"serving alias {models_dir / SERVING_ALIAS_FILE} names {alias.vm} <- "
+            f"{alias.compressor} <- {alias.fm}, but the cards say {chain.vm_version_chain}"
+        )
+    return chain
+
+
 def newest_embedding_version(models_dir: Path) -> str | None:
     """The ``model_version`` the serving VM expects: its compressor's version (or the newest
     compressor's when no VM is registered yet); None without cards."""
@@ -336,7 +414,8 @@ def versioned_feast_config(
     models_dir: Path, environ: Mapping[str, str] | None = None
 ) -> SolarisFeastConfig:
     """The SOLARIS view config of a feature repo: lineage tags and the embedding dimension from
-    the newest model chain in ``models_dir``, TTLs and the schedule tag from the environment.
+    the serving chain in ``models_dir`` (:func:`serving_chain`), TTLs and the schedule tag from
+    the environment.
 
     Without cards the versions are ``"unversioned"`` and the dimension is the default. The
     variables: ``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS``,
@@ -348,7 +427,7 @@ def versioned_feast_config(
         pydantic.ValidationError: a TTL out of bounds.
     """
     env = os.environ if environ is None else environ
-    chain = newest_chain(models_dir)
+    chain = serving_chain(models_dir)
     schedule = env.get(SCHEDULE_ENV, "").strip() or "@hourly"
     settings: dict[str, Any] = {
         "pair_ttl_seconds": _env_seconds(env, PAIR_TTL_ENV, DEFAULT_PAIR_TTL_SECONDS),

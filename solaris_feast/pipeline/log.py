@@ -10,12 +10,25 @@ if TYPE_CHECKING:
     from solaris_feast.pipeline.settings import LogSource
 
 
-def load_log(source: LogSource, now: datetime) -> InteractionDataset:
-    """The interaction log strictly before ``now`` (aligned to ``now`` when asked)."""
+def load_log(source: LogSource, now: datetime, window_seconds: float = 0.0) -> InteractionDataset:
+    """The interaction log strictly before ``now`` (aligned to ``now`` when asked).
+
+    A user's log (``source.log``) is read from ``now - window_seconds - log.history_seconds``
+    only, with a pyarrow filter (:func:`solaris_feast.data.log_source.read_log_window`): a
+    round's work needs ``window_seconds`` of events (0 for a precompute round, the training
+    window for training) and each event needs its user's history before it.
+    """
     import pandas as pd
 
     from solaris_feast.data.schema import EVENT_TIMESTAMP
 
+    if source.log is not None:
+        from solaris_feast.data.log_source import read_log_window
+
+        start = pd.Timestamp(now) - pd.Timedelta(
+            seconds=window_seconds + source.log.history_seconds
+        )
+        return read_log_window(source.log, start.to_pydatetime(), now)
     dataset = aligned_log(source, now)
     log = dataset.interactions
     log = log.loc[log[EVENT_TIMESTAMP] < pd.Timestamp(now)].reset_index(drop=True)

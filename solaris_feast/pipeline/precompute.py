@@ -63,24 +63,43 @@ MISS_QUEUE_GROUP = "solaris_precompute"
 
 
 def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate the params, check the repo's views, pick the newest models, open the run folder.
+    """Validate the params, check the repo's views, the log and that the serving chain fits the
+    log, then open the run folder.
 
-    The folder is keyed by the interval and the VM version: a re-run of the interval with the
-    same models finds its earlier files; a new model version starts a full re-plan.
+    The chain is the one named by ``serving_vm``, else the promoted one, else the newest
+    (:func:`~solaris_feast.models.cards.serving_chain`). Everything is checked before anything
+    is written: a bad log or candidate table, or a chain trained on another log
+    (:class:`~solaris_feast.errors.ChainMismatchError`), fails this task once. The folder is
+    keyed by the interval and the VM version: a re-run of the interval with the same models
+    finds its earlier files; a new model version starts a full re-plan.
     """
-    from solaris_feast.errors import ConfigError
-    from solaris_feast.models.cards import newest_chain
+    from solaris_feast.errors import ChainMismatchError, ConfigError
+    from solaris_feast.models.cards import serving_chain
+    from solaris_feast.pipeline.promotion import chain_mismatches, embedding_dim_mismatch
+    from solaris_feast.store.tags import TAG_EMBEDDING_DIM
 
     cfg = PrecomputeSettings.model_validate(dict(settings))
-    open_run_store(cfg)  # refuses a repo without the views before any work is done
+    store = open_run_store(cfg)  # refuses a repo without the views before any work is done
     now, key = run_time(**interval)
     models_dir = Path(cfg.models_dir)
-    chain = newest_chain(models_dir) if models_dir.is_dir() else None
+    chain = serving_chain(models_dir, cfg.serving_vm or None) if models_dir.is_dir() else None
     if chain is None or chain.vm is None:
         raise ConfigError(
             f"no VM model card in {models_dir}: run the solaris_training DAG (or solaris train)"
         )
     vm = chain.vm
+    dataset = load_log(cfg, now)  # a log that breaks the schema is refused here, by name
+    if cfg.candidates is not None:
+        _candidate_table(cfg, dataset, now)
+    problems = chain_mismatches(chain, dataset)
+    view_dim = store.get_feature_view(PAIR_VIEW).tags.get(TAG_EMBEDDING_DIM, "")
+    dim_problem = embedding_dim_mismatch(
+        chain, int(view_dim) if view_dim.isdigit() else None, PAIR_VIEW
+    )
+    if dim_problem is not None:
+        problems.append(dim_problem)
+    if problems:
+        raise ChainMismatchError(vm.version, problems)
     run_dir = precompute_run_dir(cfg, key, vm.version)
     run_dir.mkdir(parents=True, exist_ok=True)
     spec = PrecomputeRun(
@@ -97,6 +116,19 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
         "precompute run %s at %s with %s (%s)", key, now, vm.version, spec.embedding_version
     )
     return spec.model_dump(mode="json")
+
+
+def _candidate_table(
+    cfg: PrecomputeSettings, dataset: InteractionDataset, now: datetime
+) -> pd.DataFrame:
+    """The user's candidate table of the round (``cfg.candidates`` is set)."""
+    from solaris_feast.data.log_source import read_candidate_table
+
+    if cfg.candidates is None:
+        raise ValueError("no candidate table configured")
+    return read_candidate_table(
+        cfg.candidates, now, dataset.num_users, dataset.num_items, cfg.candidates_per_user
+    )
 
 
 def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
@@ -156,6 +188,12 @@ def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
     if path.is_file():
         return {"candidates": len(pd.read_parquet(path, columns=["user_id"])), "reused": True}
     dataset = load_log(spec.settings, spec.now)
+    if spec.settings.candidates is not None:
+        candidates = _candidate_table(spec.settings, dataset, spec.now)
+        write_parquet_atomic(candidates, path)
+        users = int(candidates["user_id"].nunique()) if len(candidates) else 0
+        logger.info("candidate table: %d pairs for %d users", len(candidates), users)
+        return {"candidates": len(candidates), "users": users, "reused": False}
     category = "category" if "category" in dataset.item_categorical else None
     if category is None and dataset.item_categorical:
         category = dataset.item_categorical[0]

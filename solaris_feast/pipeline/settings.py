@@ -24,6 +24,8 @@ import annotated_types
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
+from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
+
 PAIR_VIEW = "solaris_pair"
 USER_VIEW = "solaris_user"
 SIMILAR_VIEW = "solaris_similar"
@@ -39,19 +41,23 @@ ENVIRONMENT_DEFAULTS: Mapping[str, str] = {
 }
 """Settings whose DAG default comes from an environment variable of the scheduler, when set."""
 
-NOT_DAG_PARAMS: frozenset[str] = frozenset({"holdout_fraction"})
+NOT_DAG_PARAMS: frozenset[str] = frozenset({"holdout_fraction", "log", "candidates"})
 """Settings that are not DAG params: the held-out tail of a log is the demo's replay, never a
-scheduled run's."""
+scheduled run's; the user's log and candidate tables come from the config file
+(:mod:`solaris_feast.config`), not from a trigger form."""
 
 # Field docstrings become descriptions, so the DAG's trigger form shows the same text.
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 
 class LogSource(BaseModel):
-    """Where the interaction log comes from."""
+    """Where the interaction log comes from: the user's log (``log``), else a named data set."""
 
     model_config = _CONFIG
 
+    log: InteractionLogConfig | None = None
+    """The user's log (the config file's log section); null: the named data set below. A user's
+    log is live: it is never aligned nor held out."""
     dataset: Literal["synthetic", "movielens"] = "synthetic"
     """Named data set (see solaris_feast.data.datasets.load_dataset)."""
     dataset_size: Literal["tiny", "demo", "default", "large"] = "demo"
@@ -73,7 +79,11 @@ class PrecomputeSettings(LogSource):
     feature_repo: str = Field(min_length=1)
     """Feast repo folder (holds feature_store.yaml; SQLite or Redis online store)."""
     models_dir: str = Field(min_length=1)
-    """Model registry folder; the newest VM and its compressor and FM are used."""
+    """Model registry folder; the serving chain is the promoted one (solaris promote), else
+    the newest VM's, with its compressor and FM."""
+    serving_vm: str = ""
+    """VM version of the serving chain; empty: the registry's serving alias (solaris promote),
+    else the newest VM."""
     feature_store_yaml: str = Field("feature_store.yaml", min_length=1)
     """Config file inside feature_repo; feature_store.redis.yaml for Redis (its connection comes
     from SOLARIS_REDIS_CONNECTION, else from REDIS_URL)."""
@@ -85,6 +95,8 @@ class PrecomputeSettings(LogSource):
     """Parallel precompute tasks (dynamic task mapping)."""
     candidates_per_user: int = Field(200, gt=0)
     """Candidate items per active user."""
+    candidates: CandidateTableConfig | None = None
+    """The user's candidate table per round; null: the built-in generators."""
     exclude_seen_items: bool = False
     """Never offer a user an item they have met before (logs where a pair does not recur, such
     as ratings)."""

@@ -86,7 +86,7 @@ def _training_inputs(spec: TrainingRun) -> tuple[TrainingData, TrainingConfig]:
     config = base.model_copy(update={"models": models})
     now = pd.Timestamp(spec.now)
     data = TrainingData.build(
-        load_log(cfg, spec.now),
+        load_log(cfg, spec.now, window_seconds=cfg.train_window_hours * 3600),
         config.models.history_len,
         window_start=now - pd.Timedelta(hours=cfg.train_window_hours),
         window_end=now,

@@ -1,0 +1,401 @@
+"""``solaris.yaml``: the one config file the CLI and the DAGs read.
+
+It names the Feast repo, the user's interaction log (:mod:`solaris_feast.data.log_source`), the
+candidate source, the models and the serving chain, the precompute and training settings and the
+schedules. Its path comes from ``--config`` or the ``SOLARIS_CONFIG`` variable; a command that
+needs one and gets neither fails saying so (:func:`config_path`): nothing falls back to folders
+inside the code checkout. Relative paths in the file are read against the file's folder.
+
+The precompute and training sections reuse the fields of
+:class:`~solaris_feast.pipeline.settings.PrecomputeSettings` and
+:class:`~solaris_feast.pipeline.settings.TrainingSettings` (names, types, bounds, docstrings)
+instead of restating them: the settings stay the one statement of every run setting, and a
+config becomes run settings through :func:`precompute_settings` / :func:`training_settings`.
+
+Why a top-level module and not ``pipeline/config.py``: the file is read by the CLI, the DAGs,
+the promotion and the demo alike, and it names more than the pipeline (the repo, the log, the
+models). ``solaris demo`` needs no config: it runs on embedded defaults (synthetic data, SQLite,
+folders under its ``--out``).
+
+Cost: pydantic and PyYAML only (the DAG files read the schedules while Airflow parses them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+
+from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
+from solaris_feast.errors import ConfigError
+from solaris_feast.pipeline.settings import LogSource, PrecomputeSettings, TrainingSettings
+
+CONFIG_ENV = "SOLARIS_CONFIG"
+"""Variable holding the config file's path, for commands without ``--config`` and for DAGs."""
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+# Settings that other sections of the file state (where the log, repo and models are).
+_PLACED_ELSEWHERE = frozenset({*LogSource.model_fields, "feature_repo", "models_dir"})
+_PLACED_ELSEWHERE |= {"feature_store_yaml", "candidates", "serving_vm"}
+
+
+def _section(name: str, model: type[BaseModel], doc: str) -> type[BaseModel]:
+    """A config section holding ``model``'s fields but those placed in other sections."""
+    fields: dict[str, Any] = {
+        field: (info.annotation, info)
+        for field, info in model.model_fields.items()
+        if field not in _PLACED_ELSEWHERE
+    }
+    section: type[BaseModel] = create_model(name, __config__=_CONFIG, __doc__=doc, **fields)
+    return section
+
+
+if TYPE_CHECKING:  # built at run time from the settings' fields; plain models to mypy
+    PrecomputeSection = BaseModel
+    TrainingSection = BaseModel
+else:
+    PrecomputeSection = _section(
+        "PrecomputeSection",
+        PrecomputeSettings,
+        "The precompute's settings (the fields of pipeline.settings.PrecomputeSettings).",
+    )
+    TrainingSection = _section(
+        "TrainingSection",
+        TrainingSettings,
+        "The training's settings (the fields of pipeline.settings.TrainingSettings).",
+    )
+
+
+class FeastRepoSection(BaseModel):
+    """The Feast repo the views live in."""
+
+    model_config = _CONFIG
+
+    repo: str = Field(min_length=1)
+    """Feast repo folder (holds the feature_store yaml and the applied SOLARIS views)."""
+    feature_store_yaml: str = Field("feature_store.yaml", min_length=1)
+    """The repo's config file: feature_store.yaml (SQLite) or feature_store.redis.yaml (Redis)."""
+
+
+NOT_BUILT_YET = (
+    "only 'reference' is built: your own {what} through an interface (an entry point "
+    "package.module:factory or an exported artifact with a card) is not built yet"
+)
+
+
+class ModelsSection(BaseModel):
+    """The model registry and which models make the chain."""
+
+    model_config = _CONFIG
+
+    dir: str = Field(min_length=1)
+    """Model registry folder: cards, weights and the serving alias (solaris promote)."""
+    fm: Literal["reference"] = "reference"
+    """The foundation model: the project's reference FM (the only one built today)."""
+    verifier: Literal["reference"] = "reference"
+    """The verifier (VM): the project's reference VM (the only one built today)."""
+    serving_vm: str = ""
+    """VM version of the serving chain; empty: the one `solaris promote` recorded in the
+    registry's serving alias (without an alias, the newest VM, with a warning)."""
+
+    @field_validator("fm", "verifier", mode="before")
+    @classmethod
+    def _reference_only(cls, value: object, info: Any) -> object:
+        if value != "reference":
+            what = "FM" if info.field_name == "fm" else "verifier"
+            raise ValueError(f"{value!r}: {NOT_BUILT_YET.format(what=what)}")
+        return value
+
+
+class CandidatesSection(BaseModel):
+    """Where a round's candidate pairs come from."""
+
+    model_config = _CONFIG
+
+    source: Literal["generated", "table"] = "generated"
+    """generated: the built-in generators (co-occurrence, category, popularity) over the log
+    window; table: the user's retrieval output (the table below)."""
+    table: CandidateTableConfig | None = None
+    """The candidate table, when source is table."""
+
+    def chosen_table(self) -> CandidateTableConfig | None:
+        """The table a round reads; None for the generators."""
+        if self.source == "table" and self.table is None:
+            raise ConfigError("candidates.source is table: set candidates.table.path")
+        return self.table if self.source == "table" else None
+
+
+class SchedulesSection(BaseModel):
+    """When the DAGs run (cron or preset); the SOLARIS_*_SCHEDULE variables override them."""
+
+    model_config = _CONFIG
+
+    precompute: str = Field("@hourly", min_length=1)
+    """Schedule of the solaris_precompute DAG."""
+    training: str = Field("@daily", min_length=1)
+    """Schedule of the solaris_training DAG."""
+
+
+class SolarisConfig(BaseModel):
+    """solaris.yaml: everything a deployment names."""
+
+    model_config = _CONFIG
+
+    feast: FeastRepoSection
+    """The Feast repo."""
+    log: InteractionLogConfig
+    """The interaction log and its column mapping."""
+    candidates: CandidatesSection = CandidatesSection()
+    """The candidate source."""
+    models: ModelsSection
+    """The model registry and the serving chain."""
+    precompute: PrecomputeSection = PrecomputeSection()
+    """Precompute settings (budget, shards, TTL margin, ...)."""
+    training: TrainingSection = TrainingSection()
+    """Training settings (window, epochs, seed)."""
+    schedules: SchedulesSection = SchedulesSection()
+    """DAG schedules."""
+
+
+def config_path(given: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """``given``, else ``$SOLARIS_CONFIG``.
+
+    Raises:
+        ConfigError: neither is set, saying what to set.
+    """
+    env = os.environ if environ is None else environ
+    chosen = str(given) if given else env.get(CONFIG_ENV, "").strip()
+    if not chosen:
+        raise ConfigError(
+            f"no config file: pass --config PATH or set {CONFIG_ENV}=PATH to a solaris.yaml "
+            "(README: Bring your own data and models)"
+        )
+    return Path(chosen)
+
+
+def _is_url(location: str) -> bool:
+    return "://" in location
+
+
+def _anchored(location: str, base: Path) -> str:
+    """A relative local path read against the config file's folder; URLs unchanged."""
+    if not location or _is_url(location) or Path(location).is_absolute():
+        return location
+    return str((base / location).resolve())
+
+
+def load_config(path: str | Path | None = None) -> SolarisConfig:
+    """The config at ``path`` (or ``$SOLARIS_CONFIG``), relative paths anchored at its folder.
+
+    Raises:
+        ConfigError: no path, a missing or unreadable file, or invalid contents (naming the file
+            and each bad key, with unknown keys refused).
+    """
+    import yaml
+
+    file = config_path(path)
+    try:
+        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"config file {file} is not readable: {exc}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {file} must hold a mapping, got {type(raw).__name__}")
+    try:
+        config = SolarisConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"config file {file}: {problems}") from exc
+    return _anchor_paths(config, file.resolve().parent)
+
+
+def _anchor_paths(config: SolarisConfig, base: Path) -> SolarisConfig:
+    # Derive a new config instead of mutating the validated one (they are frozen anyway).
+    def table(t: Any) -> Any:
+        return None if t is None else t.model_copy(update={"path": _anchored(t.path, base)})
+
+    log = config.log.model_copy(
+        update={
+            "path": _anchored(config.log.path, base),
+            "users": table(config.log.users),
+            "items": table(config.log.items),
+        }
+    )
+    candidates = config.candidates.model_copy(update={"table": table(config.candidates.table)})
+    precompute = config.precompute.model_copy(
+        update={"runs_dir": _anchored(getattr(config.precompute, "runs_dir", ""), base)}
+    )
+    return config.model_copy(
+        update={
+            "feast": config.feast.model_copy(update={"repo": _anchored(config.feast.repo, base)}),
+            "log": log,
+            "candidates": candidates,
+            "models": config.models.model_copy(update={"dir": _anchored(config.models.dir, base)}),
+            "precompute": precompute,
+        }
+    )
+
+
+def resolved_log(config: SolarisConfig) -> InteractionLogConfig:
+    """The log section with a ``feast_source`` replaced by that FileSource's path (resolved as
+    Feast's file offline store resolves it: against the repo folder).
+
+    Raises:
+        ConfigError: the repo has no data source of that name, or it is not a FileSource.
+    """
+    log = config.log
+    if not log.feast_source:
+        return log
+    from feast import FileSource
+
+    from solaris_feast.store.config import open_repo_store
+    from solaris_feast.store.offline import source_path
+
+    repo = Path(config.feast.repo)
+    store = open_repo_store(repo, repo / config.feast.feature_store_yaml)
+    try:
+        source = store.get_data_source(log.feast_source)
+    except Exception as exc:  # feast raises DataSourceObjectNotFoundException
+        raise ConfigError(
+            f"log.feast_source {log.feast_source!r}: no data source of that name in the "
+            f"registry of {repo} ({type(exc).__name__})"
+        ) from exc
+    if not isinstance(source, FileSource):
+        raise ConfigError(
+            f"log.feast_source {log.feast_source!r} is a {type(source).__name__}; only "
+            "FileSource logs are read (point log.path at the parquet instead)"
+        )
+    location = source.path
+    if not _is_url(location):
+        location = str(source_path(location, store.config.repo_path))
+    return log.model_copy(update={"path": location, "feast_source": ""})
+
+
+def precompute_settings(
+    config: SolarisConfig, overrides: Mapping[str, Any] | None = None
+) -> PrecomputeSettings:
+    """The precompute run settings the config names, ``overrides`` (DAG params of a manual run,
+    ``--`` options) applied on top."""
+    values: dict[str, Any] = {
+        **config.precompute.model_dump(),
+        "feature_repo": config.feast.repo,
+        "feature_store_yaml": config.feast.feature_store_yaml,
+        "models_dir": config.models.dir,
+        "serving_vm": config.models.serving_vm,
+        "log": resolved_log(config),
+        "align_log_to_run": False,
+        "candidates": config.candidates.chosen_table(),
+    }
+    return PrecomputeSettings.model_validate({**values, **dict(overrides or {})})
+
+
+def training_settings(
+    config: SolarisConfig, overrides: Mapping[str, Any] | None = None
+) -> TrainingSettings:
+    """The training run settings the config names, ``overrides`` applied on top."""
+    values: dict[str, Any] = {
+        **config.training.model_dump(),
+        "models_dir": config.models.dir,
+        "log": resolved_log(config),
+        "align_log_to_run": False,
+    }
+    return TrainingSettings.model_validate({**values, **dict(overrides or {})})
+
+
+def manual_overrides(
+    params: Mapping[str, Any], conf: Mapping[str, Any] | None, param_defaults: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The DAG params a manual run set: those its conf names with a value other than the
+    param's default. A scheduled run has no conf, so it takes every setting from the config;
+    the trigger form sends every field, so a field left at its default is not an override."""
+    given = dict(conf or {})
+    return {
+        name: params[name]
+        for name in params
+        if name in given and given[name] != param_defaults.get(name)
+    }
+
+
+def run_settings(
+    kind: Literal["precompute", "training"],
+    params: Mapping[str, Any],
+    conf: Mapping[str, Any] | None,
+    param_defaults: Mapping[str, Any],
+) -> dict[str, Any]:
+    """What a DAG's ``start`` task validates: with ``$SOLARIS_CONFIG`` set (read now, at run
+    time), the config's settings with the manual run's overrides; else the params as given."""
+    if not os.environ.get(CONFIG_ENV, "").strip():
+        return dict(params)
+    config = load_config()
+    overrides = manual_overrides(params, conf, param_defaults)
+    build = precompute_settings if kind == "precompute" else training_settings
+    return build(config, overrides).model_dump(mode="json")
+
+
+def schedule_of(kind: Literal["precompute", "training"], default: str) -> str:
+    """A DAG's schedule: ``SOLARIS_<KIND>_SCHEDULE``, else the config's (when
+    ``$SOLARIS_CONFIG`` is set), else ``default``. Read while the DAG file is parsed."""
+    variable = os.environ.get(f"SOLARIS_{kind.upper()}_SCHEDULE", "").strip()
+    if variable:
+        return variable
+    if os.environ.get(CONFIG_ENV, "").strip():
+        schedules = load_config().schedules
+        return schedules.precompute if kind == "precompute" else schedules.training
+    return default
+
+
+def config_reference_rows(
+    model: type[BaseModel] = SolarisConfig, prefix: str = ""
+) -> list[tuple[str, str, str, str]]:
+    """``(key, type, default, description)`` of every key of ``model``, nested sections
+    flattened to dotted keys: the README's key table is generated from this."""
+    import json
+    import types
+    import typing
+
+    rows: list[tuple[str, str, str, str]] = []
+    for name, info in model.model_fields.items():
+        key = f"{prefix}{name}"
+        annotation = info.annotation
+        members = [a for a in typing.get_args(annotation) if a is not type(None)]
+        nested = annotation if isinstance(annotation, type) else None
+        if nested is None and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+            nested = members[0] if len(members) == 1 and isinstance(members[0], type) else None
+        description = " ".join((info.description or "").split())
+        if nested is not None and issubclass(nested, BaseModel):
+            optional = "" if info.is_required() else " (optional)"
+            rows.append((key, "section" + optional, "", description))
+            rows += config_reference_rows(nested, f"{key}.")
+            continue
+        if info.is_required():
+            default = "required"
+        else:
+            default = json.dumps(info.get_default(call_default_factory=True))
+        if typing.get_origin(annotation) is Literal:
+            type_name = " or ".join(json.dumps(a) for a in typing.get_args(annotation))
+        elif isinstance(annotation, type):
+            type_name = annotation.__name__
+        else:
+            type_name = str(annotation).replace("typing.", "").replace("NoneType", "null")
+        rows.append((key, type_name, default, description))
+    return rows
+
+
+def config_reference_markdown() -> str:
+    """The key table of solaris.yaml as markdown (``python -m solaris_feast.config``)."""
+    lines = ["| key | type | default | what it is |", "| --- | --- | --- | --- |"]
+    for key, type_name, default, description in config_reference_rows():
+        cells = [f"`{key}`", type_name.replace("|", "or"), default.replace("|", "or"), description]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(config_reference_markdown())

@@ -1,0 +1,459 @@
+"""The user's own tables: the interaction log, its attribute tables and per-round candidates.
+
+A log is parquet: one file, a folder of files (read as one pyarrow dataset, recursively) or any
+URL a pyarrow filesystem opens (``s3://``, ``gs://``, ``hdfs://``, ``file://``). Its columns are
+mapped onto the project's schema (:mod:`solaris_feast.data.schema`) by :class:`LogColumns`; extra
+columns are never read. A round reads only the time window it needs: :func:`read_log_window`
+hands pyarrow a filter on the timestamp column, so row groups (and, with hive partitioning,
+whole files) outside the window are skipped by their statistics and only the mapped columns of
+the window's rows are materialized (measured in ``benchmarks/README.md``).
+
+Bad input is refused before anything is written, naming the file and column: a mapped column
+that is missing or has the wrong type, a timestamp without a zone (unless declared UTC),
+duplicate ids in an attribute table, a path that does not exist.
+
+Cost: the config models here import pydantic only, because the pipeline's settings (imported
+while Airflow parses the DAG files) hold them; pyarrow and pandas are imported by the readers.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.dataset as pads
+
+    from solaris_feast.data.schema import InteractionDataset
+
+_CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+DEFAULT_HISTORY_SECONDS = 7 * 86_400
+"""A round reads a week of the log before its time unless told otherwise."""
+
+
+class LogColumns(BaseModel):
+    """Which of the log's columns hold the user, the item, the time and the labels."""
+
+    model_config = _CONFIG
+
+    user: str = "user_id"
+    """Column of the user id (dense integers 0..N-1)."""
+    item: str = "item_id"
+    """Column of the item id (dense integers 0..N-1)."""
+    timestamp: str = "event_timestamp"
+    """Column of the impression time (a parquet timestamp; with a zone, or see
+    timestamps_without_zone_are_utc)."""
+    labels: list[str] = Field(min_length=1)
+    """Binary label columns (0/1 or booleans), main task first; their names become the models'
+    task names."""
+
+    @model_validator(mode="after")
+    def _distinct(self) -> LogColumns:
+        names = [self.user, self.item, self.timestamp, *self.labels]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"a column is mapped twice: {repeated}")
+        return self
+
+
+class AttributeTable(BaseModel):
+    """A user or item attribute table: one row per id."""
+
+    model_config = _CONFIG
+
+    path: str = Field(min_length=1)
+    """Parquet file, folder or URL."""
+    id_column: str = Field(min_length=1)
+    """Column of the user (or item) id, the same ids as the log's."""
+    categorical: list[str] = []
+    """Integer code columns (0..cardinality-1)."""
+    dense: list[str] = []
+    """Float columns."""
+
+
+class InteractionLogConfig(BaseModel):
+    """The user's interaction log: where it is, how its columns map, how much a round reads."""
+
+    model_config = _CONFIG
+
+    path: str = ""
+    """Parquet file, folder or URL of the log (or set feast_source instead)."""
+    feast_source: str = ""
+    """Name of a Feast FileSource registered in the Feast repo whose path is the log."""
+    name: str = "log"
+    """Short name of the log, recorded on the model cards as their data set."""
+    columns: LogColumns
+    """Column mapping."""
+    users: AttributeTable | None = None
+    """Optional user attribute table."""
+    items: AttributeTable | None = None
+    """Optional item attribute table."""
+    history_seconds: int = Field(DEFAULT_HISTORY_SECONDS, gt=0)
+    """A round reads the log from its time minus history_seconds: the users' histories and the
+    built-in candidate generators see that window, never older events."""
+    num_users: int | None = Field(None, gt=0)
+    """Size of the user id space (ids 0..num_users-1); null: the largest id read plus one. Set
+    it so models trained today have room for tomorrow's users."""
+    num_items: int | None = Field(None, gt=0)
+    """Size of the item id space, as num_users."""
+    timestamps_without_zone_are_utc: bool = False
+    """Read a timestamp column stored without a time zone as UTC (refused otherwise)."""
+    partition_column: str = ""
+    """Hive partition folder name holding the UTC day of the rows (``<name>=YYYY-MM-DD/``):
+    files of days outside a round's window are never opened. Empty: no day partitions (row
+    groups outside the window are still skipped by their statistics)."""
+
+    @model_validator(mode="after")
+    def _one_location(self) -> InteractionLogConfig:
+        if bool(self.path) == bool(self.feast_source):
+            raise ValueError("log: set exactly one of path or feast_source")
+        return self
+
+
+class CandidateTableConfig(BaseModel):
+    """The user's retrieval output: a candidate table per round."""
+
+    model_config = _CONFIG
+
+    path: str = Field(min_length=1)
+    """Parquet file, folder or URL of a round's candidates. May name the round's time as
+    ``{now:%Y%m%dT%H%M%SZ}`` (any strftime format): one table per round."""
+    user_column: str = "user_id"
+    """Column of the user id."""
+    item_column: str = "item_id"
+    """Column of the item id."""
+    score_column: str = ""
+    """Column of the retrieval score (higher is better); empty: the row order within a user is
+    the rank."""
+
+    def path_at(self, now: datetime) -> str:
+        """The table of the round planned for ``now``."""
+        return self.path.format(now=now)
+
+
+# -- readers ------------------------------------------------------------------------------------
+
+
+def open_parquet(
+    location: str, what: str, days: tuple[str, str, str] | None = None
+) -> pads.Dataset:
+    """``location`` (file, folder or URL) as a pyarrow dataset; ``what`` names it in errors.
+
+    ``days`` (partition column, first and last UTC day ``YYYY-MM-DD``) keeps only the files
+    under ``<column>=<day>/`` folders of those days, chosen by their paths before any is opened.
+
+    Raises:
+        ConfigError: the location does not exist or is not parquet.
+    """
+    import pyarrow.dataset as pads
+    import pyarrow.fs as pafs
+
+    from solaris_feast.errors import ConfigError
+
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(location)
+    except (ValueError, TypeError):  # a plain local path (relative, or with odd characters)
+        filesystem, path = pafs.LocalFileSystem(), location
+    try:
+        info = filesystem.get_file_info(path)
+    except OSError as exc:
+        raise ConfigError(f"{what} {location}: cannot be reached: {exc}") from exc
+    if info.type == pafs.FileType.NotFound:
+        raise ConfigError(f"{what} {location} does not exist")
+    source: str | list[str] = path
+    if days is not None and info.type == pafs.FileType.Directory:
+        source = _files_of_days(filesystem, path, *days)
+        if not source:
+            raise ConfigError(
+                f"{what} {location} has no {days[0]}=<day> folder from {days[1]} to {days[2]}"
+            )
+    try:
+        return pads.dataset(source, filesystem=filesystem, format="parquet", partitioning="hive")
+    except Exception as exc:  # pyarrow raises ArrowInvalid, OSError, ... for a non-parquet file
+        raise ConfigError(f"{what} {location} is not readable as parquet: {exc}") from exc
+
+
+def _files_of_days(filesystem: Any, root: str, column: str, first: str, last: str) -> list[str]:
+    """Parquet files under ``root`` whose ``<column>=<day>`` folder lies in ``[first, last]``
+    (ISO days compare as strings); files outside any such folder are kept."""
+    import pyarrow.fs as pafs
+
+    prefix = f"{column}="
+    chosen: list[str] = []
+    for entry in filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
+        if entry.type != pafs.FileType.File or Path(entry.path).name.startswith((".", "_")):
+            continue
+        parts = [p[len(prefix) :] for p in Path(entry.path).parts if p.startswith(prefix)]
+        if not parts or first <= parts[-1] <= last:
+            chosen.append(entry.path)
+    return sorted(chosen)
+
+
+def _require_columns(
+    schema: pa.Schema, where: str, columns: dict[str, str], check: dict[str, str]
+) -> None:
+    """Refuse a mapped column that is missing or of the wrong kind, naming file and column.
+
+    ``columns`` maps a role (``user``) to the user's column; ``check`` a role to the kind it must
+    be: ``integer``, ``timestamp``, ``label`` (integer, boolean or float) or ``float``.
+    """
+    import pyarrow.types as pat
+
+    from solaris_feast.errors import SchemaError
+
+    kinds = {
+        "integer": pat.is_integer,
+        "timestamp": pat.is_timestamp,
+        "label": lambda t: pat.is_integer(t) or pat.is_boolean(t) or pat.is_floating(t),
+        "float": lambda t: pat.is_integer(t) or pat.is_floating(t),
+    }
+    for role, column in columns.items():
+        if column not in schema.names:
+            raise SchemaError(
+                where, column, f"(mapped as {role}) is missing; columns present: {schema.names}"
+            )
+        kind = check[role]
+        if not kinds[kind](schema.field(column).type):
+            raise SchemaError(
+                where,
+                column,
+                f"(mapped as {role}) must be {kind}, got {schema.field(column).type}",
+            )
+
+
+def _as_scalar(moment: datetime, arrow_type: pa.DataType) -> pa.Scalar:
+    """``moment`` in the timestamp column's own type, so the filter compares without a cast
+    (a cast of the column would defeat the row-group statistics)."""
+    import pandas as pd
+    import pyarrow as pa
+
+    stamp = pd.Timestamp(moment).tz_convert("UTC")
+    if getattr(arrow_type, "tz", None) is None:
+        stamp = stamp.tz_localize(None)
+    return pa.scalar(stamp, type=arrow_type)
+
+
+def log_location(config: InteractionLogConfig) -> str:
+    """Where the log is read from (the FileSource's path is resolved by the config first)."""
+    from solaris_feast.errors import ConfigError
+
+    if not config.path:
+        raise ConfigError(
+            f"log: feast_source {config.feast_source!r} was not resolved to a path; "
+            "load the config through solaris_feast.config.load_config"
+        )
+    return config.path
+
+
+def read_log_window(
+    config: InteractionLogConfig, start: datetime | None, end: datetime
+) -> InteractionDataset:
+    """The log's events in ``[start, end)`` (``start`` None: from the beginning) as the schema's
+    :class:`InteractionDataset`, with the attribute tables read whole.
+
+    Only the mapped columns of the window's rows are read. ``metadata["rows_read"]`` is the
+    number of log rows pyarrow returned.
+
+    Raises:
+        ConfigError: the log or a table does not exist or is not parquet.
+        SchemaError: naming the file and column, for a missing mapped column, a wrong type, a
+            timestamp without a zone, non-binary labels, ids outside the id space, or duplicate
+            ids in an attribute table.
+    """
+    import numpy as np
+    import pandas as pd
+    import pyarrow.dataset as pads
+    import pyarrow.types as pat
+
+    from solaris_feast.data.schema import (
+        EVENT_TIMESTAMP,
+        ITEM_ID,
+        USER_ID,
+        InteractionDataset,
+        validate_interactions,
+    )
+    from solaris_feast.errors import SchemaError
+
+    location = log_location(config)
+    where = f"log {location}"
+    days = None
+    if config.partition_column:
+        first = "0000-00-00" if start is None else f"{_utc_day(start)}"
+        days = (config.partition_column, first, _utc_day(end))
+    dataset = open_parquet(location, "log", days)
+    cols = config.columns
+    roles = {"user": cols.user, "item": cols.item, "timestamp": cols.timestamp}
+    roles |= {f"label {name}": name for name in cols.labels}
+    kinds = {"user": "integer", "item": "integer", "timestamp": "timestamp"}
+    kinds |= {f"label {name}": "label" for name in cols.labels}
+    _require_columns(dataset.schema, where, roles, kinds)
+    ts_type = dataset.schema.field(cols.timestamp).type
+    if ts_type.tz is None and not config.timestamps_without_zone_are_utc:
+        raise SchemaError(
+            where,
+            cols.timestamp,
+            "is a timestamp without a time zone: store it with one, or set "
+            "log.timestamps_without_zone_are_utc: true if it is UTC",
+        )
+    window = pads.field(cols.timestamp) < _as_scalar(end, ts_type)
+    if start is not None:
+        window = window & (pads.field(cols.timestamp) >= _as_scalar(start, ts_type))
+    table = dataset.to_table(columns=list(roles.values()), filter=window)
+    frame = table.to_pandas()
+    ts = pd.to_datetime(frame[cols.timestamp])
+    ts = ts.dt.tz_localize("UTC") if ts.dt.tz is None else ts.dt.tz_convert("UTC")
+    interactions = pd.DataFrame(
+        {
+            USER_ID: frame[cols.user].to_numpy(np.int64),
+            ITEM_ID: frame[cols.item].to_numpy(np.int64),
+            EVENT_TIMESTAMP: ts.astype("datetime64[ns, UTC]"),
+        }
+    )
+    for name in cols.labels:
+        values = frame[name]
+        if pat.is_boolean(table.schema.field(name).type):
+            values = values.astype(np.int64)
+        interactions[name] = values
+    try:
+        validate_interactions(interactions, tuple(cols.labels))
+    except SchemaError as exc:
+        raise SchemaError(where, exc.column, exc.problem) from exc
+    interactions = interactions.sort_values(EVENT_TIMESTAMP, kind="stable").reset_index(drop=True)
+
+    users, user_cat, user_dense = _attributes(config.users, USER_ID, "users")
+    items, item_cat, item_dense = _attributes(config.items, ITEM_ID, "items")
+    num_users = _id_space(config.num_users, interactions[USER_ID], users[USER_ID])
+    num_items = _id_space(config.num_items, interactions[ITEM_ID], items[ITEM_ID])
+    for column, bound, table_name in (
+        (USER_ID, num_users, "num_users"),
+        (ITEM_ID, num_items, "num_items"),
+    ):
+        values = interactions[column].to_numpy()
+        if len(values) and (values.min() < 0 or values.max() >= bound):
+            mapped = cols.user if column == USER_ID else cols.item
+            raise SchemaError(
+                where,
+                mapped,
+                f"has ids outside 0..{bound - 1} (log.{table_name}; "
+                f"min {values.min()}, max {values.max()})",
+            )
+    return InteractionDataset(
+        name=config.name,
+        interactions=interactions,
+        users=users,
+        items=items,
+        label_columns=tuple(cols.labels),
+        num_users=num_users,
+        num_items=num_items,
+        user_categorical=user_cat,
+        item_categorical=item_cat,
+        user_dense=user_dense,
+        item_dense=item_dense,
+        metadata={"rows_read": table.num_rows, "source": location},
+    )
+
+
+def _utc_day(moment: datetime) -> str:
+    import pandas as pd
+
+    return str(pd.Timestamp(moment).tz_convert("UTC").strftime("%Y-%m-%d"))
+
+
+def _id_space(configured: int | None, *ids: pd.Series) -> int:
+    if configured is not None:
+        return configured
+    return max([int(s.max()) + 1 for s in ids if len(s)] or [1])
+
+
+def _attributes(
+    table: AttributeTable | None, key: str, kind: str
+) -> tuple[pd.DataFrame, tuple[str, ...], tuple[str, ...]]:
+    """An attribute table renamed to the schema's key, with its categorical and dense columns."""
+    import numpy as np
+    import pandas as pd
+
+    from solaris_feast.errors import SchemaError
+
+    if table is None:
+        return pd.DataFrame({key: np.zeros(0, dtype=np.int64)}), (), ()
+    where = f"{kind} table {table.path}"
+    dataset = open_parquet(table.path, f"{kind} table")
+    roles = {"id": table.id_column}
+    roles |= {f"categorical {c}": c for c in table.categorical}
+    roles |= {f"dense {c}": c for c in table.dense}
+    kinds = {"id": "integer"} | {f"categorical {c}": "integer" for c in table.categorical}
+    kinds |= {f"dense {c}": "float" for c in table.dense}
+    _require_columns(dataset.schema, where, roles, kinds)
+    frame = dataset.to_table(columns=list(dict.fromkeys(roles.values()))).to_pandas()
+    duplicated = frame[table.id_column].duplicated()
+    if duplicated.any():
+        first = frame.loc[duplicated, table.id_column].iloc[0]
+        raise SchemaError(
+            where,
+            table.id_column,
+            f"has {int(duplicated.sum())} duplicate ids, for instance {first}",
+        )
+    ids = frame[table.id_column].to_numpy(np.int64)
+    if len(ids) and ids.min() < 0:
+        raise SchemaError(where, table.id_column, "has negative ids")
+    for column in table.categorical:
+        if len(frame) and frame[column].min() < 0:
+            raise SchemaError(where, column, "must hold non-negative integer codes")
+    for column in table.dense:
+        if not np.isfinite(frame[column].to_numpy(np.float64)).all():
+            raise SchemaError(where, column, "has NaN or infinite values")
+    out = frame.drop(columns=[table.id_column]).assign(**{key: ids})
+    out = out[[key, *table.categorical, *table.dense]]
+    return out.reset_index(drop=True), tuple(table.categorical), tuple(table.dense)
+
+
+def read_candidate_table(
+    config: CandidateTableConfig,
+    now: datetime,
+    num_users: int,
+    num_items: int,
+    candidates_per_user: int | None = None,
+) -> pd.DataFrame:
+    """The candidate table of the round at ``now`` in the generated table's form
+    (:func:`solaris_feast.precompute.candidates.validate_candidate_table`), each user's best
+    ``candidates_per_user`` rows; ids must lie in the log's id spaces.
+
+    Raises:
+        ConfigError: the table does not exist or is not parquet.
+        SchemaError: naming the file and column.
+    """
+    from solaris_feast.data.schema import ITEM_ID, USER_ID
+    from solaris_feast.errors import SchemaError
+    from solaris_feast.precompute.candidates import CANDIDATE_SCORE, validate_candidate_table
+
+    location = config.path_at(now)
+    where = f"candidate table {location}"
+    dataset = open_parquet(location, "candidate table")
+    roles = {"user": config.user_column, "item": config.item_column}
+    kinds = {"user": "integer", "item": "integer"}
+    if config.score_column:
+        roles["score"] = config.score_column
+        kinds["score"] = "float"
+    _require_columns(dataset.schema, where, roles, kinds)
+    frame = dataset.to_table(columns=list(roles.values())).to_pandas()
+    renamed = frame.rename(
+        columns={config.user_column: USER_ID, config.item_column: ITEM_ID}
+        | ({config.score_column: CANDIDATE_SCORE} if config.score_column else {})
+    )
+    users = renamed[USER_ID].to_numpy() if len(renamed) else None
+    if users is not None and users.max() >= num_users:
+        raise SchemaError(
+            where, config.user_column, f"has user ids beyond the log's 0..{num_users - 1}"
+        )
+    try:
+        return validate_candidate_table(
+            renamed, candidates_per_user=candidates_per_user, num_items=num_items
+        )
+    except SchemaError as exc:
+        raise SchemaError(where, exc.column, exc.problem) from exc

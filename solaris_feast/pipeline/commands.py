@@ -1,0 +1,86 @@
+"""One training or precompute round outside Airflow (cron, notebooks, tests): the same task
+bodies as the DAGs, called in the DAGs' order in one process.
+
+A round is keyed like a manual DAG run by the time it is for (``--at``, default now): running
+the same command again for the same time reuses the run folder's files and the training
+markers, as a retried DAG task does, so nothing is added twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from solaris_feast.config import SolarisConfig, precompute_settings, training_settings
+
+Echo = Callable[[str], None]
+
+
+def _interval(at: datetime | None, kind: str) -> dict[str, Any]:
+    """A manual run's interval: no data interval, its time ``at`` (default now), keyed by it."""
+    import pandas as pd
+
+    moment = pd.Timestamp(at) if at is not None else pd.Timestamp.now(tz="UTC")
+    if moment.tzinfo is None:
+        moment = moment.tz_localize("UTC")
+    moment = moment.tz_convert("UTC").floor("s")
+    return {
+        "data_interval_start": None,
+        "data_interval_end": None,
+        "logical_date": moment.to_pydatetime(),
+        "run_after": None,
+        "run_id": f"cli_{kind}_{moment.strftime('%Y%m%dT%H%M%SZ')}",
+    }
+
+
+def train_round(config: SolarisConfig, at: datetime | None, echo: Echo) -> dict[str, Any]:
+    """Train FM -> compressor -> VM on the config's log window and register their cards."""
+    from solaris_feast.pipeline import training
+
+    settings = training_settings(config).model_dump(mode="json")
+    run = training.start_training(settings, _interval(at, "train"))
+    echo(f"training on {config.log.path or config.log.feast_source} up to {run['now']}")
+    fm = training.train_foundation_stage(run)
+    echo(f"fm          {fm['version']}")
+    compressor = training.train_compressor_stage(run, fm["version"])
+    echo(f"compressor  {compressor['version']}")
+    vm = training.train_vertical_stage(run, compressor["version"])
+    echo(f"vm          {vm['version']}")
+    echo(f"cards in {config.models.dir}; serve it with: solaris promote --vm {vm['version']}")
+    return {"fm": fm, "compressor": compressor, "vm": vm}
+
+
+def precompute_round(config: SolarisConfig, at: datetime | None, echo: Echo) -> dict[str, Any]:
+    """One precompute round: the precompute DAG's tasks, in order, in this process."""
+    from solaris_feast.pipeline import coverage, precompute
+
+    settings = precompute_settings(config).model_dump(mode="json")
+    run = precompute.start_precompute(settings, _interval(at, "precompute"))
+    echo(f"round {run['interval_key']} at {run['now']} with VM {run['vm_version']}")
+    misses = precompute.drain_miss_queue(run)
+    echo(f"misses      {misses['misses']} taken from the queue")
+    candidates = precompute.generate_candidate_table(run)
+    echo(f"candidates  {candidates['candidates']} pairs")
+    planned = precompute.plan_run(run)
+    echo(f"plan        {planned['planned']} pairs for the FM")
+    computed = 0
+    for shard in planned["shard_indexes"]:
+        report = precompute.precompute_shard(run, shard, len(planned["shard_indexes"]))
+        computed += int(report.get("computed", 0))
+        echo(f"shard {shard}     {report}")
+    users = precompute.aggregate_users(run)
+    echo(f"aggregates  {users['users']} users")
+    filled = precompute.fill_similar(run)
+    echo(f"similar     {filled['filled']} pairs filled")
+    covered = coverage.publish_coverage(run)
+    run_dir = Path(run["run_dir"])
+    echo(f"run folder  {run_dir} (plan/, candidates.parquet, coverage.json)")
+    from solaris_feast.pipeline.settings import SOLARIS_VIEWS, PrecomputeSettings
+    from solaris_feast.store.offline import offline_view_root
+
+    store = precompute.open_run_store(PrecomputeSettings.model_validate(settings))
+    for view in SOLARIS_VIEWS:
+        echo(f"offline     {view}: {offline_view_root(store, view)}")
+    return {"run": run, "plan": planned, "coverage": covered, "run_dir": str(run_dir)}

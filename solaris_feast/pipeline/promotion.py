@@ -1,0 +1,126 @@
+"""Promotion: naming the serving chain, and checking that a chain fits the log before a round.
+
+``solaris promote --vm VERSION`` writes the registry's serving alias
+(:data:`~solaris_feast.models.cards.SERVING_ALIAS_FILE`, read by
+:func:`~solaris_feast.models.cards.serving_chain`) atomically: a precompute starting at the same
+moment reads the old alias or the new one. The precompute's first task runs
+:func:`check_chain_fits_log` before planning, so a chain trained on another log (fewer users,
+other labels, other attributes) fails its task once with a
+:class:`~solaris_feast.errors.ChainMismatchError` naming every mismatch, instead of an
+``IndexError`` deep inside the VM, retried.
+
+Cost: cards are read without torch; the check compares the cards' recorded feature schema with
+the window the round reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from solaris_feast.errors import ConfigError
+from solaris_feast.models.cards import (
+    SERVING_ALIAS_FILE,
+    ModelChain,
+    ServingAlias,
+    list_cards,
+    select_chain,
+)
+from solaris_feast.pipeline.runs import write_atomic
+
+if TYPE_CHECKING:
+    from solaris_feast.data.schema import InteractionDataset
+
+
+def chain_mismatches(chain: ModelChain, dataset: InteractionDataset) -> list[str]:
+    """What in ``dataset`` the chain's FM and VM were not built for: the label set, ids beyond
+    their embedding tables, attribute codes beyond their tables, other attribute counts."""
+    problems: list[str] = []
+    for card in (chain.fm, chain.vm):
+        if card is None:
+            continue
+        if card.tasks and tuple(card.tasks) != tuple(dataset.label_columns):
+            problems.append(
+                f"{card.kind} {card.version} predicts labels {list(card.tasks)}, "
+                f"the log has {list(dataset.label_columns)}"
+            )
+        schema = card.config.get("schema")
+        if not isinstance(schema, Mapping):
+            continue
+        for what, ids, size in (
+            ("user", dataset.num_users, schema.get("num_users")),
+            ("item", dataset.num_items, schema.get("num_items")),
+        ):
+            if isinstance(size, int) and ids > size:
+                problems.append(
+                    f"{card.kind} {card.version} has room for {size} {what} ids, the log has "
+                    f"{what} ids up to {ids - 1}"
+                )
+        for table, columns, key, dense, dense_key in (
+            (
+                "users",
+                dataset.user_categorical,
+                "user_cardinalities",
+                dataset.user_dense,
+                "user_dense_dim",
+            ),
+            (
+                "items",
+                dataset.item_categorical,
+                "item_cardinalities",
+                dataset.item_dense,
+                "item_dense_dim",
+            ),
+        ):
+            sizes = schema.get(key)
+            if isinstance(sizes, list | tuple):
+                if len(sizes) != len(columns):
+                    problems.append(
+                        f"{card.kind} {card.version} takes {len(sizes)} categorical {table} "
+                        f"attributes, the log has {len(columns)} ({list(columns)})"
+                    )
+                else:
+                    for column, size in zip(columns, sizes, strict=True):
+                        if dataset.cardinality(table, column) > int(size):
+                            problems.append(
+                                f"{card.kind} {card.version} has {size} codes for {table}."
+                                f"{column}, the log has {dataset.cardinality(table, column)}"
+                            )
+            dim = schema.get(dense_key)
+            if isinstance(dim, int) and dim != len(dense):
+                problems.append(
+                    f"{card.kind} {card.version} takes {dim} dense {table} attributes, the log "
+                    f"has {len(dense)}"
+                )
+    return problems
+
+
+def embedding_dim_mismatch(chain: ModelChain, view_dim: int | None, view: str) -> str | None:
+    """The compressor writes vectors of another length than the view stores, if it does."""
+    if view_dim is None or chain.code_dim is None or view_dim == chain.code_dim:
+        return None
+    return (
+        f"compressor {chain.compressor.version} writes {chain.code_dim}-dim vectors, the feature "
+        f"view {view} stores {view_dim} (re-apply the repo with the new chain)"
+    )
+
+
+def promote(models_dir: Path, vm_version: str, now: datetime | None = None) -> ServingAlias:
+    """Record ``vm_version``, its compressor and FM as the serving chain of ``models_dir``.
+
+    Raises:
+        ConfigError: the VM has no card, or one of its parents is missing.
+    """
+    chain = select_chain(list_cards(models_dir), vm_version)
+    if chain is None or chain.vm is None:  # select_chain raises for an unknown VM already
+        raise ConfigError(f"no VM model card {vm_version} in {models_dir}")
+    alias = ServingAlias(
+        vm=chain.vm.version,
+        compressor=chain.compressor.version,
+        fm=chain.fm.version,
+        promoted_at=now or datetime.now(UTC),
+    )
+    write_atomic(models_dir / SERVING_ALIAS_FILE, alias.model_dump_json(indent=2))
+    return alias

@@ -1,0 +1,439 @@
+"""Bring your own log and models: a parquet log the project did not generate, through
+``solaris.yaml``, ``solaris train``, ``solaris precompute`` and ``solaris promote``.
+
+The log has its own column names, extra columns, boolean and integer labels of its own names,
+an item attribute table and lives in a folder of day files; it ends just before now, so the
+vectors a round stores are fresh to the retriever (whose TTLs run on the wall clock). The
+precompute DAG with ``SOLARIS_CONFIG`` runs in ``tests/test_dags.py`` (it owns the Airflow
+fixtures), on the same helpers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from test_dags import make_feature_repo, open_store, yaml_name
+from typer.testing import CliRunner
+
+from solaris_feast.cli import app
+from solaris_feast.config import SolarisConfig, config_path, load_config
+from solaris_feast.errors import ChainMismatchError, ConfigError, SchemaError
+
+LABELS = ["clicked", "bought"]
+ITEM_TABLE_COLUMNS = ["sku_id", "department", "price"]
+
+
+def write_own_log(folder: Path, users: int, items: int, end: datetime, days: int = 2) -> Path:
+    """A log of ``users`` x ``items`` over ``days`` before ``end``, one parquet file per day,
+    with the columns a shop might have: ``member``, ``sku``, ``seen_at``, ``clicked`` (bool),
+    ``bought`` (int8), and ``session`` / ``page`` nobody maps."""
+    rng = np.random.default_rng(7)
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = users * 12 * days
+    member = rng.integers(0, users, rows)
+    # Each member prefers a band of skus: something a model can learn from history.
+    sku = (member * 7 + rng.integers(0, items // 3, rows)) % items
+    seconds = np.sort(rng.uniform(0, days * 86_400 - 60, rows))
+    seen_at = (pd.Timestamp(end) - pd.to_timedelta(days * 86_400 - seconds, unit="s")).floor("s")
+    clicked = rng.random(rows) < 0.2 + 0.5 * ((sku - member * 7) % items < items // 6)
+    bought = (clicked & (rng.random(rows) < 0.3)).astype(np.int8)
+    frame = pd.DataFrame(
+        {
+            "session": rng.integers(0, 10**6, rows),
+            "member": member.astype(np.int64),
+            "sku": sku.astype(np.int32),
+            "seen_at": seen_at,
+            "page": rng.choice(["home", "search", "cart"], rows),
+            "clicked": clicked,
+            "bought": bought,
+        }
+    )
+    for day, part in frame.groupby(frame["seen_at"].dt.floor("D")):
+        pq.write_table(
+            pa.Table.from_pandas(part, preserve_index=False),
+            folder / f"day={day.strftime('%Y-%m-%d')}.parquet",
+        )
+    return folder
+
+
+def write_item_table(path: Path, items: int, duplicate: bool = False) -> Path:
+    ids = np.arange(items, dtype=np.int64)
+    if duplicate:
+        ids[-1] = ids[0]
+    pd.DataFrame(
+        {"sku_id": ids, "department": ids % 5, "price": 1.0 + ids.astype(float)}
+    ).to_parquet(path, index=False)
+    return path
+
+
+def config_dict(root: Path, **sections: Any) -> dict[str, Any]:
+    """solaris.yaml as data, with paths relative to ``root`` (where the file is written)."""
+    raw: dict[str, Any] = {
+        "feast": {"repo": "repo"},
+        "log": {
+            "path": "log",
+            "name": "shop",
+            "columns": {"user": "member", "item": "sku", "timestamp": "seen_at", "labels": LABELS},
+            "items": {
+                "path": "items.parquet",
+                "id_column": "sku_id",
+                "categorical": ["department"],
+                "dense": ["price"],
+            },
+            "history_seconds": 2 * 86_400,
+        },
+        "models": {"dir": "models"},
+        "precompute": {
+            "budget_pairs": 300,
+            "shards": 2,
+            "candidates_per_user": 15,
+            "fill_targets": 500,
+            "runs_dir": "runs",
+        },
+        "training": {
+            "train_window_hours": 48,
+            "fm_epochs": 1,
+            "compressor_epochs": 1,
+            "vm_epochs": 1,
+        },
+    }
+    for name, value in sections.items():
+        raw[name] = value if not isinstance(value, dict) else {**raw.get(name, {}), **value}
+    return raw
+
+
+def write_config(root: Path, raw: dict[str, Any]) -> Path:
+    path = root / "solaris.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def own_deployment(
+    root: Path, project: str, users: int = 60, items: int = 45, redis: bool = False
+) -> Path:
+    """A log, an item table, an applied Feast repo (SQLite, or Redis with its connection from
+    ``SOLARIS_REDIS_CONNECTION``) and a config in ``root``; the config path."""
+    end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+    write_own_log(root / "log", users, items, end)
+    write_item_table(root / "items.parquet", items)
+    make_feature_repo(root / "repo", project, redis=redis)
+    feast = {"repo": "repo", "feature_store_yaml": yaml_name(redis)}
+    return write_config(root, config_dict(root, feast=feast))
+
+
+def run_cli(*args: str) -> str:
+    result = CliRunner().invoke(app, list(args))
+    if result.exit_code != 0:
+        raise AssertionError(
+            f"solaris {' '.join(args)} exited {result.exit_code}:\n{result.output}"
+        )
+    return result.output
+
+
+@pytest.fixture
+def no_config_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("SOLARIS_CONFIG", raising=False)
+    yield
+
+
+# -- config ---------------------------------------------------------------------------------------
+
+
+def test_config_refuses_unknown_keys_and_a_user_fm_naming_the_key(tmp_path: Path) -> None:
+    raw = config_dict(tmp_path)
+    raw["precompute"]["budget_pairz"] = 5
+    with pytest.raises(ConfigError, match=r"solaris.yaml: precompute.budget_pairz: Extra inputs"):
+        load_config(write_config(tmp_path, raw))
+    raw = config_dict(tmp_path, models={"dir": "models", "fm": "my_pkg.models:make_fm"})
+    with pytest.raises(ConfigError, match=r"models\.fm.*not built yet"):
+        load_config(write_config(tmp_path, raw))
+
+
+def test_without_a_config_the_commands_say_what_to_set(no_config_env: None) -> None:
+    with pytest.raises(ConfigError, match="pass --config PATH or set SOLARIS_CONFIG"):
+        config_path(None)
+    result = CliRunner().invoke(app, ["precompute"])
+    assert result.exit_code == 2
+    assert "SOLARIS_CONFIG" in result.output
+    result = CliRunner().invoke(app, ["train"])
+    assert result.exit_code == 2 and "--config PATH" in result.output
+
+
+def test_config_sections_reuse_the_settings_fields_and_anchor_relative_paths(
+    tmp_path: Path,
+) -> None:
+    from solaris_feast.config import PrecomputeSection, precompute_settings
+    from solaris_feast.pipeline.settings import PrecomputeSettings
+
+    assert (
+        PrecomputeSection.model_fields["budget_pairs"].description
+        == PrecomputeSettings.model_fields["budget_pairs"].description
+    )
+    config = load_config(write_config(tmp_path, config_dict(tmp_path)))
+    assert isinstance(config, SolarisConfig)
+    settings = precompute_settings(config, {"budget_pairs": 7})
+    assert settings.budget_pairs == 7 and settings.shards == 2
+    assert settings.feature_repo == str(tmp_path / "repo")
+    assert settings.log is not None and settings.log.path == str(tmp_path / "log")
+    assert settings.runs_dir == str(tmp_path / "runs")
+    assert settings.align_log_to_run is False
+
+
+# -- the log --------------------------------------------------------------------------------------
+
+
+def test_a_round_reads_only_its_window_of_the_log(tmp_path: Path) -> None:
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    write_own_log(tmp_path / "log", 30, 20, end, days=6)
+    write_item_table(tmp_path / "items.parquet", 20)
+    raw = config_dict(tmp_path)
+    config = load_config(write_config(tmp_path, raw)).log
+    whole = pd.concat([pd.read_parquet(f) for f in sorted((tmp_path / "log").glob("*.parquet"))])
+    start = end - timedelta(days=1)
+    window = read_log_window(config, start, end)
+    inside = whole.loc[(whole["seen_at"] >= start) & (whole["seen_at"] < end)]
+    assert window.metadata["rows_read"] == len(inside) < len(whole) / 4
+    log = window.interactions
+    assert list(log.columns) == ["user_id", "item_id", "event_timestamp", *LABELS]
+    assert log["event_timestamp"].min() >= pd.Timestamp(start)
+    assert log["clicked"].sum() == inside["clicked"].sum()  # booleans became 0/1 labels
+    assert window.item_categorical == ("department",) and window.item_dense == ("price",)
+
+
+def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(
+    tmp_path: Path,
+) -> None:
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    log = tmp_path / "log"
+    for day in (8, 9, 10):
+        stamp = pd.Timestamp(f"2026-03-{day:02d}T06:00:00Z")
+        part = log / f"seen_day=2026-03-{day:02d}"
+        part.mkdir(parents=True)
+        pd.DataFrame(
+            {"member": [1, 2], "sku": [3, 4], "seen_at": [stamp, stamp], "clicked": [1, 0]}
+        ).to_parquet(part / "part-0.parquet", index=False)
+    old = log / "seen_day=2025-01-01"
+    old.mkdir()
+    (old / "part-0.parquet").write_bytes(b"not parquet at all")
+    config = load_config(
+        write_config(
+            tmp_path,
+            config_dict(
+                tmp_path,
+                log={
+                    "path": "log",
+                    "columns": {
+                        "user": "member",
+                        "item": "sku",
+                        "timestamp": "seen_at",
+                        "labels": ["clicked"],
+                    },
+                    "partition_column": "seen_day",
+                    "items": None,
+                },
+            ),
+        )
+    ).log
+    window = read_log_window(config, end - timedelta(days=2), end)
+    assert window.metadata["rows_read"] == 4  # 9 and 10 March; the broken 2025 file unopened
+    # Without the partition column pruning, the corrupt file is opened and named.
+    unpruned = config.model_copy(update={"partition_column": ""})
+    with pytest.raises(ConfigError, match="seen_day=2025-01-01"):
+        read_log_window(unpruned, end - timedelta(days=2), end)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"columns": {"labels": ["clicked", "returned"]}}, r"log .*: column 'returned'.* missing"),
+        (
+            {"columns": {"item": "page"}},
+            r"log .*: column 'page' \(mapped as item\) must be integer",
+        ),
+        ({"path": "nowhere"}, r"log .*nowhere does not exist"),
+        (
+            {"items": {"path": "dup.parquet"}},
+            r"items table .*dup.parquet: column 'sku_id' has 1 dup",
+        ),
+    ],
+)
+def test_bad_input_is_refused_naming_the_file_and_column(
+    tmp_path: Path, change: dict[str, Any], match: str
+) -> None:
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    write_own_log(tmp_path / "log", 20, 15, end)
+    write_item_table(tmp_path / "items.parquet", 15)
+    write_item_table(tmp_path / "dup.parquet", 15, duplicate=True)
+    raw = config_dict(tmp_path)
+    for key, value in change.items():
+        if isinstance(value, dict):
+            raw["log"][key] = {**raw["log"][key], **value}
+        else:
+            raw["log"][key] = value
+    config = load_config(write_config(tmp_path, raw)).log
+    with pytest.raises((SchemaError, ConfigError), match=match):
+        read_log_window(config, end - timedelta(days=1), end)
+
+
+# -- train, promote, precompute -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("online", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_via_the_commands(
+    tmp_path: Path,
+    feast_project: str,
+    no_config_env: None,
+    online: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from solaris_feast.models.cards import SERVING_ALIAS_FILE, list_cards
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.config import redis_connection_string
+    from solaris_feast.tiers import Tier
+
+    redis = online == "redis"
+    if redis:
+        monkeypatch.setenv("SOLARIS_REDIS_CONNECTION", redis_connection_string(redis_url))
+    config = own_deployment(tmp_path, feast_project, redis=redis)
+    # The user's retrieval: a table per round, named by the round's time, with its own columns.
+    at = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    rng = np.random.default_rng(3)
+    users = np.repeat(np.arange(60), 12)
+    table = pd.DataFrame(
+        {
+            "uid": users,
+            "iid": (users * 7 + np.tile(np.arange(12), 60)) % 45,
+            "retrieval_score": rng.random(len(users)),
+        }
+    )
+    (tmp_path / "retrieval").mkdir()
+    table.to_parquet(tmp_path / "retrieval" / f"{at:%Y%m%dT%H}.parquet", index=False)
+    raw = config_dict(
+        tmp_path,
+        feast={"repo": "repo", "feature_store_yaml": yaml_name(redis)},
+        candidates={
+            "source": "table",
+            "table": {
+                "path": "retrieval/{now:%Y%m%dT%H}.parquet",
+                "user_column": "uid",
+                "item_column": "iid",
+                "score_column": "retrieval_score",
+            },
+        },
+    )
+    config = write_config(tmp_path, raw)
+    out = run_cli("train", "--config", str(config))
+    cards = list_cards(tmp_path / "models")
+    [vm] = [c for c in cards if c.kind == "vm"]
+    assert vm.tasks == tuple(LABELS) and vm.dataset == "shop"
+    assert f"solaris promote --vm {vm.version}" in out
+    out = run_cli("promote", "--config", str(config), "--vm", vm.version)
+    assert (tmp_path / "models" / SERVING_ALIAS_FILE).is_file()
+    out = run_cli("precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}")
+    assert "candidates  720 pairs" in out and "plan        300 pairs" in out
+    [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
+    assert run_dir.name == vm.version and str(run_dir) in out
+    planned = pd.read_parquet(run_dir / "plan" / "pairs.parquet")
+    offered = set(zip(table["uid"], table["iid"], strict=True))
+    assert set(zip(planned["user_id"], planned["item_id"], strict=True)) <= offered
+    compressor = vm.parents[0]
+    for view in open_store(tmp_path / "repo", redis).list_feature_views():
+        assert view.tags["solaris.verifier_version"] == vm.version
+    retriever = SolarisRetriever(
+        open_store(tmp_path / "repo", redis), compressor, record_misses=False, deadline_ms=5000
+    )
+    try:
+        user = int(planned["user_id"].iloc[0])
+        items = planned.loc[planned["user_id"] == user, "item_id"].astype(int).tolist()
+        fetched = retriever.fetch(user, items)
+    finally:
+        retriever.close()
+    assert fetched.tiers.tolist() == [Tier.EXACT] * len(items)
+
+
+def test_a_vm_trained_on_another_log_is_refused_before_planning_naming_the_mismatch(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    from solaris_feast.config import precompute_settings
+    from solaris_feast.pipeline import precompute
+    from solaris_feast.pipeline.commands import _interval
+
+    small = own_deployment(tmp_path / "small", feast_project, users=20, items=45)
+    run_cli("train", "--config", str(small))
+    big = own_deployment(tmp_path / "big", f"{feast_project}b", users=60, items=45)
+    raw = config_dict(tmp_path / "big", models={"dir": str(tmp_path / "small" / "models")})
+    big = write_config(tmp_path / "big", raw)
+    # Promotion checks the chain against the log at once.
+    result = CliRunner().invoke(app, ["promote", "--config", str(big), "--vm", _vm(tmp_path)])
+    assert result.exit_code == 1
+    assert "ChainMismatchError" in result.output and "room for 20 user ids" in result.output
+    # Without promotion (the newest VM by default), the round's first task refuses it, before
+    # any run folder is made.
+    settings = precompute_settings(load_config(big)).model_dump(mode="json")
+    with pytest.raises(
+        ChainMismatchError, match=r"room for 20 user ids, the log has user ids up to 5\d"
+    ):
+        precompute.start_precompute(settings, _interval(None, "precompute"))
+    assert not (tmp_path / "big" / "runs").exists()
+
+
+def _vm(root: Path) -> str:
+    from solaris_feast.models.cards import list_cards
+
+    return next(c.version for c in list_cards(root / "small" / "models") if c.kind == "vm")
+
+
+def test_readme_lists_every_config_key_and_its_example_is_a_valid_config() -> None:
+    from solaris_feast.config import config_reference_markdown
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Bring your own data and models", 1)[1].split("\n## ", 1)[0]
+    assert config_reference_markdown() in section
+    example = section.split("```yaml", 1)[1].split("```", 1)[0]
+    SolarisConfig.model_validate(yaml.safe_load(example))
+
+
+def test_a_log_registered_as_a_feast_file_source_is_read_from_its_path(
+    tmp_path: Path, feast_project: str
+) -> None:
+    from feast import FileSource
+
+    from solaris_feast.config import resolved_log
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    write_own_log(tmp_path / "log", 20, 15, end)
+    write_item_table(tmp_path / "items.parquet", 15)
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    source = FileSource(name="shop_log", path="../log", timestamp_field="seen_at")
+    open_store(repo).apply([source])
+    raw = config_dict(tmp_path)
+    raw["log"] = {
+        **{k: v for k, v in raw["log"].items() if k != "path"},
+        "feast_source": "shop_log",
+    }
+    config = load_config(write_config(tmp_path, raw))
+    log = resolved_log(config)
+    assert Path(log.path).resolve() == (tmp_path / "log").resolve()
+    assert read_log_window(log, end - timedelta(hours=6), end).metadata["rows_read"] > 0
+    missing = config.model_copy(
+        update={"log": config.log.model_copy(update={"feast_source": "no_such_log"})}
+    )
+    with pytest.raises(ConfigError, match=r"no_such_log.*no data source of that name"):
+        resolved_log(missing)
