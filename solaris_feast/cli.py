@@ -111,6 +111,32 @@ def main(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not verbose:
+        quiet_libraries()
+
+
+LIBRARY_LOGGERS = ("feast", "airflow", "alembic", "sqlalchemy", "httpx", "urllib3", "faiss")
+"""Loggers of the libraries we drive: their INFO lines ("Registry cache expired, so refreshing",
+"Filling up the DagBag") are chatter for a person at a terminal; ``--verbose`` shows them."""
+
+
+def quiet_libraries() -> None:
+    """Keep library chatter out of the console: only their errors show.
+
+    Levels are set on the libraries' own loggers, so they survive Airflow's logging setup (its
+    ``dictConfig`` at import configures the root and ``airflow.task`` handlers, not these levels).
+    Feast's experimental-feature ``RuntimeWarning`` for on-demand views is one line per call of
+    ``get_online_features``, so it is filtered too.
+    """
+    import warnings
+
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings(
+        "ignore",
+        message="On demand feature view is an experimental feature",
+        category=RuntimeWarning,
+    )
 
 
 @evaluate_app.command("transfer")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
@@ -55,7 +56,13 @@ def read_dags(dags_dir: Path) -> tuple[list[DagLineage], list[Finding]]:
             )
         )
         return [], findings
+    # Importing Airflow runs its logging setup, which sets the "airflow" logger back to INFO:
+    # keep the level the caller chose (the CLI keeps library chatter out of the console).
+    airflow_logger = logging.getLogger("airflow")
+    chosen_level = airflow_logger.level
     from airflow.dag_processing.dagbag import DagBag
+
+    airflow_logger.setLevel(chosen_level)
 
     with _dag_folder_on_path(dags_dir), contextlib.redirect_stdout(sys.stderr):
         # safe_mode=False: every .py file is a DAG file, as in this project's dags/ (Airflow's
