@@ -220,3 +220,17 @@ def _codes(distinct: np.ndarray, ids: np.ndarray, side: str) -> np.ndarray:
     if not found.all():
         raise ValueError(f"{side} id {ids[~found][0]!r} has no code in this round")
     return np.searchsorted(distinct, ids).astype(np.int64)
+
+
+def rank_within_runs(sorted_values: np.ndarray) -> np.ndarray:
+    """``(N,)`` int64: the position of each element within its run of equal values.
+
+    ``sorted_values`` must be grouped (equal values adjacent, e.g. sorted); used to keep the top
+    k of each user, item or target after a sort by (group, -score).
+    """
+    values = np.asarray(sorted_values)
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    return np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.r_[starts, n]))

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from solaris_feast.columns import EMBEDDING, PAIR_COUNT
 from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
 from solaris_feast.keys import dense_pair_keys, id_array
@@ -26,9 +27,6 @@ from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_secon
 from solaris_feast.serving.resolve import usable_rows
 
 logger = logging.getLogger(__name__)
-
-EMBEDDING = "embedding"
-PAIR_COUNT = "pair_count"
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ from solaris_feast.keys import (
     fits_pair_keys,
     id_array,
     pair_keys,
+    rank_within_runs,
     split_pair_keys,
 )
 
@@ -218,7 +219,7 @@ def _generate_candidates(
     # Rows are sorted by (user, item), so position breaks score ties by item_id.
     order = _order_group_then_score_desc(user, total)
     user, item, total, source = user[order], item[order], total[order], source[order]
-    keep = _rank_within_sorted(user) < cfg.candidates_per_user
+    keep = rank_within_runs(user) < cfg.candidates_per_user
     out = pd.DataFrame(
         {
             USER_ID: user[keep].astype(np.int64),
@@ -303,16 +304,6 @@ class _Scores:
     score: np.ndarray
 
 
-def _rank_within_sorted(groups: np.ndarray) -> np.ndarray:
-    """Position of each row within its run of equal values of ``groups`` (which must be sorted)."""
-    n = len(groups)
-    if n == 0:
-        return np.zeros(0, dtype=np.int64)
-    starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-    run_start = np.repeat(starts, np.diff(np.r_[starts, n]))
-    return np.arange(n, dtype=np.int64) - run_start
-
-
 def _order_group_then_score_desc(group: np.ndarray, score: np.ndarray) -> np.ndarray:
     """Indices ordering rows by ``group`` ascending, then ``score`` descending, then position.
 
@@ -347,7 +338,7 @@ def _recent_items(log: pd.DataFrame, active: np.ndarray, per_user: int) -> _Scor
     frame = pd.DataFrame({"u": user, "i": item})
     first_seen = ~frame.duplicated(["u", "i"], keep="first").to_numpy()
     user, item = user[first_seen], item[first_seen]
-    rank = _rank_within_sorted(user)
+    rank = rank_within_runs(user)
     keep = rank < per_user
     return _Scores(user[keep], item[keep], 1.0 / (1.0 + rank[keep]))
 
@@ -371,7 +362,7 @@ def _cooccurrence_scores(log: pd.DataFrame, recent: _Scores, cfg: CandidateConfi
     a, b = split_pair_keys(transitions)
     order = _order_group_then_score_desc(a, counts.astype(np.float64))
     a, b, counts = a[order], b[order], counts[order]
-    keep = _rank_within_sorted(a) < cfg.neighbours_per_item
+    keep = rank_within_runs(a) < cfg.neighbours_per_item
     a, b, counts = a[keep], b[keep], counts[keep].astype(np.float64)
     # Each seed item contributes at most 1 (its best neighbour), scaled by the seed's recency.
     seeds, seed_start, seed_len = np.unique(a, return_index=True, return_counts=True)
@@ -403,7 +394,7 @@ def _category_scores(
     popular_items, popularity, cats = popular_items[known], popularity[known], cats[known]
     order = np.lexsort((popular_items, -popularity, cats))
     popular_items, popularity, cats = popular_items[order], popularity[order], cats[order]
-    keep = _rank_within_sorted(cats) < cfg.candidates_per_user
+    keep = rank_within_runs(cats) < cfg.candidates_per_user
     popular_items, popularity, cats = popular_items[keep], popularity[keep], cats[keep]
     cat_ids, cat_start, cat_len = np.unique(cats, return_index=True, return_counts=True)
     if len(cat_ids) == 0:
@@ -420,7 +411,7 @@ def _category_scores(
     share = affinity.score / user_total
     order = np.lexsort((affinity.item, -share, affinity.user))
     a_user, a_cat, share = affinity.user[order], affinity.item[order], share[order]
-    keep = _rank_within_sorted(a_user) < cfg.categories_per_user
+    keep = rank_within_runs(a_user) < cfg.categories_per_user
     a_user, a_cat, share = a_user[keep], a_cat[keep], share[keep]
     pos = np.minimum(np.searchsorted(cat_ids, a_cat), len(cat_ids) - 1)
     has = cat_ids[pos] == a_cat

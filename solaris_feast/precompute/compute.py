@@ -85,7 +85,7 @@ class PrecomputeStats:
         return {
             "pairs": self.pairs,
             "batches": self.batches,
-            "model_version": self.model_version,
+            MODEL_VERSION: self.model_version,
             "wall_seconds": round(self.wall_seconds, 4),
             "featurize_seconds": round(self.featurize_seconds, 4),
             "fm_seconds": round(self.fm_seconds, 4),

@@ -35,15 +35,20 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from solaris_feast.columns import COMPUTED_AT, MODEL_VERSION
 from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
-from solaris_feast.keys import PairCodes, checked_id_column, id_array, split_pair_keys
+from solaris_feast.keys import (
+    PairCodes,
+    checked_id_column,
+    id_array,
+    rank_within_runs,
+    split_pair_keys,
+)
 
 logger = logging.getLogger(__name__)
 
 VERIFIER_SCORE = "verifier_score"
-COMPUTED_AT = "computed_at"
-MODEL_VERSION = "model_version"
 REASON = "reason"
 PRIORITY = "priority"
 QUEUED_MISS = "queued_miss"
@@ -201,10 +206,8 @@ def plan_precompute(
         # (tier, place in the user's ranking, -score, user, item).
         user_of = split_pair_keys(key)[0]
         by_user = by_score[np.argsort(user_of[by_score], kind="stable")]
-        grouped_user = user_of[by_user]
-        starts = np.flatnonzero(np.r_[True, grouped_user[1:] != grouped_user[:-1]])
         place = np.empty(len(key), dtype=np.int64)
-        place[by_user] = np.arange(len(key)) - np.repeat(starts, np.diff(np.r_[starts, len(key)]))
+        place[by_user] = rank_within_runs(user_of[by_user])
         by_score = by_score[np.argsort(place[by_score], kind="stable")]
     order = np.concatenate([by_score[miss_priority[by_score]], by_score[~miss_priority[by_score]]])
     take, rest = order[:budget_pairs], order[budget_pairs:]

@@ -32,16 +32,21 @@ import numpy as np
 import pandas as pd
 from pydantic import BaseModel, ConfigDict, Field
 
+from solaris_feast.columns import MEAN_DISTANCE, NEIGHBOUR_COUNT
 from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
-from solaris_feast.keys import PairCodes, id_array, pair_keys, split_pair_keys
+from solaris_feast.keys import (
+    PairCodes,
+    id_array,
+    pair_keys,
+    rank_within_runs,
+    split_pair_keys,
+)
 from solaris_feast.precompute.aggregate import EMBEDDING, PairEmbeddings
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION
 
 logger = logging.getLogger(__name__)
 
-NEIGHBOUR_COUNT = "neighbour_count"
-MEAN_DISTANCE = "mean_distance"
 
 # Lookups per chunk of the (pair, neighbour) join: bounds memory at about 100 MB.
 _LOOKUPS_PER_CHUNK = 4_000_000
@@ -326,7 +331,7 @@ def similarity_fill(
         e = np.concatenate(found_row)
         order = np.lexsort((c, t))
         t, c, e = t[order], c[order], e[order]
-        keep = _rank_in_runs(t) < k  # the k nearest holders of each target
+        keep = rank_within_runs(t) < k  # the k nearest holders of each target
         t, c, e = t[keep], c[keep], e[keep]
         if len(t):
             dist = distance[query_row[t], c].astype(np.float64)
@@ -363,13 +368,6 @@ def similarity_fill(
             COMPUTED_AT: now_ts,
         }
     )
-
-
-def _rank_in_runs(sorted_values: np.ndarray) -> np.ndarray:
-    """Position of each element within its run of equal values (input sorted)."""
-    n = len(sorted_values)
-    starts = np.flatnonzero(np.r_[True, sorted_values[1:] != sorted_values[:-1]])
-    return np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
 
 
 def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
