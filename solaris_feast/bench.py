@@ -34,6 +34,17 @@ import numpy as np
 import pandas as pd
 import typer
 
+from solaris_feast.columns import (
+    COMPUTED_AT,
+    EMBEDDING,
+    ITEM_ID,
+    MEAN_DISTANCE,
+    MODEL_VERSION,
+    NEIGHBOUR_COUNT,
+    PAIR_COUNT,
+    USER_ID,
+)
+
 if TYPE_CHECKING:
     from feast import FeatureStore
 
@@ -102,35 +113,35 @@ def _populate(store: FeatureStore, items: int, dim: int, version: str) -> None:
     EmbeddingWriter(store, "solaris_pair", offline=False).write(
         pd.DataFrame(
             {
-                "user_id": np.full(len(exact), BENCH_USER, dtype=np.int64),
-                "item_id": exact,
-                "embedding": list(rng.standard_normal((len(exact), dim)).astype(np.float32)),
-                "model_version": version,
-                "computed_at": now,
+                USER_ID: np.full(len(exact), BENCH_USER, dtype=np.int64),
+                ITEM_ID: exact,
+                EMBEDDING: list(rng.standard_normal((len(exact), dim)).astype(np.float32)),
+                MODEL_VERSION: version,
+                COMPUTED_AT: now,
             }
         )
     )
     EmbeddingWriter(store, "solaris_similar", offline=False).write(
         pd.DataFrame(
             {
-                "user_id": np.full(len(similar), BENCH_USER, dtype=np.int64),
-                "item_id": similar,
-                "embedding": list(rng.standard_normal((len(similar), dim)).astype(np.float32)),
-                "neighbour_count": np.full(len(similar), 5, dtype=np.int64),
-                "mean_distance": np.full(len(similar), 0.3),
-                "model_version": version,
-                "computed_at": now,
+                USER_ID: np.full(len(similar), BENCH_USER, dtype=np.int64),
+                ITEM_ID: similar,
+                EMBEDDING: list(rng.standard_normal((len(similar), dim)).astype(np.float32)),
+                NEIGHBOUR_COUNT: np.full(len(similar), 5, dtype=np.int64),
+                MEAN_DISTANCE: np.full(len(similar), 0.3),
+                MODEL_VERSION: version,
+                COMPUTED_AT: now,
             }
         )
     )
     EmbeddingWriter(store, "solaris_user", offline=False).write(
         pd.DataFrame(
             {
-                "user_id": [BENCH_USER],
-                "embedding": [rng.standard_normal(dim).astype(np.float32)],
-                "pair_count": [len(exact)],
-                "model_version": version,
-                "computed_at": now,
+                USER_ID: [BENCH_USER],
+                EMBEDDING: [rng.standard_normal(dim).astype(np.float32)],
+                PAIR_COUNT: [len(exact)],
+                MODEL_VERSION: version,
+                COMPUTED_AT: now,
             }
         )
     )
@@ -156,17 +167,17 @@ def run_serve_benchmark(
         client = redis_client(store, timeout_seconds=5.0)
         pipeline_backend = RedisBackend(client, store.config.project, packed=False)
         project = store.config.project.encode()
-        pair_key = EntityKeyLayout(["user_id", "item_id"], 3).key
-        user_key = EntityKeyLayout(["user_id"], 3).key(BENCH_USER) + project
+        pair_key = EntityKeyLayout([USER_ID, ITEM_ID], 3).key
+        user_key = EntityKeyLayout([USER_ID], 3).key(BENCH_USER) + project
         pair_fields = [
             online_field(view, feature)
             for view in ("solaris_pair", "solaris_similar")
-            for feature in ("embedding", "model_version", "computed_at")
+            for feature in (EMBEDDING, MODEL_VERSION, COMPUTED_AT)
         ]
         user_fields = [
-            online_field("solaris_user", f) for f in ("embedding", "model_version", "computed_at")
+            online_field("solaris_user", f) for f in (EMBEDDING, MODEL_VERSION, COMPUTED_AT)
         ]
-        pair_features = [f"solaris_pair:{f}" for f in ("embedding", "model_version", "computed_at")]
+        pair_features = [f"solaris_pair:{f}" for f in (EMBEDDING, MODEL_VERSION, COMPUTED_AT)]
         resolved_features = [
             "solaris_resolved:resolved_embedding",
             "solaris_resolved:resolved_tier",
@@ -174,7 +185,7 @@ def run_serve_benchmark(
         for n in candidates:
             items = np.arange(n, dtype=np.int64)
             keys = [pair_key(BENCH_USER, int(i)) + project for i in items]
-            rows = [{"user_id": BENCH_USER, "item_id": int(i)} for i in items]
+            rows = [{USER_ID: BENCH_USER, ITEM_ID: int(i)} for i in items]
 
             def raw(keys: list[bytes] = keys) -> object:
                 pipe = client.pipeline(transaction=False)
@@ -275,11 +286,11 @@ def run_write_benchmark(
     def batch(offset: int) -> pd.DataFrame:
         return pd.DataFrame(
             {
-                "user_id": np.arange(offset, offset + rows, dtype=np.int64) // 50,
-                "item_id": np.arange(offset, offset + rows, dtype=np.int64),
-                "embedding": list(rng.standard_normal((rows, dim)).astype(np.float32)),
-                "model_version": "bench-v1",
-                "computed_at": now,
+                USER_ID: np.arange(offset, offset + rows, dtype=np.int64) // 50,
+                ITEM_ID: np.arange(offset, offset + rows, dtype=np.int64),
+                EMBEDDING: list(rng.standard_normal((rows, dim)).astype(np.float32)),
+                MODEL_VERSION: "bench-v1",
+                COMPUTED_AT: now,
             }
         )
 
@@ -319,9 +330,9 @@ def run_write_benchmark(
                     full_writer.write(frame)
                 else:
                     feast_frame = frame.assign(
-                        event_timestamp=frame["computed_at"],
-                        written_at=frame["computed_at"],
-                        embedding=[v.tolist() for v in frame["embedding"]],
+                        event_timestamp=frame[COMPUTED_AT],
+                        written_at=frame[COMPUTED_AT],
+                        embedding=[v.tolist() for v in frame[EMBEDDING]],
                     )
                     store.write_to_online_store("solaris_pair", feast_frame)
                 timings[name].append(time.perf_counter() - started)
@@ -338,7 +349,7 @@ def run_write_benchmark(
 
         client = redis_client(store, timeout_seconds=5.0)
         project = store.config.project.encode()
-        key = EntityKeyLayout(["user_id", "item_id"], 3).key
+        key = EntityKeyLayout([USER_ID, ITEM_ID], 3).key
         sample = [
             key(int(u), int(i)) + project for u, i in ((k // 50, k) for k in range(0, 2000, 7))
         ]

@@ -286,7 +286,7 @@ def _serve(
             plain = store.get_online_features(
                 features=["solaris_resolved:resolved_embedding", "solaris_resolved:resolved_tier"],
                 entity_rows=[
-                    {"user_id": int(user), "item_id": int(i), MODEL_VERSION_REQUEST_FIELD: version}
+                    {USER_ID: int(user), ITEM_ID: int(i), MODEL_VERSION_REQUEST_FIELD: version}
                     for i in unique_items
                 ],
                 full_feature_names=True,

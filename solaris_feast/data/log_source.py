@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from solaris_feast.columns import EVENT_TIMESTAMP, ITEM_ID, USER_ID
+
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
@@ -42,11 +44,11 @@ class LogColumns(BaseModel):
 
     model_config = _CONFIG
 
-    user: str = "user_id"
+    user: str = USER_ID
     """Column of the user id (dense integers 0..N-1)."""
-    item: str = "item_id"
+    item: str = ITEM_ID
     """Column of the item id (dense integers 0..N-1)."""
-    timestamp: str = "event_timestamp"
+    timestamp: str = EVENT_TIMESTAMP
     """Column of the impression time (a parquet timestamp; with a zone, or see
     timestamps_without_zone_are_utc)."""
     labels: list[str] = Field(min_length=1)
@@ -124,9 +126,9 @@ class CandidateTableConfig(BaseModel):
     path: str = Field(min_length=1)
     """Parquet file, folder or URL of a round's candidates. May name the round's time as
     ``{now:%Y%m%dT%H%M%SZ}`` (any strftime format): one table per round."""
-    user_column: str = "user_id"
+    user_column: str = USER_ID
     """Column of the user id."""
-    item_column: str = "item_id"
+    item_column: str = ITEM_ID
     """Column of the item id."""
     score_column: str = ""
     """Column of the retrieval score (higher is better); empty: the row order within a user is

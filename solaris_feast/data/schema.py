@@ -12,11 +12,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from solaris_feast.columns import EVENT_TIMESTAMP, ITEM_ID, USER_ID
 from solaris_feast.errors import SchemaError
-
-USER_ID = "user_id"
-ITEM_ID = "item_id"
-EVENT_TIMESTAMP = "event_timestamp"
 
 
 @dataclass(frozen=True)

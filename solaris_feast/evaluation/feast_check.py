@@ -16,6 +16,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from solaris_feast.columns import (
+    COMPUTED_AT,
+    EMBEDDING,
+    MEAN_DISTANCE,
+    MODEL_VERSION,
+    NEIGHBOUR_COUNT,
+    PAIR_COUNT,
+)
 from solaris_feast.data.schema import ITEM_ID, USER_ID
 from solaris_feast.evaluation.replay_config import SimulationConfig
 from solaris_feast.evaluation.replay_state import PlannerState
@@ -74,9 +82,9 @@ def check_against_feast(
                 continue
             frame = pd.DataFrame(
                 {
-                    "embedding": list(tier_store.vectors[mask]),
-                    "model_version": version,
-                    "computed_at": pd.to_datetime(
+                    EMBEDDING: list(tier_store.vectors[mask]),
+                    MODEL_VERSION: version,
+                    COMPUTED_AT: pd.to_datetime(
                         np.round((tier_store.computed_at_s[mask] + offset_s) * 1e6).astype(
                             np.int64
                         ),
@@ -87,14 +95,14 @@ def check_against_feast(
             )
             if key_cols == (USER_ID,):
                 frame.insert(0, USER_ID, tier_store.keys[mask])
-                frame["pair_count"] = np.ones(int(mask.sum()), dtype=np.int64)
+                frame[PAIR_COUNT] = np.ones(int(mask.sum()), dtype=np.int64)
             else:
                 users, items = split_pair_keys(tier_store.keys[mask])
                 frame.insert(0, USER_ID, users)
                 frame.insert(1, ITEM_ID, items)
                 if view_name == views.similar_view_name:
-                    frame["neighbour_count"] = np.ones(int(mask.sum()), dtype=np.int64)
-                    frame["mean_distance"] = np.zeros(int(mask.sum()), dtype=np.float32)
+                    frame[NEIGHBOUR_COUNT] = np.ones(int(mask.sum()), dtype=np.int64)
+                    frame[MEAN_DISTANCE] = np.zeros(int(mask.sum()), dtype=np.float32)
             writer = EmbeddingWriter(store, view_name, offline=False, online=True)
             try:
                 writer.write(frame)

@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 import typer
 
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
 from solaris_feast.errors import ConfigError
 from solaris_feast.evaluation.feast_check import check_against_feast
@@ -434,7 +435,7 @@ def _plan(cfg: SimulationConfig, the_step: _Step, state: PlannerState) -> Any:
     misses = score.merge(state.misses, on=[USER_ID, ITEM_ID])
     stored_users, stored_items = split_pair_keys(state.exact.keys)
     fresh_state = pd.DataFrame(
-        {USER_ID: stored_users, ITEM_ID: stored_items, "computed_at": state.exact.computed_at_s}
+        {USER_ID: stored_users, ITEM_ID: stored_items, COMPUTED_AT: state.exact.computed_at_s}
     )
     budget = round(state.budget * len(the_step.candidates) * _steps_per_budget(cfg))
     plan = plan_precompute(
@@ -511,7 +512,7 @@ def _refresh_user_aggregate(
     if len(user_rows):
         state.user.upsert(
             user_rows[USER_ID].to_numpy(dtype=np.int64),
-            np.stack(user_rows["embedding"].to_numpy()),
+            np.stack(user_rows[EMBEDDING].to_numpy()),
             np.full(len(user_rows), the_step.now_s),
         )
     state.user.prune(the_step.now_s - run.cfg.user_ttl_seconds)
@@ -549,7 +550,7 @@ def _refresh_similar(
         if len(fill):
             state.similar.upsert(
                 pair_keys(fill[USER_ID].to_numpy(), fill[ITEM_ID].to_numpy()),
-                np.stack(fill["embedding"].to_numpy()),
+                np.stack(fill[EMBEDDING].to_numpy()),
                 np.full(len(fill), the_step.now_s),
             )
     state.similar.prune(the_step.now_s - cfg.similar_ttl_seconds)

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
 from solaris_feast.pipeline.runs import shard_report_path, write_atomic
 from solaris_feast.pipeline.settings import (
     PAIR_VIEW,
@@ -60,8 +61,8 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     misses = pd.read_parquet(run_dir / "misses.parquet")
     pool = pd.concat(
         [
-            pd.read_parquet(run_dir / "candidates.parquet", columns=["user_id", "item_id"]),
-            misses[["user_id", "item_id"]],
+            pd.read_parquet(run_dir / "candidates.parquet", columns=[USER_ID, ITEM_ID]),
+            misses[[USER_ID, ITEM_ID]],
         ],
         ignore_index=True,
     ).drop_duplicates(ignore_index=True)
@@ -160,19 +161,19 @@ def _tier_values(
     from solaris_feast.serving.resolve import TierValues
     from solaris_feast.store.offline import read_offline_rows
 
-    keys = ["user_id"] if view == USER_VIEW else ["user_id", "item_id"]
+    keys = [USER_ID] if view == USER_VIEW else [USER_ID, ITEM_ID]
     # read_offline_rows takes (start, end]; a second earlier keeps a row exactly ttl old.
     rows = read_offline_rows(
         store,
         view,
         now - pd.Timedelta(seconds=ttl_seconds + 1),
         now + pd.Timedelta(seconds=clock_skew_seconds),
-        [*keys, "embedding", "model_version", "computed_at"],
+        [*keys, EMBEDDING, MODEL_VERSION, COMPUTED_AT],
     )
     n = len(pairs)
     if rows.empty:
         return TierValues.absent(n, 0)
-    at = pd.to_datetime(rows["computed_at"], utc=True)
+    at = pd.to_datetime(rows[COMPUTED_AT], utc=True)
     rows = (
         rows.assign(_at=at)
         .sort_values("_at", kind="stable")
@@ -183,17 +184,17 @@ def _tier_values(
     matched = pairs[keys].merge(numbered, on=keys, how="left")["_row"]
     found = matched.notna().to_numpy()
     index = matched.fillna(-1).to_numpy(dtype=np.int64)
-    lengths = rows["embedding"].map(lambda v: -1 if v is None else len(v)).to_numpy()
+    lengths = rows[EMBEDDING].map(lambda v: -1 if v is None else len(v)).to_numpy()
     dim = int(np.bincount(lengths[lengths >= 0]).argmax()) if (lengths >= 0).any() else 0
     present = found.copy()
     present[found] = lengths[index[found]] == dim
     vectors = np.zeros((n, dim), dtype=np.float32)
     if present.any():
         vectors[present] = np.stack(
-            [np.asarray(rows["embedding"].iat[i], dtype=np.float32) for i in index[present]]
+            [np.asarray(rows[EMBEDDING].iat[i], dtype=np.float32) for i in index[present]]
         )
     version_matches = np.zeros(n, dtype=bool)
-    version_matches[found] = rows["model_version"].to_numpy()[index[found]] == embedding_version
+    version_matches[found] = rows[MODEL_VERSION].to_numpy()[index[found]] == embedding_version
     computed_at_s = np.full(n, np.nan)
     stamps = rows["_at"]
     seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=np.float64)

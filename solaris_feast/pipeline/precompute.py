@@ -29,6 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
 from solaris_feast.pipeline.log import load_log
 from solaris_feast.pipeline.runs import (
     precompute_run_dir,
@@ -186,12 +187,12 @@ def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
     spec = PrecomputeRun.model_validate(dict(run))
     path = Path(spec.run_dir) / "candidates.parquet"
     if path.is_file():
-        return {"candidates": len(pd.read_parquet(path, columns=["user_id"])), "reused": True}
+        return {"candidates": len(pd.read_parquet(path, columns=[USER_ID])), "reused": True}
     dataset = load_log(spec.settings, spec.now)
     if spec.settings.candidates is not None:
         candidates = _candidate_table(spec.settings, dataset, spec.now)
         write_parquet_atomic(candidates, path)
-        users = int(candidates["user_id"].nunique()) if len(candidates) else 0
+        users = int(candidates[USER_ID].nunique()) if len(candidates) else 0
         logger.info("candidate table: %d pairs for %d users", len(candidates), users)
         return {"candidates": len(candidates), "users": users, "reused": False}
     category = "category" if "category" in dataset.item_categorical else None
@@ -206,7 +207,7 @@ def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
         dataset.interactions, pd.Timestamp(spec.now), config, items=dataset.items
     )
     write_parquet_atomic(candidates, path)
-    users = int(candidates["user_id"].nunique()) if len(candidates) else 0
+    users = int(candidates[USER_ID].nunique()) if len(candidates) else 0
     logger.info("candidates: %d pairs for %d users", len(candidates), users)
     return {"candidates": len(candidates), "users": users, "reused": False}
 
@@ -229,8 +230,8 @@ def _verifier_scores(
     from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.precompute.plan import VERIFIER_SCORE
 
-    users = pairs["user_id"].to_numpy(dtype=np.int64)
-    items = pairs["item_id"].to_numpy(dtype=np.int64)
+    users = pairs[USER_ID].to_numpy(dtype=np.int64)
+    items = pairs[ITEM_ID].to_numpy(dtype=np.int64)
     scores = np.zeros(len(pairs), dtype=np.float64)
     featurizer = PairFeaturizer(dataset, bundle.schema.history_len)
     at = pd.Timestamp(now)
@@ -240,7 +241,7 @@ def _verifier_scores(
             hi = min(lo + 8192, len(pairs))
             batch = featurizer.batch(users[lo:hi], items[lo:hi], at)
             scores[lo:hi] = bundle.vm.verifier_score(batch).numpy()
-    return pd.DataFrame({"user_id": users, "item_id": items, VERIFIER_SCORE: scores})
+    return pd.DataFrame({USER_ID: users, ITEM_ID: items, VERIFIER_SCORE: scores})
 
 
 def planning_scores(
@@ -260,7 +261,7 @@ def planning_scores(
     scored = _verifier_scores(bundle, dataset, candidates, now)
     if CANDIDATE_SCORE in candidates.columns:
         scored[VERIFIER_SCORE] = request_score(
-            scored["user_id"].to_numpy(),
+            scored[USER_ID].to_numpy(),
             scored[VERIFIER_SCORE].to_numpy(),
             candidates[CANDIDATE_SCORE].to_numpy(dtype="float64"),
             retrieval_weight,
@@ -290,8 +291,8 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     candidates = pd.read_parquet(Path(spec.run_dir) / "candidates.parquet")
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     # Only misses of users and items the models know can be scored.
-    known = (misses["user_id"] < dataset.num_users) & (misses["item_id"] < dataset.num_items)
-    misses = misses.loc[known, ["user_id", "item_id"]].drop_duplicates()
+    known = (misses[USER_ID] < dataset.num_users) & (misses[ITEM_ID] < dataset.num_items)
+    misses = misses.loc[known, [USER_ID, ITEM_ID]].drop_duplicates()
     scored_candidates = planning_scores(bundle, dataset, candidates, spec.now, cfg.retrieval_weight)
     scored_misses = _verifier_scores(bundle, dataset, misses, spec.now) if len(misses) else None
     store = open_run_store(cfg)
@@ -301,7 +302,7 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         PAIR_VIEW,
         pd.Timestamp(spec.now) - pd.Timedelta(seconds=ttl),
         pd.Timestamp(spec.now),
-        ["user_id", "item_id", "computed_at", "model_version"],
+        [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION],
     )
     plan = plan_precompute(
         scored_candidates,
@@ -444,8 +445,8 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     targets = pd.concat(
         [
-            plan.uncovered[["user_id", "item_id"]].head(cfg.fill_targets),
-            misses[["user_id", "item_id"]],
+            plan.uncovered[[USER_ID, ITEM_ID]].head(cfg.fill_targets),
+            misses[[USER_ID, ITEM_ID]],
         ],
         ignore_index=True,
     ).drop_duplicates()
@@ -456,8 +457,8 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         return {"targets": len(targets), "filled": 0}
     similarity = SimilarityConfig(neighbours=cfg.similar_neighbours)
     index = build_user_index(
-        user_rows["user_id"].to_numpy(dtype=np.int64),
-        np.stack(user_rows["embedding"].to_list()).astype(np.float32),
+        user_rows[USER_ID].to_numpy(dtype=np.int64),
+        np.stack(user_rows[EMBEDDING].to_list()).astype(np.float32),
         similarity,
     )
     fill = similarity_fill(

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import numpy as np
 import typer
 
+from solaris_feast.columns import ITEM_ID, USER_ID
 from solaris_feast.errors import ConfigError, SolarisError
 from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, usable_rows
 from solaris_feast.store.backends import StoredScan, StoredValues, backend_for, online_kind
@@ -130,8 +131,8 @@ def _rows(scan: StoredScan, reader: _ValueReader) -> list[StoredRow]:
 def _row(stored: StoredValues, reader: _ValueReader) -> StoredRow:
     return StoredRow(
         tier=stored.tier,
-        user_id=stored.keys["user_id"],
-        item_id=stored.keys.get("item_id"),
+        user_id=stored.keys[USER_ID],
+        item_id=stored.keys.get(ITEM_ID),
         model_version=reader.version(stored.model_version),
         computed_at=reader.timestamp(stored.computed_at),
     )

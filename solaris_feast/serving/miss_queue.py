@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from solaris_feast.columns import ITEM_ID, MODEL_VERSION, USER_ID
 from solaris_feast.store.backends import OnlineBackend, QueuedMiss
 from solaris_feast.store.ids import EntityId, IdType, check_id, check_ids, id_column
 from solaris_feast.store.layout import miss_marker_prefix, miss_round_key, miss_stream_key
@@ -49,7 +50,7 @@ DEFAULT_ROUND_TTL_SECONDS = 3600
 DEFAULT_MAX_STREAM_LENGTH = 1_000_000
 DEFAULT_QUEUE_TIMEOUT_SECONDS = 1.0
 """Longest wait of a queue operation of its own (a retriever's queue shares its deadline)."""
-MISS_COLUMNS = ["user_id", "item_id", "model_version", "missed_at"]
+MISS_COLUMNS = [USER_ID, ITEM_ID, MODEL_VERSION, "missed_at"]
 
 
 class MissQueue:
@@ -124,9 +125,9 @@ class MissQueue:
         come back from :meth:`drain` with the same type.
         """
         if isinstance(user_id, str):
-            user: EntityId = check_id(user_id, "string", "user_id")
+            user: EntityId = check_id(user_id, "string", USER_ID)
         else:
-            user = check_id(user_id, "int64", "user_id")
+            user = check_id(user_id, "int64", USER_ID)
         values = list(np.asarray(item_ids, dtype=object).tolist())
         if not values:
             return 0
@@ -189,7 +190,7 @@ class MissQueue:
         misses = [
             QueuedMiss(_id(user), _id(item), "", 0, str(entry_id))
             for entry_id, user, item in zip(
-                taken["entry_id"], taken["user_id"], taken["item_id"], strict=True
+                taken["entry_id"], taken[USER_ID], taken[ITEM_ID], strict=True
             )
         ]
         return self.backend.ack_misses(group, misses)

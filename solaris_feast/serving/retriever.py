@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from solaris_feast.columns import ITEM_ID, USER_ID
 from solaris_feast.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -140,7 +141,7 @@ def validate_request(
 ) -> tuple[EntityId, np.ndarray]:
     """Check one fetch request; return the user id and the item ids as ``(N,)`` int64 (Int64
     item keys) or ``(N,)`` object of str (String item keys)."""
-    user = check_id(user_id, user_id_type, "user_id")
+    user = check_id(user_id, user_id_type, USER_ID)
     if isinstance(item_ids, str | bytes) or not isinstance(item_ids, Sequence | np.ndarray):
         raise TypeError(
             f"item_ids must be a sequence or array of ids, got {type(item_ids).__name__}"
@@ -228,8 +229,8 @@ class SolarisRetriever:
         self.dim = dims.pop()
         # Ids are typed as the registry's pair view says (Int64 or String join keys).
         key_types = join_key_types(store.get_feature_view(self.view_names[Tier.EXACT]))
-        self.user_id_type: IdType = key_types.get("user_id", "int64")
-        self.item_id_type: IdType = key_types.get("item_id", "int64")
+        self.user_id_type: IdType = key_types.get(USER_ID, "int64")
+        self.item_id_type: IdType = key_types.get(ITEM_ID, "int64")
         self.codec = FloatListCodec(self.dim)
         # Stored model versions are compared as bytes: Feast serializes a string value the same
         # way every time, so equal bytes mean equal versions without parsing each value.

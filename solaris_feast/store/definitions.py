@@ -35,6 +35,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from solaris_feast.columns import (
+    COMPUTED_AT,
+    EMBEDDING,
+    EVENT_TIMESTAMP,
+    ITEM_ID,
+    MEAN_DISTANCE,
+    MODEL_VERSION,
+    NEIGHBOUR_COUNT,
+    PAIR_COUNT,
+    USER_ID,
+    WRITTEN_AT,
+)
 from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, SEARCH_ORDER, usable_rows
 from solaris_feast.store.ids import IdType, feast_value_type
 from solaris_feast.store.tags import (
@@ -62,10 +74,6 @@ MAX_EMBEDDING_DIM = 65_536
 """Bigger is a typo, and the codecs would allocate a vector of that length up front."""
 MODEL_VERSION_REQUEST_FIELD = "solaris_model_version"
 """Request field of the resolved view: the embedding version the caller's VM was trained with."""
-
-EVENT_TIMESTAMP_COLUMN = "event_timestamp"
-CREATED_TIMESTAMP_COLUMN = "written_at"
-"""Offline column that breaks ties between rows with the same event time: the later write wins."""
 
 
 class SolarisFeastConfig(BaseModel):
@@ -349,13 +357,13 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
     cfg = config or SolarisFeastConfig()
     user = Entity(
         name=cfg.user_entity_name,
-        join_keys=["user_id"],
+        join_keys=[USER_ID],
         value_type=feast_value_type(cfg.user_id_type),
         description="A user of the recommender",
     )
     item = Entity(
         name=cfg.item_entity_name,
-        join_keys=["item_id"],
+        join_keys=[ITEM_ID],
         value_type=feast_value_type(cfg.item_id_type),
         description="A candidate item",
     )
@@ -364,14 +372,14 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
         return FileSource(
             name=f"{view_name}_source",
             path=f"{cfg.offline_root.rstrip('/')}/{view_name}",
-            timestamp_field=EVENT_TIMESTAMP_COLUMN,
-            created_timestamp_column=CREATED_TIMESTAMP_COLUMN,
+            timestamp_field=EVENT_TIMESTAMP,
+            created_timestamp_column=WRITTEN_AT,
             description=f"Append-only parquet of {view_name}, one folder per UTC day",
         )
 
-    embedding = FeastField(name="embedding", dtype=Array(Float32))
-    model_version = FeastField(name="model_version", dtype=String)
-    computed_at = FeastField(name="computed_at", dtype=UnixTimestamp)
+    embedding = FeastField(name=EMBEDDING, dtype=Array(Float32))
+    model_version = FeastField(name=MODEL_VERSION, dtype=String)
+    computed_at = FeastField(name=COMPUTED_AT, dtype=UnixTimestamp)
 
     pair_view = FeatureView(
         name=cfg.pair_view_name,
@@ -391,7 +399,7 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
         ttl=timedelta(seconds=cfg.user_ttl_seconds),
         schema=[
             embedding,
-            FeastField(name="pair_count", dtype=Int64),
+            FeastField(name=PAIR_COUNT, dtype=Int64),
             model_version,
             computed_at,
         ],
@@ -408,8 +416,8 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
         ttl=timedelta(seconds=cfg.similar_ttl_seconds),
         schema=[
             embedding,
-            FeastField(name="neighbour_count", dtype=Int64),
-            FeastField(name="mean_distance", dtype=Float32),
+            FeastField(name=NEIGHBOUR_COUNT, dtype=Int64),
+            FeastField(name=MEAN_DISTANCE, dtype=Float32),
             model_version,
             computed_at,
         ],

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from solaris_feast.columns import COMPUTED_AT
+
 if TYPE_CHECKING:
     import pandas as pd
     from feast import FeatureStore, FeatureView
@@ -52,14 +54,14 @@ def read_offline_rows(
     files = [
         f for day in days for f in sorted((root / day.strftime("%Y-%m-%d")).glob("part-*.parquet"))
     ]
-    wanted = None if columns is None else sorted(set(columns) | {"computed_at"})
+    wanted = None if columns is None else sorted(set(columns) | {COMPUTED_AT})
     tables = [pq.read_table(f, columns=wanted) for f in files]
     if not tables:
         view = store.get_feature_view(view_name)
         every = [*view.join_keys, *(f.name for f in view.features)]
         return pd.DataFrame(columns=every if columns is None else columns)
     frame = pa.concat_tables(tables, promote_options="default").to_pandas()
-    at = pd.to_datetime(frame["computed_at"], utc=True)
+    at = pd.to_datetime(frame[COMPUTED_AT], utc=True)
     frame = frame.loc[(at > start) & (at <= end)].reset_index(drop=True)
     return frame if columns is None else frame[columns]
 

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING, EVENT_TIMESTAMP, WRITTEN_AT
 from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
-from solaris_feast.store.definitions import CREATED_TIMESTAMP_COLUMN, EVENT_TIMESTAMP_COLUMN
 from solaris_feast.store.ids import join_key_types
 from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec
 from solaris_feast.store.tags import TAG_EMBEDDING_DIM
@@ -92,7 +92,7 @@ def _feature_kind(dtype: Any) -> str:
     from feast.types import Array, Float32, Float64, Int64, String, UnixTimestamp
 
     if dtype == Array(Float32):
-        return "embedding"
+        return EMBEDDING
     for kind, feast_type in (
         ("int64", Int64),
         ("float32", Float32),
@@ -154,13 +154,13 @@ class EmbeddingWriter:
         self.project = store.config.project
         self.join_keys = list(self.view.join_keys)
         self.feature_kinds = {f.name: _feature_kind(f.dtype) for f in self.view.features}
-        embedding_features = [n for n, k in self.feature_kinds.items() if k == "embedding"]
-        if embedding_features != ["embedding"]:
+        embedding_features = [n for n, k in self.feature_kinds.items() if k == EMBEDDING]
+        if embedding_features != [EMBEDDING]:
             raise ConfigError(
                 f"view {view_name} must have exactly one Array(Float32) feature named "
                 f"'embedding', has {embedding_features}"
             )
-        if self.feature_kinds.get("computed_at") != "timestamp":
+        if self.feature_kinds.get(COMPUTED_AT) != "timestamp":
             raise ConfigError(f"view {view_name} needs a UnixTimestamp feature 'computed_at'")
         dim_tag = self.view.tags.get(TAG_EMBEDDING_DIM)
         if dim_tag is None:
@@ -242,12 +242,12 @@ class EmbeddingWriter:
         )
         refuse(f"duplicate keys {self.join_keys} within the batch", duplicated)
 
-        embeddings = self._embedding_matrix(frame["embedding"], refuse)
+        embeddings = self._embedding_matrix(frame[EMBEDDING], refuse)
 
         features: dict[str, np.ndarray] = {}
         computed_at_ns = np.zeros(0, dtype=np.int64)
         for name, kind in self.feature_kinds.items():
-            if name == "embedding":
+            if name == EMBEDDING:
                 continue
             column = frame[name]
             if kind == "timestamp":
@@ -262,7 +262,7 @@ class EmbeddingWriter:
                 values = pd.DatetimeIndex(utc).asi8.copy()
                 refuse(f"{name} before 1970", values < 0)
                 features[name] = values
-                if name == "computed_at":
+                if name == COMPUTED_AT:
                     computed_at_ns = values
             elif kind == "string":
                 bad = np.array(
@@ -368,7 +368,7 @@ class EmbeddingWriter:
                 continue
             columns: dict[str, Any] = {k: pa.array(batch.keys[k][order]) for k in self.join_keys}
             emb = batch.embeddings[order]
-            columns["embedding"] = pa.FixedSizeListArray.from_arrays(
+            columns[EMBEDDING] = pa.FixedSizeListArray.from_arrays(
                 pa.array(emb.reshape(-1), type=pa.float32()), self.dim
             ).cast(pa.list_(pa.float32()))
             for name, values in batch.features.items():
@@ -379,10 +379,10 @@ class EmbeddingWriter:
                     columns[name] = pa.array(values[order].astype(np.float32))
                 else:
                     columns[name] = pa.array(values[order])
-            columns[EVENT_TIMESTAMP_COLUMN] = pa.array(
+            columns[EVENT_TIMESTAMP] = pa.array(
                 batch.computed_at_ns[order], type=pa.timestamp("ns", tz="UTC")
             )
-            columns[CREATED_TIMESTAMP_COLUMN] = pa.array(
+            columns[WRITTEN_AT] = pa.array(
                 [written_at.value] * len(order), type=pa.timestamp("ns", tz="UTC")
             )
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -419,7 +419,7 @@ class EmbeddingWriter:
         """Feature names and, per row, their ``ValueProto`` bytes in that order."""
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
-        names = ["embedding"]
+        names = [EMBEDDING]
         columns: list[list[bytes]] = [self.codec.encode_rows(batch.embeddings)]
         for name, values in batch.features.items():
             kind = self.feature_kinds[name]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING, MODEL_VERSION
 from solaris_feast.errors import ConfigError
 from solaris_feast.store.ids import EntityId
 from solaris_feast.tiers import Tier
@@ -33,10 +34,10 @@ if TYPE_CHECKING:
 
 OnlineKind = Literal["sqlite", "redis"]
 BackendKind = Literal["sqlite", "redis", "redis_cluster"]
-READ_FEATURES = ("embedding", "model_version", "computed_at")
+READ_FEATURES = (EMBEDDING, MODEL_VERSION, COMPUTED_AT)
 """Features of each tier that a serving read fetches, in this order."""
 SEARCH_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
-SCAN_FEATURES = ("model_version", "computed_at")
+SCAN_FEATURES = (MODEL_VERSION, COMPUTED_AT)
 
 
 @dataclass(frozen=True)

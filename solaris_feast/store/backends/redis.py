@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from solaris_feast.columns import COMPUTED_AT, ITEM_ID, MODEL_VERSION, USER_ID
 from solaris_feast.errors import (
     ConfigError,
     DeadlineExceededError,
@@ -347,8 +348,8 @@ class RedisBackend:
         self.project = project
         self.packed = packed
         self._project_bytes = project.encode()
-        self.pair_key = EntityKeyLayout(["user_id", "item_id"], serialization_version)
-        self.user_key = EntityKeyLayout(["user_id"], serialization_version)
+        self.pair_key = EntityKeyLayout([USER_ID, ITEM_ID], serialization_version)
+        self.user_key = EntityKeyLayout([USER_ID], serialization_version)
         self._stream_key = miss_stream_key(project)
         self._round_key = miss_round_key(project)
         self._marker_prefix = miss_marker_prefix(project)
@@ -683,8 +684,8 @@ class RedisBackend:
                 for tier in tiers
                 for field in (
                     timestamp_field(views[tier]),
-                    online_field(views[tier], "model_version"),
-                    online_field(views[tier], "computed_at"),
+                    online_field(views[tier], MODEL_VERSION),
+                    online_field(views[tier], COMPUTED_AT),
                 )
             ]
             for start in range(0, len(keys), SCAN_READ_BATCH):
@@ -724,9 +725,9 @@ def _text(value: bytes | str) -> str:
 
 def _queued(fields: dict[str, str], entry_id: str | None = None) -> QueuedMiss:
     return QueuedMiss(
-        decode_id(fields["user_id"]),
-        decode_id(fields["item_id"]),
-        fields["model_version"],
+        decode_id(fields[USER_ID]),
+        decode_id(fields[ITEM_ID]),
+        fields[MODEL_VERSION],
         int(fields["missed_at"]),
         entry_id,
     )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
 from solaris_feast.errors import DeadlineExceededError, ViewsNotAppliedError
 from solaris_feast.store.backends import (
     READ_FEATURES,
@@ -103,8 +104,8 @@ class SqliteBackend:
             DEFAULT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
         )
         self.repo = repo or str(Path(path).parent)
-        self.pair_key = EntityKeyLayout(["user_id", "item_id"], serialization_version)
-        self.user_key = EntityKeyLayout(["user_id"], serialization_version)
+        self.pair_key = EntityKeyLayout([USER_ID, ITEM_ID], serialization_version)
+        self.user_key = EntityKeyLayout([USER_ID], serialization_version)
         self._conn: sqlite3.Connection | None = None
         self._queue_ready = False
 
@@ -189,9 +190,9 @@ class SqliteBackend:
         return TierReads(
             {
                 tier: TierRead(
-                    columns[tier]["embedding"],
-                    columns[tier]["model_version"],
-                    columns[tier]["computed_at"],
+                    columns[tier][EMBEDDING],
+                    columns[tier][MODEL_VERSION],
+                    columns[tier][COMPUTED_AT],
                 )
                 for tier in SEARCH_ORDER
             }
@@ -258,7 +259,7 @@ class SqliteBackend:
         ):
             seconds = int(nanos) // NANOS_PER_SECOND
             for name, raw in zip(names, row, strict=True):
-                text = None if name == "embedding" else value_text(raw)
+                text = None if name == EMBEDDING else value_text(raw)
                 params.append((key, name, raw, text, seconds, now_seconds))
         try:
             with conn:
@@ -385,8 +386,8 @@ class SqliteBackend:
                             StoredValues(
                                 tier,
                                 decoded,
-                                values.get("model_version"),
-                                values.get("computed_at"),
+                                values.get(MODEL_VERSION),
+                                values.get(COMPUTED_AT),
                             )
                         )
         finally:
