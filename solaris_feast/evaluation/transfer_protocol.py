@@ -90,6 +90,8 @@ from solaris_feast.tiers import Tier
 
 logger = logging.getLogger(__name__)
 
+ZERO_Z_CONTROL = "vm_zero_z"
+"""Contender: the served VM's tiers with zero vectors, the control for what z's content adds."""
 TIER_MIX_MODE = "tier_mix"
 """Serving mode name of the 10%-budget tier mix (the others are staleness seconds)."""
 
@@ -378,6 +380,7 @@ def _served_vm_probabilities(
     mc: TransferConfig,
     cfg: ProtocolConfig,
     modes: Sequence[int | str],
+    with_control: bool = False,
 ) -> dict[str, np.ndarray]:
     """The previous-window FM's ``z`` served to a VM per mode; test probabilities per mode.
     The full-span FM (the denominator) never feeds the VM."""
@@ -397,6 +400,14 @@ def _served_vm_probabilities(
         out[f"vm_z@{mode}"] = vertical_probabilities(
             vm, test_batch, z[n_train:], tier[n_train:]
         ).numpy()
+        if with_control and mode == cfg.round_seconds:
+            # The control: the same tiers with zero vectors. The tier alone tells the VM which
+            # rows come after the cut (a time signal); what z adds over this is z's content.
+            zero = torch.zeros_like(z)
+            ctrl = _fit_vm(world, train_batch, y_train, seed, mc, zero[:n_train], tier[:n_train])
+            out[ZERO_Z_CONTROL] = vertical_probabilities(
+                ctrl, test_batch, zero[n_train:], tier[n_train:]
+            ).numpy()
     return out
 
 
@@ -432,7 +443,9 @@ def _contenders(
     modes: list[int | str] = sorted({cfg.round_seconds, *cfg.staleness_seconds})
     modes.append(TIER_MIX_MODE)
     out.update(
-        _served_vm_probabilities(world, train_log, test_log, prev_fraction, seed, mc, cfg, modes)
+        _served_vm_probabilities(
+            world, train_log, test_log, prev_fraction, seed, mc, cfg, modes, with_control=True
+        )
     )
     return out
 
@@ -552,6 +565,7 @@ def _summarise(
         for s in splits
     ]
     tier_mix_tr, tier_mix_ci = gaps(f"vm_z@{TIER_MIX_MODE}", 0, all_splits, everyone)
+    control_tr, control_ci = gaps(ZERO_Z_CONTROL, 0, all_splits, everyone)
     by_user: dict[str, object] = {}
     for name, mask in (
         ("warm", lambda s: s.warm),
@@ -585,6 +599,10 @@ def _summarise(
         if tier_mix_ci is None
         else [round(tier_mix_ci[0], 4), round(tier_mix_ci[1], 4)],
         "tier_mix": cfg.tier_mix.model_dump(),
+        "tr_zero_z_control": _finite(control_tr),
+        "tr_zero_z_control_ci95": None
+        if control_ci is None
+        else [round(control_ci[0], 4), round(control_ci[1], 4)],
         "warm_cold": by_user,
         "ne_mean": ne_means,
         "scheme": "previous-window FM (cut f chosen per split on a validation window)",
