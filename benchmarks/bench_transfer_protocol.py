@@ -1,8 +1,8 @@
 """The transfer protocol on one data set, sized to fit a shared 2-core machine.
 
 ``solaris evaluate transfer --dataset D --seeds N --base-seed S --json PATH`` runs the same
-protocol with the default model sizes; this script shrinks the epochs and history, and runs the first
-evaluation (kept for its keys) on one seed with one coverage, so the protocol's splits x seeds
+protocol with the default model sizes; this script shrinks the epochs and history, and runs
+the first evaluation (kept for its keys) on one seed with one coverage, so the protocol's splits x seeds
 finish in minutes.
 
     python benchmarks/bench_transfer_protocol.py synthetic --size demo --seeds 5 \\
@@ -45,10 +45,12 @@ def main() -> None:
     )
     data = load_dataset(args.dataset, args.size)
     started = time.perf_counter()
-    seeds = range(args.base_seed, args.base_seed + args.seeds)
-    record = evaluate_transfer(
-        data, seeds=seeds, config=models, protocol=ProtocolConfig()
-    ).to_json()
+    seeds = list(range(args.base_seed, args.base_seed + args.seeds))
+    # The first evaluation (kept for its keys, an upper bound) on the first seed only: the
+    # protocol is what is measured, over every seed.
+    report = evaluate_transfer(data, seeds=seeds[:1], config=models)
+    report.protocol = run_protocol(data, seeds, models, ProtocolConfig())
+    record = report.to_json()
     record["bench"] = {
         "size": args.size if args.dataset == "synthetic" else "100k",
         "rows": len(data.interactions),
