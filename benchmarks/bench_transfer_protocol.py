@@ -2,8 +2,8 @@
 
 ``solaris evaluate transfer --dataset D --seeds N --base-seed S --json PATH`` runs the same
 protocol with the default model sizes; this script shrinks the epochs and history, and runs
-the first evaluation (kept for its keys) on one seed with one coverage, so the protocol's splits x seeds
-finish in minutes.
+the first evaluation (kept for its keys) on one seed with one coverage, so the protocol's
+splits x seeds finish in minutes.
 
     python benchmarks/bench_transfer_protocol.py synthetic --size demo --seeds 5 \\
         --json benchmarks/results/transfer_protocol_synthetic.json
