@@ -146,15 +146,20 @@ def evaluate_transfer_command(
     seeds: Annotated[
         int, typer.Option("--seeds", min=1, help="Seeds to train and average over.")
     ] = 1,
+    base_seed: Annotated[
+        int, typer.Option("--base-seed", help="First seed; seeds run base..base+N-1.")
+    ] = 0,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the JSON report here.")
     ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="PNG of NE against coverage.")] = None,
     progress: Annotated[bool, typer.Option(help="Progress bars.")] = True,
 ) -> None:
-    """Train VM, VM + KD, VM + SOLARIS z and the FM on a time split; report NE and TR."""
+    """Train VM, VM + KD, VM + SOLARIS z and the FM on a time split; report NE and TR, and the
+    protocol (z served from hourly rounds, full-span FM, splits x seeds, intervals)."""
     from solaris_feast.data.datasets import load_dataset
-    from solaris_feast.evaluation.transfer import evaluate_transfer
+    from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
+    from solaris_feast.evaluation.transfer_protocol import ProtocolConfig
     from solaris_feast.evaluation.transfer_report import (
         format_transfer_table,
         plot_transfer_sweep,
@@ -163,7 +168,13 @@ def evaluate_transfer_command(
 
     data = load_dataset(dataset, size)
     with stage_bars(progress) as bars:
-        report = evaluate_transfer(data, seeds=range(seeds), progress=bars)
+        report = evaluate_transfer(
+            data,
+            seeds=range(base_seed, base_seed + seeds),
+            config=TransferConfig(),
+            progress=bars,
+            protocol=ProtocolConfig(),
+        )
     record = report.to_json()
     typer.echo(format_transfer_table(record))
     if json_path is not None:

@@ -48,8 +48,13 @@ def test_tr_is_the_share_of_the_fm_gain() -> None:
 
 def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import solaris_feast.evaluation.transfer as evaluate
+    import solaris_feast.evaluation.transfer_protocol as protocol
 
     monkeypatch.setattr(evaluate, "TransferConfig", lambda: FAST)
+    small = protocol.ProtocolConfig(
+        train_ends=(0.8,), prev_fm_fractions=(0.75,), bootstrap_replicates=50
+    )
+    monkeypatch.setattr(protocol, "ProtocolConfig", lambda: small)
     out, png = tmp_path / "t.json", tmp_path / "t.png"
     result = CliRunner().invoke(
         app,
@@ -60,6 +65,10 @@ def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
             "synthetic",
             "--size",
             "tiny",
+            "--seeds",
+            "1",
+            "--base-seed",
+            "3",
             "--json",
             str(out),
             "--plot",
@@ -69,7 +78,13 @@ def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     )
     assert result.exit_code == 0, result.output
     record = json.loads(out.read_text())
-    assert {"transfer_ratio", "ne", "coverage_sweep"} <= set(record)
+    assert {"transfer_ratio", "ne", "coverage_sweep", "protocol"} <= set(record)
+    assert record["seeds"] == [3]
+    assert record["protocol_details"]["seeds"] == [3]
+    assert {"tr_served", "tr_served_ci95", "tr_kd_served", "tr_by_staleness"} <= set(
+        record["protocol"]
+    )
+    assert "TR served" in result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "transfer ratio" in result.output
 

@@ -88,3 +88,55 @@ def percentile_rank(values: np.ndarray) -> np.ndarray:
         return np.ones(len(values))
     ranks = pd.Series(values).rank(method="min").to_numpy()
     return np.asarray((ranks - 1) / (len(values) - 1), dtype=np.float64)
+
+
+def cluster_bootstrap_weights(
+    rng: np.random.Generator, num_clusters: int, replicates: int
+) -> np.ndarray:
+    """``(replicates, num_clusters)`` draw counts of a cluster bootstrap: each replicate draws
+    ``num_clusters`` clusters (users) with replacement, so rows of one user stay together and the
+    interval reflects how many users, not how many rows, the figure rests on."""
+    if num_clusters <= 0 or replicates <= 0:
+        raise ValueError(f"need clusters and replicates > 0, got {num_clusters}, {replicates}")
+    return rng.multinomial(num_clusters, np.full(num_clusters, 1.0 / num_clusters), replicates)
+
+
+def clustered_normalized_entropy(
+    loss_sums: np.ndarray, row_counts: np.ndarray, positive_counts: np.ndarray, weights: np.ndarray
+) -> np.ndarray:
+    """NE of one task under cluster weights: ``(R,)`` from per-cluster sums ``(C,)`` of row log
+    loss, rows and positives, and weights ``(R, C)``. With all weights 1 it equals
+    :func:`normalized_entropy` over the rows (the test pins that)."""
+    w = np.asarray(weights, dtype=np.float64)
+    rows = w @ np.asarray(row_counts, dtype=np.float64)
+    logloss = (w @ np.asarray(loss_sums, dtype=np.float64)) / rows
+    rate = np.clip(
+        (w @ np.asarray(positive_counts, np.float64)) / rows, PROBABILITY_CLIP, 1 - PROBABILITY_CLIP
+    )
+    entropy = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
+    return np.asarray(logloss / entropy, dtype=np.float64)
+
+
+def row_log_loss(probabilities: Any, labels: Any) -> np.ndarray:
+    """Per-row log loss ``(N, T)`` with the clip :func:`normalized_entropy` uses."""
+    p = np.clip(_as_float64(probabilities), PROBABILITY_CLIP, 1 - PROBABILITY_CLIP)
+    y = _as_float64(labels)
+    if p.shape != y.shape:
+        raise ValueError(f"probabilities {p.shape} and labels {y.shape} differ in shape")
+    return np.asarray(-(y * np.log(p) + (1 - y) * np.log(1 - p)), dtype=np.float64)
+
+
+def ratio_of_means_interval(
+    numerators: np.ndarray, denominators: np.ndarray, level: float = 0.95
+) -> tuple[float, float] | None:
+    """Percentile interval of ``sum(num) / sum(den)`` over bootstrap replicates ``(R, K)`` (K
+    splits x seeds); None when a replicate's denominator is not positive in more than
+    ``1 - level`` of them (no FM gain to share, no ratio)."""
+    num = np.asarray(numerators, dtype=np.float64).sum(axis=1)
+    den = np.asarray(denominators, dtype=np.float64).sum(axis=1)
+    ok = den > 0
+    if ok.mean() < level:
+        return None
+    ratios = np.where(ok, num / np.where(ok, den, 1.0), -np.inf)
+    tail = (1 - level) / 2
+    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))

@@ -11,6 +11,13 @@ compressor and four contenders, and reports normalized entropy per task and the 
 
 A coverage sweep then trains and evaluates the VM with ``z`` present on a fraction of pairs only
 (zero vector and tier ZERO elsewhere), the situation serving is in.
+
+These figures compute ``z`` at the second of each scored row, give the VM no history and divide
+by an FM trained on part of the training span: an upper bound, kept for its keys. The figures to
+quote are the ``protocol`` record of :mod:`solaris_feast.evaluation.transfer_protocol` (``z``
+served from hourly rounds, a VM with streaming history, the full-span FM as denominator,
+forward-chaining splits and bootstrap intervals), added when ``evaluate_transfer`` gets a
+protocol config.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -45,6 +53,9 @@ from solaris_feast.models.training import (
 )
 from solaris_feast.models.vertical import VerticalConfig, VerticalModel
 from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from solaris_feast.evaluation.transfer_protocol import ProtocolConfig
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +109,8 @@ class TransferReport:
     tasks: tuple[str, ...]
     config: TransferConfig
     seeds: list[SeedResult] = field(default_factory=list)
+    protocol: dict[str, object] | None = None
+    """The protocol's record (``protocol`` and ``details``), when it ran."""
 
     def to_json(self) -> dict[str, object]:
         """JSON record: ``transfer_ratio`` (mean over tasks and seeds), ``ne`` per contender and
@@ -115,6 +128,12 @@ class TransferReport:
             for k, c in enumerate(self.config.coverages)
         ]
         first = self.seeds[0]
+        extra: dict[str, object] = {}
+        if self.protocol is not None:
+            extra = {
+                "protocol": self.protocol["protocol"],
+                "protocol_details": self.protocol["details"],
+            }
         return {
             "dataset": self.dataset,
             "tasks": list(self.tasks),
@@ -143,6 +162,7 @@ class TransferReport:
                 "vm_over_fm": first.vm_flops_per_pair / first.fm_flops_per_pair,
             },
             "seconds_per_seed": [round(s.seconds, 1) for s in self.seeds],
+            **extra,
         }
 
     def _transfer_ratios(self, who: str) -> list[float]:
@@ -165,12 +185,20 @@ def evaluate_transfer(
     seeds: Sequence[int] = (0,),
     config: TransferConfig | None = None,
     progress: Step | None = None,
+    protocol: ProtocolConfig | None = None,
 ) -> TransferReport:
-    """Run the whole evaluation once per seed."""
+    """Run the whole evaluation once per seed, and the protocol over the same seeds when
+    ``protocol`` is given."""
     cfg = config or TransferConfig()
     report = TransferReport(dataset=dataset.name, tasks=dataset.label_columns, config=cfg)
     for seed in seeds:
         report.seeds.append(_evaluate_seed(dataset, seed, cfg, progress))
+    if protocol is not None:
+        # Imported here: the protocol imports this module's config, and models.chain imports
+        # this module too.
+        from solaris_feast.evaluation.transfer_protocol import run_protocol
+
+        report.protocol = run_protocol(dataset, list(seeds), cfg, protocol, progress)
     return report
 
 

@@ -31,6 +31,39 @@ def format_transfer_table(record: dict[str, object]) -> str:
     sweep = record["coverage_sweep"]
     if isinstance(sweep, list):
         lines.append("coverage  " + "  ".join(f"{p['coverage']:.1f}:{p['ne']:.4f}" for p in sweep))
+    lines[0:0] = ["(upper bound: z at the row's second, no VM history, partial-span FM)"]
+    protocol = record.get("protocol")
+    if isinstance(protocol, dict):
+        lines += ["", format_protocol_table(protocol)]
+    return "\n".join(lines)
+
+
+def _tr(value: object, interval: object = None) -> str:
+    if not isinstance(value, float | int):
+        return "n/a"
+    if isinstance(interval, list):
+        return f"{value:.3f} [{interval[0]:.3f}, {interval[1]:.3f}]"
+    return f"{value:.3f}"
+
+
+def format_protocol_table(protocol: dict[str, object]) -> str:
+    """TR per task under the protocol (main task first): served from hourly rounds, KD, label
+    smoothing, and by staleness, with the 95% intervals."""
+    per_task = protocol["per_task"]
+    if not isinstance(per_task, dict):
+        raise TypeError("not a protocol record")
+    head = (
+        f"{'task':<12}{'TR served [95%]':>26}{'TR KD [95%]':>26}{'TR label sm.':>14}  by staleness"
+    )
+    lines = ["protocol: z served from hourly rounds, VM with history, full-span FM", head]
+    for task, row in per_task.items():
+        stale = row["tr_by_staleness"]
+        lines.append(
+            f"{task:<12}{_tr(row['tr_served'], row['tr_served_ci95']):>26}"
+            f"{_tr(row['tr_kd_served'], row['tr_kd_served_ci95']):>26}"
+            f"{_tr(row['tr_label_smoothing']):>14}  "
+            + "  ".join(f"{s}s:{_tr(v)}" for s, v in stale.items())
+        )
     return "\n".join(lines)
 
 
