@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,7 +28,7 @@ import pandas as pd
 import torch
 
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
-from solaris_feast.progress import console, stage_bars
+from solaris_feast.progress import StageProgress, console, stage_bars
 from solaris_feast.tiers import Tier
 
 PROJECT_REPO_FILES = ("feature_store.yaml", "feature_store.redis.yaml", ".feastignore")
@@ -157,9 +156,7 @@ class _Steps:
             console.print(f"[bold cyan]step {self.count}[/]: {what}")
 
 
-def _transfer(
-    dataset: InteractionDataset, out: Path, bars: Callable[[str, int, int], None]
-) -> list[str]:
+def _transfer(dataset: InteractionDataset, out: Path, bars: StageProgress) -> list[str]:
     from solaris_feast.evaluation.transfer import evaluate_transfer
     from solaris_feast.evaluation.transfer_report import (
         format_transfer_table,

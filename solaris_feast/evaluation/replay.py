@@ -79,6 +79,7 @@ from solaris_feast.tiers import Tier
 if TYPE_CHECKING:
     from solaris_feast.models.features import PairBatch, PairFeaturizer
     from solaris_feast.models.registry import ModelBundle
+    from solaris_feast.progress import StageProgress
 
 __all__ = [
     "ALL_PLANNERS",
@@ -158,7 +159,7 @@ def simulate(
     *,
     dataset: InteractionDataset | None = None,
     bundle: ModelBundle | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: StageProgress | None = None,
     observer: StepObserver | None = None,
 ) -> list[dict[str, Any]]:
     """Replay the log for every planner and budget; one record per (planner, budget).
@@ -310,7 +311,7 @@ def _prepare_step(run: _Replay, k: int, start: pd.Timestamp) -> _Step:
 def _train_models(
     train_ds: InteractionDataset,
     cfg: SimulationConfig,
-    progress: Callable[[str, int, int], None] | None,
+    progress: StageProgress | None,
 ) -> ModelBundle:
     from solaris_feast.models.chain import TrainingConfig, train_and_register
 

@@ -52,6 +52,7 @@ from solaris_feast.models.training import (
     vertical_probabilities,
 )
 from solaris_feast.models.vertical import VerticalConfig, VerticalModel
+from solaris_feast.progress import StageProgress
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ class TransferReport:
         ]
 
 
-Step = Callable[[str, int, int], None]
+Step = StageProgress
 """Progress hook: ``(stage name, done, total)``."""
 
 

@@ -80,6 +80,7 @@ from solaris_feast.models.training import (
     vertical_probabilities,
 )
 from solaris_feast.models.vertical import VerticalModel
+from solaris_feast.progress import StageProgress
 from solaris_feast.serving.resolve import TierValues, resolve
 from solaris_feast.store.definitions import (
     DEFAULT_PAIR_TTL_SECONDS,
@@ -153,7 +154,7 @@ class _SplitRows:
     probabilities: list[dict[str, np.ndarray]] = field(default_factory=list)
 
 
-Step = Callable[[str, int, int], None]
+Step = StageProgress
 
 
 @contextmanager

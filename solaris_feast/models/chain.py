@@ -53,6 +53,7 @@ from solaris_feast.models.training import (
     vertical_probabilities,
 )
 from solaris_feast.models.vertical import VerticalModel
+from solaris_feast.progress import StageProgress
 from solaris_feast.tiers import Tier
 
 logger = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ def train_and_register(
     dataset: InteractionDataset,
     models_dir: Path,
     config: TrainingConfig | None = None,
-    progress: Callable[[str, int, int], None] | None = None,
+    progress: StageProgress | None = None,
 ) -> ModelBundle:
     """Train FM -> compressor -> VM on all of ``dataset``'s log and register their cards."""
     cfg = config or TrainingConfig()
