@@ -347,28 +347,52 @@ def _new_run(
 
 
 def _retrieve(
-    world: World, log: pd.DataFrame, now: pd.Timestamp, users: np.ndarray, candidate_cfg: CandidateConfig, slice_index: int
+    world: World,
+    log: pd.DataFrame,
+    now: pd.Timestamp,
+    users: np.ndarray,
+    candidate_cfg: CandidateConfig,
+    slice_index: int,
 ) -> pd.DataFrame:
-    """N candidates per requesting user; where retrieval has nothing (an empty log), N random
-    items, so the first hours explore."""
+    """N candidates per requesting user: the candidate generator's, padded with random items
+    (score 0) up to N. The generator only knows items the log holds; without the exploration
+    slice a closed loop shows the first few items it ever showed, for ever."""
+    wanted = np.unique(users)
+    n = min(candidate_cfg.candidates_per_user, world.config.num_items)
     if len(log):
-        got = generate_candidates(log, now, candidate_cfg, items=world.item_table(), users=np.unique(users))
+        got = generate_candidates(
+            log, now, candidate_cfg, items=world.item_table(), users=wanted
+        )[[USER_ID, ITEM_ID, CANDIDATE_SCORE]]
     else:
-        got = pd.DataFrame({USER_ID: np.zeros(0, np.int64), ITEM_ID: np.zeros(0, np.int64), CANDIDATE_SCORE: np.zeros(0, np.float32)})
-    missing = np.setdiff1d(np.unique(users), got[USER_ID].to_numpy())
-    if len(missing):
-        rng = np.random.default_rng([world.seed, slice_index, 5])
-        n = min(candidate_cfg.candidates_per_user, world.config.num_items)
-        items = np.stack([rng.choice(world.config.num_items, n, replace=False) for _ in missing])
-        extra = pd.DataFrame(
+        got = pd.DataFrame(
             {
-                USER_ID: np.repeat(missing, n),
-                ITEM_ID: items.ravel(),
-                CANDIDATE_SCORE: rng.random(items.size).astype(np.float32) * 1e-3,
+                USER_ID: np.zeros(0, np.int64),
+                ITEM_ID: np.zeros(0, np.int64),
+                CANDIDATE_SCORE: np.zeros(0, np.float32),
             }
         )
-        got = pd.concat([got[[USER_ID, ITEM_ID, CANDIDATE_SCORE]], extra], ignore_index=True)
-    return got[[USER_ID, ITEM_ID, CANDIDATE_SCORE]]
+    rng = np.random.default_rng([world.seed, slice_index, 5])
+    have = got.groupby(USER_ID)[ITEM_ID].apply(set).to_dict()
+    extra_users, extra_items = [], []
+    for user in wanted:
+        own = have.get(int(user), set())
+        short = n - len(own)
+        if short <= 0:
+            continue
+        fresh = rng.permutation(world.config.num_items)
+        fresh = fresh[~np.isin(fresh, list(own))][:short]
+        extra_users.append(np.full(len(fresh), user, dtype=np.int64))
+        extra_items.append(fresh.astype(np.int64))
+    if extra_users:
+        extra = pd.DataFrame(
+            {
+                USER_ID: np.concatenate(extra_users),
+                ITEM_ID: np.concatenate(extra_items),
+                CANDIDATE_SCORE: np.zeros(sum(len(u) for u in extra_users), np.float32),
+            }
+        )
+        got = pd.concat([got, extra], ignore_index=True)
+    return got
 
 
 def _top_per_user(users: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
