@@ -35,7 +35,9 @@ def simulate_funnel(config: FunnelConfig, seeds: list[int]) -> list[dict[str, An
     """Run every seed and return one record per (planner, budget)."""
     unknown = [p for p in config.planners if p not in FUNNEL_PLANNERS]
     if unknown:
-        raise ValueError(f"unknown funnel planners {unknown}; choose from {', '.join(FUNNEL_PLANNERS)}")
+        raise ValueError(
+            f"unknown funnel planners {unknown}; choose from {', '.join(FUNNEL_PLANNERS)}"
+        )
     outcomes = []
     for seed in seeds:
         outcomes.append(run_seed(config, seed))
@@ -43,7 +45,9 @@ def simulate_funnel(config: FunnelConfig, seeds: list[int]) -> list[dict[str, An
     return build_funnel_records(outcomes)
 
 
-def write_funnel_report(records: list[dict[str, Any]], json_path: Path | None, plot: Path | None) -> None:
+def write_funnel_report(
+    records: list[dict[str, Any]], json_path: Path | None, plot: Path | None
+) -> None:
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(records, indent=2, allow_nan=True))

@@ -29,6 +29,7 @@ class TwoTower(nn.Module):
         for table in (self.user, self.item, self.category):
             nn.init.normal_(table.weight, std=0.05)
         nn.init.zeros_(self.bias.weight)
+        self.item_category: torch.Tensor
         self.register_buffer("item_category", torch.from_numpy(item_category.astype(np.int64)))
 
     def forward(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
@@ -39,7 +40,9 @@ class TwoTower(nn.Module):
         """``(N,)`` float64 logits of N pairs, under ``inference_mode``."""
         self.eval()
         with torch.inference_mode():
-            out = self(torch.from_numpy(users.astype(np.int64)), torch.from_numpy(items.astype(np.int64)))
+            out = self(
+                torch.from_numpy(users.astype(np.int64)), torch.from_numpy(items.astype(np.int64))
+            )
         return out.numpy().astype(np.float64)
 
 

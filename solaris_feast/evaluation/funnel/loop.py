@@ -47,7 +47,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
 from solaris_feast.evaluation.funnel.early_stage import TwoTower, train_two_tower
 from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
-from solaris_feast.evaluation.metrics import percentile_rank
 from solaris_feast.evaluation.replay import _precompute_step, _Replay, _score_pool, _Step
 from solaris_feast.evaluation.replay_config import (
     ABLATION_STEPS,
@@ -217,8 +216,13 @@ def run_seed(
         for hour in range(cfg.hours):
             start = world.slice_time(hour * world.slices_per_hour)
             log = _log(log_parts)
-            if hour >= cfg.early_stage_first_hour and len(log) and (
-                two_tower is None or (hour - cfg.early_stage_first_hour) % cfg.early_stage_retrain_hours == 0
+            if (
+                hour >= cfg.early_stage_first_hour
+                and len(log)
+                and (
+                    two_tower is None
+                    or (hour - cfg.early_stage_first_hour) % cfg.early_stage_retrain_hours == 0
+                )
             ):
                 two_tower = train_two_tower(
                     log,
@@ -238,7 +242,10 @@ def run_seed(
                 run = _new_run(cfg, pcfg, world, log, bundle, candidate_cfg, outcome, hour)
             scored = hour >= cfg.first_scored_hour()
             if scored and not outcome.arms:
-                outcome.arms = {name: ArmTotals(fm_pairs_at_start=s.fm_pairs) for name, s in outcome.states.items()}
+                outcome.arms = {
+                    name: ArmTotals(fm_pairs_at_start=s.fm_pairs)
+                    for name, s in outcome.states.items()
+                }
             # The round's inputs are cut at the hour start, before the hour is simulated.
             past = log
             pool_candidates = (
@@ -246,7 +253,18 @@ def run_seed(
                 if run is not None and len(past)
                 else None
             )
-            records = _simulate_hour(cfg, world, hour, log_parts, last_click, two_tower, run, candidate_cfg, outcome, scored)
+            records = _simulate_hour(
+                cfg,
+                world,
+                hour,
+                log_parts,
+                last_click,
+                two_tower,
+                run,
+                candidate_cfg,
+                outcome,
+                scored,
+            )
             if run is None or pool_candidates is None:
                 continue
             step = _round(run, hour, start, past, pool_candidates, records, two_tower)
@@ -297,7 +315,9 @@ def _train_chain(ds: InteractionDataset, cfg: FunnelConfig, seed: int) -> ModelB
     if cfg.fm_epochs is not None:
         models = training.models.model_copy(
             update={
-                "fm_training": training.models.fm_training.model_copy(update={"epochs": cfg.fm_epochs})
+                "fm_training": training.models.fm_training.model_copy(
+                    update={"epochs": cfg.fm_epochs}
+                )
             }
         )
         training = training.model_copy(update={"models": models})
@@ -360,9 +380,9 @@ def _retrieve(
     wanted = np.unique(users)
     n = min(candidate_cfg.candidates_per_user, world.config.num_items)
     if len(log):
-        got = generate_candidates(
-            log, now, candidate_cfg, items=world.item_table(), users=wanted
-        )[[USER_ID, ITEM_ID, CANDIDATE_SCORE]]
+        got = generate_candidates(log, now, candidate_cfg, items=world.item_table(), users=wanted)[
+            [USER_ID, ITEM_ID, CANDIDATE_SCORE]
+        ]
     else:
         got = pd.DataFrame(
             {
@@ -439,7 +459,9 @@ def _simulate_hour(
         users, items = cu[rows], ci[rows]
         request_of = np.repeat(req.request_ids, counts)
         position = np.concatenate([np.arange(c) for c in counts])
-        click_p, conv_p = world.probabilities(users, items, world.hour_of_slice(s), last_click[users])
+        click_p, conv_p = world.probabilities(
+            users, items, world.hour_of_slice(s), last_click[users]
+        )
         u = world.label_uniforms(request_of, position)
         click = (u[:, 0] < click_p).astype(np.int64)
         conversion = (click == 1) & (u[:, 1] < conv_p / np.maximum(click_p, 1e-12))
@@ -461,7 +483,9 @@ def _simulate_hour(
             best = _top_per_user(request_of, fm, k_shown)
             outcome.clicks_fm += float(click_p[best].sum())
             outcome.conversions_fm += float(conv_p[best].sum())
-            outcome.early_vm_agreement.append(_agreement(cu, ci, early, run, featurizer, now, k_final, k_shown))
+            outcome.early_vm_agreement.append(
+                _agreement(cu, ci, early, run, featurizer, now, k_final, k_shown)
+            )
             records.append(
                 _SliceRecord(now, users, items, batch, click_p, conv_p, labels, len(req.user_ids))
             )
@@ -486,7 +510,14 @@ def _simulate_hour(
 
 
 def _agreement(
-    cu: np.ndarray, ci: np.ndarray, early: np.ndarray, run: _Replay, featurizer: Any, now: pd.Timestamp, k_final: int, k_shown: int
+    cu: np.ndarray,
+    ci: np.ndarray,
+    early: np.ndarray,
+    run: _Replay,
+    featurizer: Any,
+    now: pd.Timestamp,
+    k_final: int,
+    k_shown: int,
 ) -> float:
     """Share of the VM's own top k over all N retrieved items that the early stage keeps in
     its K: how often the two stages agree."""
@@ -519,8 +550,12 @@ def _round(
     featurizer = PairFeaturizer(run.ds.with_interactions(past), run.bundle.schema.history_len)
     requests = pd.DataFrame(
         {
-            USER_ID: np.concatenate([r.users for r in records]) if records else np.zeros(0, np.int64),
-            ITEM_ID: np.concatenate([r.items for r in records]) if records else np.zeros(0, np.int64),
+            USER_ID: np.concatenate([r.users for r in records])
+            if records
+            else np.zeros(0, np.int64),
+            ITEM_ID: np.concatenate([r.items for r in records])
+            if records
+            else np.zeros(0, np.int64),
         }
     ).drop_duplicates()
 
@@ -564,24 +599,37 @@ def _serve_arms(
             now_s = rec.now.value / 1e9
             request_of = np.repeat(np.arange(rec.requests), len(rec.users) // rec.requests)
             for step in ABLATION_STEPS:
-                got = resolve({t: stored[t] for t in ABLATION_TIERS[step]}, now_s=now_s, ttl_seconds=ttl)
+                got = resolve(
+                    {t: stored[t] for t in ABLATION_TIERS[step]}, now_s=now_s, ttl_seconds=ttl
+                )
                 if step == ABLATION_STEPS[-1]:
                     miss = got.tiers != int(Tier.EXACT)
-                    missed.append(pd.DataFrame({USER_ID: rec.users[miss], ITEM_ID: rec.items[miss]}))
+                    missed.append(
+                        pd.DataFrame({USER_ID: rec.users[miss], ITEM_ID: rec.items[miss]})
+                    )
                 if not scored or totals is None:
                     continue
                 tiers = torch.from_numpy(got.tiers.astype(np.int64))
-                probs = run.bundle.vm.predict_proba(rec.batch, torch.from_numpy(got.embeddings), tiers)[:, 0].numpy().astype(np.float64)
+                probs = (
+                    run.bundle.vm.predict_proba(rec.batch, torch.from_numpy(got.embeddings), tiers)[
+                        :, 0
+                    ]
+                    .numpy()
+                    .astype(np.float64)
+                )
                 shown = _top_per_user(request_of, probs, shown_per_request)
                 totals.clicks[step] = totals.clicks.get(step, 0.0) + float(rec.click_p[shown].sum())
-                totals.conversions[step] = totals.conversions.get(step, 0.0) + float(rec.conversion_p[shown].sum())
+                totals.conversions[step] = totals.conversions.get(step, 0.0) + float(
+                    rec.conversion_p[shown].sum()
+                )
                 totals.probs.setdefault(step, []).append(probs[shown])
                 totals.labels.setdefault(step, []).append(rec.labels[shown, 0])
                 if step == ABLATION_STEPS[-1]:
-                    totals.tier_counts += np.bincount(got.tiers.astype(np.int64), minlength=len(Tier))
+                    totals.tier_counts += np.bincount(
+                        got.tiers.astype(np.int64), minlength=len(Tier)
+                    )
         state.misses = (
             pd.concat(missed, ignore_index=True).drop_duplicates().reset_index(drop=True)
             if missed
             else state.misses.iloc[0:0]
         )
-

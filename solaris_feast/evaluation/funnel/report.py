@@ -90,7 +90,9 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
                 "ne_ci95": _ci([r["ne"] for r in rows])[1],
                 "clicks_per_1k_requests": clicks,
                 "clicks_per_1k_requests_ci95": clicks_ci,
-                "clicks_per_1k_requests_without_z": mean_ci95([r["clicks_without_z"] for r in rows])[0],
+                "clicks_per_1k_requests_without_z": mean_ci95(
+                    [r["clicks_without_z"] for r in rows]
+                )[0],
                 "clicks_per_1k_requests_fm_ranking": mean_ci95([r["clicks_fm"] for r in rows])[0],
                 "click_uplift_per_1k_requests": uplift,
                 "click_uplift_per_1k_requests_ci95": uplift_ci,
@@ -98,7 +100,9 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
                 "conversions_per_1k_requests_without_z": mean_ci95(
                     [r["conversions_without_z"] for r in rows]
                 )[0],
-                "conversions_per_1k_requests_fm_ranking": mean_ci95([r["conversions_fm"] for r in rows])[0],
+                "conversions_per_1k_requests_fm_ranking": mean_ci95(
+                    [r["conversions_fm"] for r in rows]
+                )[0],
                 "online_transfer_ratio": transfer,
                 "online_transfer_ratio_ci95": transfer_ci,
                 "fm_calls_per_request": mean_ci95([r["fm_calls"] for r in rows])[0],
@@ -157,12 +161,26 @@ def plot_funnel(records: list[dict[str, Any]], path: Path) -> None:
         axes[2].plot(b, [r["ne"] for r in rows], marker="o", label=planner)
         clicks = np.array([r["clicks_per_1k_requests"] for r in rows])
         cci = np.array([r["clicks_per_1k_requests_ci95"] for r in rows], dtype=float)
-        axes[3].errorbar(b, clicks, yerr=np.abs(cci.T - clicks), marker="o", label=planner, capsize=3)
+        axes[3].errorbar(
+            b, clicks, yerr=np.abs(cci.T - clicks), marker="o", label=planner, capsize=3
+        )
     if records:
-        axes[3].axhline(records[0]["clicks_per_1k_requests_without_z"], color="grey", ls="--", label="VM without z")
-        axes[3].axhline(records[0]["clicks_per_1k_requests_fm_ranking"], color="black", ls=":", label="FM ranking")
+        axes[3].axhline(
+            records[0]["clicks_per_1k_requests_without_z"],
+            color="grey",
+            ls="--",
+            label="VM without z",
+        )
+        axes[3].axhline(
+            records[0]["clicks_per_1k_requests_fm_ranking"],
+            color="black",
+            ls=":",
+            label="FM ranking",
+        )
     for ax, title in zip(
-        axes, ("exact hit rate", "coverage (any tier)", "NE of the VM on shown", "clicks / 1k requests"), strict=True
+        axes,
+        ("exact hit rate", "coverage (any tier)", "NE of the VM on shown", "clicks / 1k requests"),
+        strict=True,
     ):
         ax.set_title(title)
         ax.set_xlabel("budget (share of pool per hourly round)")

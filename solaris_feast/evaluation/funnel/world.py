@@ -160,9 +160,9 @@ class World:
         length = 1 + rng.poisson(cfg.requests_per_session - 1.0, len(user))
         slices = np.concatenate([start_slice + j for j in range(int(length.max(initial=1)))])
         users = np.concatenate([user for _ in range(int(length.max(initial=1)))])
-        keep = np.concatenate(
-            [length > j for j in range(int(length.max(initial=1)))]
-        ) & (slices < total_slices)
+        keep = np.concatenate([length > j for j in range(int(length.max(initial=1)))]) & (
+            slices < total_slices
+        )
         slices, users = slices[keep], users[keep].astype(np.int64)
         order = np.lexsort((users, slices))
         slices, users = slices[order], users[order]
@@ -201,7 +201,8 @@ class World:
         click = 1.0 / (1.0 + np.exp(-logit))
         buy_agree = np.einsum("nd,nd->n", self.long_term[users], self.item_vectors[items])
         buy = 1.0 / (
-            1.0 + np.exp(-(cfg.conversion_bias + cfg.taste_scale * buy_agree / np.sqrt(cfg.taste_dim)))
+            1.0
+            + np.exp(-(cfg.conversion_bias + cfg.taste_scale * buy_agree / np.sqrt(cfg.taste_dim)))
         )
         return click, click * buy
 
@@ -228,11 +229,17 @@ class World:
     def user_table(self) -> pd.DataFrame:
         """What the models may know of a user: a coarse segment (the favourite category)."""
         return pd.DataFrame(
-            {USER_ID: np.arange(self.config.num_users, dtype=np.int64), "segment": self.user_segment}
+            {
+                USER_ID: np.arange(self.config.num_users, dtype=np.int64),
+                "segment": self.user_segment,
+            }
         )
 
     def item_table(self) -> pd.DataFrame:
         """What the models may know of an item: its category."""
         return pd.DataFrame(
-            {ITEM_ID: np.arange(self.config.num_items, dtype=np.int64), "category": self.item_category}
+            {
+                ITEM_ID: np.arange(self.config.num_items, dtype=np.int64),
+                "category": self.item_category,
+            }
         )
