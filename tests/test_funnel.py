@@ -34,7 +34,7 @@ TINY = FunnelConfig(
     early_stage_retrain_hours=3,
     chain_retrain_hours=0,
     unscored_hours=1,
-    scored_hours=3,
+    scored_hours=2,
     fm_epochs=1,
 )
 

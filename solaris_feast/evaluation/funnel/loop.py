@@ -111,8 +111,9 @@ class FunnelConfig(BaseModel):
     """How often the FM, compressor and VM retrain on their own traffic (0: never)."""
     unscored_hours: int = Field(2, ge=0)
     """Precompute rounds after a training before scoring starts (stores fill up)."""
-    scored_hours: int = Field(24, gt=0)
-    """Hours scored: one day of rounds."""
+    scored_hours: int = Field(12, gt=0)
+    """Hours scored: half a day of rounds, what five seeds cost on a shared 2-core machine in
+    about fifteen minutes. With the warm-up this ends before the first chain retrain."""
     fm_epochs: int | None = Field(None, gt=0)
     """Override the FM's epochs (tests)."""
     precompute: SimulationConfig = SimulationConfig(

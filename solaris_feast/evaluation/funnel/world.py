@@ -103,9 +103,9 @@ class World:
         long_term: ``(U, d)`` float64.
         short_term: ``(H, U, d)`` float64, the interest during each hour.
         successors: ``(I, S)`` int64.
-        slices: ``(R_total,)`` slice index of every request, sorted; ``users``: ``(R_total,)``.
-        uniforms: ``(R_total, I, 2)`` float32 would be too large; uniforms are drawn per
-            request and item position by :meth:`label_uniforms` from a seeded hash instead.
+        slices: ``(R,)`` slice index of every request of the world, sorted.
+        users: ``(R,)`` who makes each request. Label uniforms are not stored: a seeded hash
+            of (request, position) draws them (:meth:`label_uniforms`).
     """
 
     def __init__(self, config: FunnelWorldConfig, seed: int, hours: int) -> None:
