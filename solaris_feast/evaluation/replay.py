@@ -826,8 +826,11 @@ def simulate_command(
     ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="PNG of coverage and NE.")] = None,
 ) -> None:
-    """Replay the log hour by hour (or run the funnel world): coverage and NE per planner and
-    budget."""
+    """Replay the log hour by hour: coverage and NE per planner and budget.
+
+    ``--world funnel`` runs the closed-loop funnel world instead
+    (:mod:`solaris_feast.evaluation.funnel`), with its own planners and ``--seeds``.
+    """
     if world == "funnel":
         from solaris_feast.evaluation.funnel import run_funnel_command
 
