@@ -4,7 +4,8 @@
   better than predicting the base rate; lower is better);
 - :func:`transfer_ratio`: the share of the FM's NE gain that reaches the VM;
 - :func:`coverage_shares`: the share of served pairs per tier;
-- :func:`percentile_rank`: scores as ranks in ``[0, 1]``, so one threshold fits every planner.
+- :func:`percentile_rank`: scores as ranks in ``[0, 1]``, so one threshold fits every planner;
+- :func:`mean_ci95`: a mean over seeds with its 95 % Student-t interval.
 
 numpy only (torch tensors are accepted and read as arrays), so models, the replay, the demo and
 benchmarks can all import it cheaply.
@@ -140,3 +141,26 @@ def ratio_of_means_interval(
     ratios = np.where(ok, num / np.where(ok, den, 1.0), -np.inf)
     tail = (1 - level) / 2
     return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+"""Two-sided 95 % quantiles of Student's t for 1..10 degrees of freedom; 1.96 beyond 30."""
+
+
+def mean_ci95(values: Any) -> tuple[float, float, float]:
+    """``(mean, lo, hi)``: the mean of per-seed values and its 95 % Student-t interval.
+
+    One value gives ``(v, nan, nan)``: an interval needs at least two seeds. NaN values (a seed
+    where a measure is undefined) are left out.
+    """
+    v = _as_float64(values).ravel()
+    v = v[~np.isnan(v)]
+    if len(v) == 0:
+        return math.nan, math.nan, math.nan
+    mean = float(v.mean())
+    if len(v) < 2:
+        return mean, math.nan, math.nan
+    df = len(v) - 1
+    t = _T975[df - 1] if df <= len(_T975) else (2.042 if df <= 30 else 1.96)
+    half = t * float(v.std(ddof=1)) / math.sqrt(len(v))
+    return mean, mean - half, mean + half

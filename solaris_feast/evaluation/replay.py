@@ -366,9 +366,11 @@ def _score_pool(
     start: pd.Timestamp,
     featurizer: PairFeaturizer,
     step_index: int,
+    extra_scores: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None = None,
 ) -> pd.DataFrame:
     """Distinct pairs of the candidates and every state's queued misses, with each planner's
-    score as a percentile rank in ``[0, 1]`` (column per planner)."""
+    score as a percentile rank in ``[0, 1]`` (column per planner). ``extra_scores(users,
+    items)`` adds planners of a caller's own (the funnel world's early-stage ranker)."""
     frames = [candidates[[USER_ID, ITEM_ID]]] + [s.misses for s in run.states]
     pool = pd.concat(frames, ignore_index=True).drop_duplicates([USER_ID, ITEM_ID])
     pool = pool.sort_values([USER_ID, ITEM_ID], kind="stable").reset_index(drop=True)
@@ -401,6 +403,8 @@ def _score_pool(
         "popular": popular + 1e-3 * verifier,
         "oracle": requested.astype(np.float64) + 1e-3 * verifier,
     }
+    if extra_scores is not None:
+        scores.update(extra_scores(users, items))
     for name in dict.fromkeys(s.planner for s in run.states):
         pool[name] = percentile_rank(scores[name])
     return pool
@@ -783,6 +787,16 @@ def _parse_planners(text: str) -> tuple[PlannerName, ...]:
 
 
 def simulate_command(
+    world: Annotated[
+        str,
+        typer.Option(
+            "--world",
+            help="log: replay a recorded log; funnel: the closed-loop funnel world (issue 13).",
+        ),
+    ] = "log",
+    seeds: Annotated[
+        int, typer.Option("--seeds", min=1, help="Seeds of the funnel world (0..seeds-1).")
+    ] = 5,
     dataset: Annotated[
         str, typer.Option("--dataset", help="synthetic or movielens.")
     ] = "synthetic",
@@ -814,7 +828,18 @@ def simulate_command(
     ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="PNG of coverage and NE.")] = None,
 ) -> None:
-    """Replay the log hour by hour: coverage and NE per planner and budget."""
+    """Replay the log hour by hour: coverage and NE per planner and budget.
+
+    ``--world funnel`` runs the closed-loop funnel world instead
+    (:mod:`solaris_feast.evaluation.funnel`), with its own planners and ``--seeds``.
+    """
+    if world == "funnel":
+        from solaris_feast.evaluation.funnel import run_funnel_command
+
+        run_funnel_command(budget, planner, seeds, json_path, plot)
+        return
+    if world != "log":
+        raise typer.BadParameter(f"--world must be log or funnel, got {world!r}")
     if dataset not in ("synthetic", "movielens"):
         raise typer.BadParameter(f"--dataset must be synthetic or movielens, got {dataset!r}")
     if budget_basis not in ("pair_ttl", "step"):

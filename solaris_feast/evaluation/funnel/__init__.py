@@ -1,0 +1,86 @@
+"""The closed-loop funnel world (issue 13): users with a ground truth (:mod:`.world`), an
+early-stage two-tower ranker (:mod:`.early_stage`), the loop of one seed (:mod:`.loop`) and the
+records over seeds (:mod:`.report`). :func:`simulate_funnel` runs it all."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from solaris_feast.evaluation.funnel.loop import FUNNEL_PLANNERS, FunnelConfig, run_seed
+from solaris_feast.evaluation.funnel.report import (
+    build_funnel_records,
+    format_funnel_summary,
+    plot_funnel,
+)
+from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
+
+__all__ = [
+    "FUNNEL_PLANNERS",
+    "FunnelConfig",
+    "FunnelWorldConfig",
+    "World",
+    "format_funnel_summary",
+    "run_seed",
+    "simulate_funnel",
+    "write_funnel_report",
+]
+
+logger = logging.getLogger(__name__)
+
+
+def simulate_funnel(config: FunnelConfig, seeds: list[int]) -> list[dict[str, Any]]:
+    """Run every seed and return one record per (planner, budget)."""
+    unknown = [p for p in config.planners if p not in FUNNEL_PLANNERS]
+    if unknown:
+        raise ValueError(
+            f"unknown funnel planners {unknown}; choose from {', '.join(FUNNEL_PLANNERS)}"
+        )
+    outcomes = []
+    for seed in seeds:
+        outcomes.append(run_seed(config, seed))
+        logger.info("funnel seed %d done: %d requests", seed, outcomes[-1].requests)
+    return build_funnel_records(outcomes)
+
+
+def write_funnel_report(
+    records: list[dict[str, Any]], json_path: Path | None, plot: Path | None
+) -> None:
+    if json_path is not None:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(records, indent=2, allow_nan=True))
+    if plot is not None:
+        plot_funnel(records, plot)
+
+
+def run_funnel_command(
+    budget: str, planner: str, seeds: int, json_path: Path | None, plot: Path | None
+) -> None:
+    """``solaris simulate --world funnel``: parse the shared options, run, report."""
+    import typer
+
+    from solaris_feast.evaluation.replay import _parse_floats
+
+    budgets = _parse_floats(budget)
+    planners = tuple(p.strip() for p in planner.split(",") if p.strip())
+    unknown = [p for p in planners if p not in FUNNEL_PLANNERS]
+    if unknown or not planners:
+        raise typer.BadParameter(
+            f"unknown funnel planners {unknown}; choose from {', '.join(FUNNEL_PLANNERS)}"
+        )
+    default = FunnelConfig()
+    config = default.model_copy(
+        update={
+            "planners": planners,
+            "precompute": default.precompute.model_copy(update={"budgets": budgets}),
+        }
+    )
+    records = simulate_funnel(config, list(range(seeds)))
+    write_funnel_report(records, json_path, plot)
+    typer.echo(format_funnel_summary(records))
+    if json_path is not None:
+        typer.echo(f"JSON: {json_path}")
+    if plot is not None:
+        typer.echo(f"plot: {plot}")

@@ -1,0 +1,192 @@
+"""Records of the funnel world: one per (planner, budget), means over seeds with 95 % intervals,
+a text table and the plots (hit rate, coverage, NE and clicks against budget)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from solaris_feast.evaluation.funnel.loop import SeedOutcome
+from solaris_feast.evaluation.metrics import coverage_shares, mean_ci95, normalized_entropy
+from solaris_feast.evaluation.replay_config import ABLATION_STEPS
+
+
+def _per_1k(value: float, requests: int) -> float:
+    return 1000.0 * value / requests if requests else math.nan
+
+
+def _ne(probs: list[np.ndarray], labels: list[np.ndarray]) -> float:
+    if not probs or not sum(len(p) for p in probs):
+        return math.nan
+    return normalized_entropy(np.concatenate(probs), np.concatenate(labels).astype(np.float64))[0]
+
+
+def _seed_row(outcome: SeedOutcome, name: str) -> dict[str, Any]:
+    totals, state = outcome.arms[name], outcome.states[name]
+    cov = coverage_shares(totals.tier_counts)
+    n = outcome.requests
+    final = ABLATION_STEPS[-1]
+    with_z = _per_1k(totals.clicks.get(final, 0.0), n)
+    without = _per_1k(outcome.clicks_without_z, n)
+    fm = _per_1k(outcome.clicks_fm, n)
+    return {
+        "exact_hit_rate": cov["exact"],
+        "coverage": cov,
+        "ne": _ne(totals.probs.get(final, []), totals.labels.get(final, [])),
+        "clicks": with_z,
+        "conversions": _per_1k(totals.conversions.get(final, 0.0), n),
+        "clicks_without_z": without,
+        "conversions_without_z": _per_1k(outcome.conversions_without_z, n),
+        "clicks_fm": fm,
+        "conversions_fm": _per_1k(outcome.conversions_fm, n),
+        "uplift": with_z - without,
+        "transfer": (with_z - without) / (fm - without) if fm > without else math.nan,
+        "fm_calls": (state.fm_pairs - totals.fm_pairs_at_start) / n if n else math.nan,
+        "ablation": {
+            step: {
+                "ne": _ne(totals.probs.get(step, []), totals.labels.get(step, [])),
+                "clicks": _per_1k(totals.clicks.get(step, 0.0), n),
+            }
+            for step in ABLATION_STEPS
+        },
+        "agreement": float(np.nanmean(outcome.early_vm_agreement))
+        if outcome.early_vm_agreement
+        else math.nan,
+    }
+
+
+def _ci(values: list[float]) -> tuple[float, list[float]]:
+    mean, lo, hi = mean_ci95(values)
+    return mean, [lo, hi]
+
+
+def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
+    """One record per (planner, budget) with the keys the issue lists, over every seed."""
+    if not outcomes:
+        raise ValueError("no seeds were run")
+    records = []
+    for name in outcomes[0].arms:
+        planner, budget = name.rsplit("@", 1)
+        rows = [_seed_row(o, name) for o in outcomes]
+        hit, hit_ci = _ci([r["exact_hit_rate"] for r in rows])
+        clicks, clicks_ci = _ci([r["clicks"] for r in rows])
+        uplift, uplift_ci = _ci([r["uplift"] for r in rows])
+        transfer, transfer_ci = _ci([r["transfer"] for r in rows])
+        records.append(
+            {
+                "planner": planner,
+                "budget": float(budget),
+                "seeds": [o.seed for o in outcomes],
+                "exact_hit_rate": hit,
+                "exact_hit_rate_ci95": hit_ci,
+                "coverage": {
+                    tier: float(np.mean([r["coverage"][tier] for r in rows]))
+                    for tier in ("exact", "similar", "user", "zero", "any")
+                },
+                "ne": mean_ci95([r["ne"] for r in rows])[0],
+                "ne_ci95": _ci([r["ne"] for r in rows])[1],
+                "clicks_per_1k_requests": clicks,
+                "clicks_per_1k_requests_ci95": clicks_ci,
+                "clicks_per_1k_requests_without_z": mean_ci95(
+                    [r["clicks_without_z"] for r in rows]
+                )[0],
+                "clicks_per_1k_requests_fm_ranking": mean_ci95([r["clicks_fm"] for r in rows])[0],
+                "click_uplift_per_1k_requests": uplift,
+                "click_uplift_per_1k_requests_ci95": uplift_ci,
+                "conversions_per_1k_requests": mean_ci95([r["conversions"] for r in rows])[0],
+                "conversions_per_1k_requests_without_z": mean_ci95(
+                    [r["conversions_without_z"] for r in rows]
+                )[0],
+                "conversions_per_1k_requests_fm_ranking": mean_ci95(
+                    [r["conversions_fm"] for r in rows]
+                )[0],
+                "online_transfer_ratio": transfer,
+                "online_transfer_ratio_ci95": transfer_ci,
+                "fm_calls_per_request": mean_ci95([r["fm_calls"] for r in rows])[0],
+                "early_stage_vm_agreement": mean_ci95([r["agreement"] for r in rows])[0],
+                "requests_per_seed": float(np.mean([o.requests for o in outcomes])),
+                "ablation": [
+                    {
+                        "tiers": step,
+                        "ne": mean_ci95([r["ablation"][step]["ne"] for r in rows])[0],
+                        "clicks_per_1k_requests": mean_ci95(
+                            [r["ablation"][step]["clicks"] for r in rows]
+                        )[0],
+                    }
+                    for step in ABLATION_STEPS
+                ],
+            }
+        )
+    return records
+
+
+def format_funnel_summary(records: list[dict[str, Any]]) -> str:
+    """A text table: one line per (planner, budget)."""
+    lines = [
+        f"{'planner':<12} {'budget':>6} {'hit':>6} {'hit ci95':>15} {'any':>5} {'NE':>6} "
+        f"{'clk/1k':>7} {'no z':>7} {'FM':>7} {'uplift ci95':>15} {'TR':>6} {'FM/req':>7}"
+    ]
+    for r in records:
+        lo, hi = r["exact_hit_rate_ci95"]
+        ulo, uhi = r["click_uplift_per_1k_requests_ci95"]
+        lines.append(
+            f"{r['planner']:<12} {r['budget']:>6.2f} {r['exact_hit_rate']:>6.3f} "
+            f"[{lo:>6.3f},{hi:>6.3f}] {r['coverage']['any']:>5.2f} {r['ne']:>6.3f} "
+            f"{r['clicks_per_1k_requests']:>7.1f} {r['clicks_per_1k_requests_without_z']:>7.1f} "
+            f"{r['clicks_per_1k_requests_fm_ranking']:>7.1f} [{ulo:>6.1f},{uhi:>6.1f}] "
+            f"{r['online_transfer_ratio']:>6.2f} {r['fm_calls_per_request']:>7.1f}"
+        )
+    return "\n".join(lines)
+
+
+def plot_funnel(records: list[dict[str, Any]], path: Path) -> None:
+    """Hit rate, coverage (any tier), NE and clicks per 1,000 requests against budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(18, 4))
+    planners = list(dict.fromkeys(r["planner"] for r in records))
+    for planner in planners:
+        rows = sorted((r for r in records if r["planner"] == planner), key=lambda r: r["budget"])
+        b = [r["budget"] for r in rows]
+        hit = np.array([r["exact_hit_rate"] for r in rows])
+        ci = np.array([r["exact_hit_rate_ci95"] for r in rows], dtype=float)
+        axes[0].errorbar(b, hit, yerr=np.abs(ci.T - hit), marker="o", label=planner, capsize=3)
+        axes[1].plot(b, [r["coverage"]["any"] for r in rows], marker="o", label=planner)
+        axes[2].plot(b, [r["ne"] for r in rows], marker="o", label=planner)
+        clicks = np.array([r["clicks_per_1k_requests"] for r in rows])
+        cci = np.array([r["clicks_per_1k_requests_ci95"] for r in rows], dtype=float)
+        axes[3].errorbar(
+            b, clicks, yerr=np.abs(cci.T - clicks), marker="o", label=planner, capsize=3
+        )
+    if records:
+        axes[3].axhline(
+            records[0]["clicks_per_1k_requests_without_z"],
+            color="grey",
+            ls="--",
+            label="VM without z",
+        )
+        axes[3].axhline(
+            records[0]["clicks_per_1k_requests_fm_ranking"],
+            color="black",
+            ls=":",
+            label="FM ranking",
+        )
+    for ax, title in zip(
+        axes,
+        ("exact hit rate", "coverage (any tier)", "NE of the VM on shown", "clicks / 1k requests"),
+        strict=True,
+    ):
+        ax.set_title(title)
+        ax.set_xlabel("budget (share of pool per hourly round)")
+        ax.grid(alpha=0.3)
+    axes[3].legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
