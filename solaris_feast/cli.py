@@ -121,22 +121,41 @@ LIBRARY_LOGGERS = ("feast", "airflow", "alembic", "sqlalchemy", "httpx", "urllib
 
 
 def quiet_libraries() -> None:
-    """Keep library chatter out of the console: only their errors show.
+    """Keep library chatter out of the console: only the libraries' warnings and errors show.
 
-    Levels are set on the libraries' own loggers, so they survive Airflow's logging setup (its
-    ``dictConfig`` at import configures the root and ``airflow.task`` handlers, not these levels).
-    Feast's experimental-feature ``RuntimeWarning`` for on-demand views is one line per call of
-    ``get_online_features``, so it is filtered too.
+    Levels are set on the libraries' own loggers. Airflow logs through structlog at the level of
+    its own config, so ``AIRFLOW__LOGGING__LOGGING_LEVEL`` is set to WARNING for this process when
+    the user has not set it (the one environment write, made here at the entry point). Feast turns
+    ``RuntimeWarning`` into "once" at import, ahead of any filter of ours, so its experimental-
+    feature warning for on-demand views is dropped where warnings are shown instead.
     """
+    import os
     import warnings
 
     for name in LIBRARY_LOGGERS:
         logging.getLogger(name).setLevel(logging.ERROR)
-    warnings.filterwarnings(
-        "ignore",
-        message="On demand feature view is an experimental feature",
-        category=RuntimeWarning,
-    )
+    # Our own progress lines stay at INFO even when Airflow's logging setup (run when a command
+    # imports Airflow) raises the root logger's level.
+    logging.getLogger("solaris_feast").setLevel(logging.INFO)
+    os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
+    show = warnings.showwarning
+
+    def show_unless_chatter(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        if category is RuntimeWarning and str(message).startswith(FEAST_EXPERIMENTAL_WARNING):
+            return
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show_unless_chatter
+
+
+FEAST_EXPERIMENTAL_WARNING = "On demand feature view is an experimental feature"
 
 
 @evaluate_app.command("transfer")

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,44 @@ def test_a_lazy_command_runs_with_its_arguments(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["lineage", "--repo", str(tmp_path / "nowhere")])
     assert result.exit_code != 0
     assert "nowhere" in (result.output + str(result.exception))
+
+
+def test_library_chatter_stays_out_of_the_console_after_airflow_is_imported(
+    tmp_path: Path,
+) -> None:
+    """``quiet_libraries`` (the CLI without --verbose) drops Feast's and Airflow's INFO lines and
+    Feast's experimental-feature warning, and reading the DAGs (which imports Airflow and so runs
+    its logging setup) leaves the caller's handlers and our own INFO lines as they were."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import logging, warnings
+            from pathlib import Path
+            logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+            from solaris_feast.cli import quiet_libraries
+            quiet_libraries()
+            handlers = list(logging.getLogger().handlers)
+            from solaris_feast.review.lineage.dags import read_dags
+            read_dags(Path("dags"))
+            assert logging.getLogger().handlers == handlers, "Airflow replaced our handlers"
+            logging.getLogger("feast.infra.registry.registry").info("Registry cache expired")
+            logging.getLogger("solaris_feast.demo").info("our own progress line")
+            warnings.warn("On demand feature view is an experimental feature. x", RuntimeWarning)
+            """
+        )
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert done.returncode == 0, done.stderr
+    console = done.stdout + done.stderr
+    assert "our own progress line" in console
+    assert "Registry cache expired" not in console
+    assert "Filling up the DagBag" not in console
+    assert "experimental feature" not in console

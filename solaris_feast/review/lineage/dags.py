@@ -29,6 +29,7 @@ import contextlib
 import dataclasses
 import logging
 import sys
+import warnings
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -56,13 +57,18 @@ def read_dags(dags_dir: Path) -> tuple[list[DagLineage], list[Finding]]:
             )
         )
         return [], findings
-    # Importing Airflow runs its logging setup, which sets the "airflow" logger back to INFO:
-    # keep the level the caller chose (the CLI keeps library chatter out of the console).
-    airflow_logger = logging.getLogger("airflow")
-    chosen_level = airflow_logger.level
+    # Importing Airflow runs its logging setup: it replaces the root logger's handlers and level
+    # and sets the "airflow" logger back to INFO, and routes warnings into logging. Undo that, so
+    # the caller's logging (the CLI's, which keeps library chatter out of the console) is what
+    # it was.
+    root, airflow_logger = logging.getLogger(), logging.getLogger("airflow")
+    saved = (root.level, list(root.handlers), airflow_logger.level, warnings.showwarning)
     from airflow.dag_processing.dagbag import DagBag
 
-    airflow_logger.setLevel(chosen_level)
+    root.setLevel(saved[0])
+    root.handlers[:] = saved[1]
+    airflow_logger.setLevel(saved[2])
+    warnings.showwarning = saved[3]
 
     with _dag_folder_on_path(dags_dir), contextlib.redirect_stdout(sys.stderr):
         # safe_mode=False: every .py file is a DAG file, as in this project's dags/ (Airflow's
