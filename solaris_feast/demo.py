@@ -99,6 +99,11 @@ def run_demo(
         models_dir = out / "models"
         shutil.rmtree(models_dir, ignore_errors=True)
         bundle = train_and_register(past, models_dir, progress=bars)
+        # Name the serving chain as a user would (`solaris promote`): the views are tagged with
+        # it and the precompute serves it, instead of "the newest VM" with a warning.
+        from solaris_feast.pipeline.promotion import promote
+
+        promote(models_dir, bundle.vm_card.version)
     lines.append("models: " + ", ".join(c.version for c in bundle.cards.values()))
 
     step(f"feast apply ({online_store} online store)")
