@@ -155,9 +155,9 @@ def run_serve_benchmark(
 ) -> dict[str, Any]:
     """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N."""
     from solaris_feast.serving.retriever import SolarisRetriever
-    from solaris_feast.store.backends.redis import RedisBackend
-    from solaris_feast.store.config import EntityKeyLayout, online_field, redis_client
+    from solaris_feast.store.backends.redis import RedisBackend, redis_client
     from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
+    from solaris_feast.store.layout import EntityKeyLayout, online_field
 
     version = "bench-v1"
     results: dict[str, Any] = {"candidates": {}}
@@ -277,7 +277,8 @@ def run_write_benchmark(
     redis_url: str | None = None, rows: int = 20_000, dim: int = 32, repeats: int = 3
 ) -> dict[str, Any]:
     """Rows per second of the solaris write path vs ``write_to_online_store``, fresh keys."""
-    from solaris_feast.store.config import EntityKeyLayout, redis_client
+    from solaris_feast.store.backends.redis import redis_client
+    from solaris_feast.store.layout import EntityKeyLayout
     from solaris_feast.store.write import EmbeddingWriter
 
     rng = np.random.default_rng(1)

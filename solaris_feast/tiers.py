@@ -23,3 +23,7 @@ class Tier(IntEnum):
 
 
 NUM_TIERS = len(Tier)
+
+
+SEARCH_ORDER: tuple[Tier, ...] = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
+"""Tiers that hold vectors, best first: the order the tier rule searches them."""

@@ -13,8 +13,9 @@ import pytest
 
 from solaris_feast.errors import WriteBatchError
 from solaris_feast.serving.retriever import SolarisRetriever
-from solaris_feast.store.config import EntityKeyLayout, FloatListCodec, open_store
+from solaris_feast.store.config import open_store
 from solaris_feast.store.definitions import solaris_definitions
+from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 

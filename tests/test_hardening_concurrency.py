@@ -129,7 +129,7 @@ def test_a_reader_snapshot_never_sees_part_of_a_batch(
     generation, never some keys from the new batch and the rest from the old one."""
     import redis
 
-    from solaris_feast.store.config import EntityKeyLayout, FloatListCodec, online_field
+    from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec, online_field
 
     store = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
     store.apply(solaris_definitions().all())

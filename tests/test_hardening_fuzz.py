@@ -274,7 +274,7 @@ def test_fuzzed_stored_bytes_are_served_or_a_counted_miss_never_an_error(
     version: bytes,
     computed_at: bytes,
 ) -> None:
-    from solaris_feast.store.config import EntityKeyLayout, online_field
+    from solaris_feast.store.layout import EntityKeyLayout, online_field
 
     key = EntityKeyLayout(["user_id", "item_id"], 3).key(STORED_USER, 0)
     fuzz_store.client.hset(

@@ -31,12 +31,12 @@ from test_hardening_support import (
 
 from solaris_feast.errors import ArtifactIntegrityError
 from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.backends.redis import redis_client
 from solaris_feast.store.config import (
     REDIS_CONNECTION_ENV,
     build_repo_config,
     export_redis_connection,
     open_store,
-    redis_client,
     redis_connection_string,
 )
 from solaris_feast.store.definitions import solaris_definitions
@@ -321,7 +321,7 @@ def test_a_pickle_behind_a_matching_card_is_never_unpickled(
 def test_online_values_are_parsed_never_unpickled(
     tmp_path: Path, feast_project: str, redis_url: str
 ) -> None:
-    from solaris_feast.store.config import EntityKeyLayout, online_field
+    from solaris_feast.store.layout import EntityKeyLayout, online_field
 
     store = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
     store.apply(solaris_definitions().all())

@@ -37,20 +37,15 @@ from google.protobuf.message import DecodeError
 
 from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
 from solaris_feast.serving.retriever import SolarisRetriever
-from solaris_feast.store.config import (
-    EntityKeyLayout,
-    build_repo_config,
-    online_field,
-    online_kind,
-    open_store,
-    sqlite_path,
-    sqlite_table,
-)
+from solaris_feast.store.backends import online_kind
+from solaris_feast.store.backends.sqlite import sqlite_path
+from solaris_feast.store.config import build_repo_config, open_store
 from solaris_feast.store.definitions import (
     MODEL_VERSION_REQUEST_FIELD,
     SolarisFeastConfig,
     solaris_definitions,
 )
+from solaris_feast.store.layout import EntityKeyLayout, online_field, sqlite_table
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:

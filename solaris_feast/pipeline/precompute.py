@@ -159,7 +159,7 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     import pandas as pd
 
     from solaris_feast.serving.miss_queue import MissQueue
-    from solaris_feast.store.config import online_kind
+    from solaris_feast.store.backends import online_kind
 
     spec = PrecomputeRun.model_validate(dict(run))
     path = Path(spec.run_dir) / "misses.parquet"

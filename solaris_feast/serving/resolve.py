@@ -27,12 +27,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from solaris_feast.tiers import Tier
+from solaris_feast.tiers import SEARCH_ORDER, Tier
 
 DEFAULT_CLOCK_SKEW_SECONDS = 300.0
 """How far in the future a ``computed_at`` may lie (writers' and servers' clocks differ)."""
-SEARCH_ORDER: tuple[Tier, ...] = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
-"""Tiers that hold vectors, best first."""
 TIER_DTYPE = np.int8
 REJECTION_REASONS = ("other_version", "stale", "future", "non_finite")
 """Why a stored, decodable vector was not served (absent and undecodable values are counted by

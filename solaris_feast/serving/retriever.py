@@ -46,7 +46,6 @@ from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.serving.resolve import (
     DEFAULT_CLOCK_SKEW_SECONDS,
     REJECTION_REASONS,
-    SEARCH_ORDER,
     TierValues,
     resolve,
 )
@@ -66,7 +65,6 @@ DEFAULT_DEADLINE_MS = 50.0
 TIER_DTYPE = np.int8
 MAX_REMEMBERED_MISSES = 200_000
 """Pairs a retriever remembers having queued this round before it forgets them all."""
-_SEARCH_ORDER = SEARCH_ORDER
 
 
 @dataclass(frozen=True)
@@ -331,7 +329,8 @@ class SolarisRetriever:
     # -- resolving ----------------------------------------------------------------------------
 
     def _resolve(self, reads: dict[Tier, _TierRead], n: int) -> FetchResult:
-        values = {tier: self._decode_tier(reads[tier], n) for tier in _SEARCH_ORDER}
+        values = {tier: self._decode_tier(reads[tier], n) for tier in (Tier.EXACT, Tier.SIMILAR)}
+        values[Tier.USER_AGG] = self._decode_user_tier(reads[Tier.USER_AGG], n)
         resolution = resolve(
             values,
             now_s=time.time(),
@@ -348,21 +347,25 @@ class SolarisRetriever:
             error=False,
         )
 
+    def _decode_user_tier(self, read: _TierRead, n: int) -> TierValues:
+        """The user aggregate is one stored value for every candidate (the backends' contract):
+        decode it once and repeat it."""
+        one = self._decode_tier(
+            _TierRead(read.embedding[:1], read.model_version[:1], read.computed_at[:1]), 1
+        )
+        if read.embedding[0] and not one.present[0]:
+            self.stats.undecodable += n - 1  # counted once per candidate, like the other tiers
+        return TierValues(
+            vectors=np.repeat(one.vectors, n, axis=0),
+            present=np.repeat(one.present, n),
+            version_matches=np.repeat(one.version_matches, n),
+            computed_at_s=np.repeat(one.computed_at_s, n),
+        )
+
     def _decode_tier(self, read: _TierRead, n: int) -> TierValues:
         """Decode one tier's raw values; a value that does not decode is not present (and
         counted), never an error: one bad stored value must not fail the whole request."""
         embedding, model_version, computed_at = read.embedding, read.model_version, read.computed_at
-        if n > 1 and all(len({id(v) for v in column}) == 1 for column in read.__dict__.values()):
-            # The user aggregate: one stored value for every candidate; decode it once.
-            one = self._decode_tier(_TierRead(embedding[:1], model_version[:1], computed_at[:1]), 1)
-            if embedding[0] and not one.present[0]:
-                self.stats.undecodable += n - 1  # counted once per candidate, like the rest
-            return TierValues(
-                vectors=np.repeat(one.vectors, n, axis=0),
-                present=np.repeat(one.present, n),
-                version_matches=np.repeat(one.version_matches, n),
-                computed_at_s=np.repeat(one.computed_at_s, n),
-            )
         codec = self.codec
         size, header = codec.size, codec.header
         # Redis answers a missing entity with empty values: a miss, never a zero vector.

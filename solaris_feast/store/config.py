@@ -124,45 +124,16 @@ def open_store(
     )
 
 
-# Where the layout and the backends live now; these names stay importable from here.
-from solaris_feast.store.backends import online_kind  # noqa: E402
-from solaris_feast.store.backends.redis import packed_round_trip, redis_client  # noqa: E402
-from solaris_feast.store.backends.sqlite import sqlite_path  # noqa: E402
-from solaris_feast.store.layout import (  # noqa: E402
-    EntityKeyLayout,
-    FloatListCodec,
-    online_field,
-    sqlite_table,
-    timestamp_field,
-)
-
 __all__ = [
     "DEFAULT_REDIS_URL",
     "REDIS_CONNECTION_ENV",
-    "EntityKeyLayout",
-    "FloatListCodec",
     "OnlineKind",
     "build_repo_config",
     "export_redis_connection",
-    "is_redis_cluster",
-    "online_field",
-    "online_kind",
     "open_repo_store",
     "open_store",
-    "packed_round_trip",
-    "redis_client",
     "redis_connection_string",
-    "sqlite_path",
-    "sqlite_table",
-    "timestamp_field",
 ]
-
-
-def is_redis_cluster(store: FeatureStore) -> bool:
-    """True when the online store is configured with ``redis_type: redis_cluster``."""
-    from solaris_feast.store.backends import backend_kind
-
-    return backend_kind(store) == "redis_cluster"
 
 
 _ENV_REFERENCE = re.compile(r"\$(\w+|\{[^}]*\})")

@@ -36,7 +36,6 @@ OnlineKind = Literal["sqlite", "redis"]
 BackendKind = Literal["sqlite", "redis", "redis_cluster"]
 READ_FEATURES = (EMBEDDING, MODEL_VERSION, COMPUTED_AT)
 """Features of each tier that a serving read fetches, in this order."""
-SEARCH_ORDER = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
 SCAN_FEATURES = (MODEL_VERSION, COMPUTED_AT)
 
 

@@ -39,7 +39,6 @@ from solaris_feast.errors import (
 )
 from solaris_feast.store.backends import (
     READ_FEATURES,
-    SEARCH_ORDER,
     BackendKind,
     OnlineBatch,
     QueuedMiss,
@@ -57,7 +56,7 @@ from solaris_feast.store.layout import (
     online_field,
     timestamp_field,
 )
-from solaris_feast.tiers import Tier
+from solaris_feast.tiers import SEARCH_ORDER, Tier
 
 if TYPE_CHECKING:
     from feast import FeatureStore

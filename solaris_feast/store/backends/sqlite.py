@@ -29,7 +29,6 @@ from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION
 from solaris_feast.errors import DeadlineExceededError, ViewsNotAppliedError
 from solaris_feast.store.backends import (
     READ_FEATURES,
-    SEARCH_ORDER,
     BackendKind,
     OnlineBatch,
     QueuedMiss,
@@ -40,7 +39,7 @@ from solaris_feast.store.backends import (
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import EntityKeyLayout, quoted_sqlite_table
-from solaris_feast.tiers import Tier
+from solaris_feast.tiers import SEARCH_ORDER, Tier
 
 if TYPE_CHECKING:
     from feast import FeatureStore
