@@ -27,6 +27,7 @@ import torch
 from solaris_feast.data.datasets import load_dataset
 from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.foundation import FoundationConfig
+from solaris_feast.models.interface import ChainModels
 from solaris_feast.models.registry import ModelBundle, load_bundle, register_untrained_chain
 from solaris_feast.models.training import flops_per_pair
 from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
@@ -115,7 +116,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
 
         writer = EmbeddingWriter(store, "solaris_pair")
         sink = TeeSink(writer)
-        stats = run_precompute(plan, bundle, featurizer, sink, batch_size=args.batch_size)
+        stats = run_precompute(
+            plan, ChainModels.reference(bundle, featurizer), ds, sink, batch_size=args.batch_size
+        )
         writer.close()
         seconds["featurize"] = stats.featurize_seconds
         seconds["fm"] = stats.fm_seconds

@@ -29,6 +29,11 @@ class ConfigError(SolarisError, ValueError):
     """A configuration value or file is malformed."""
 
 
+class ModelOutputError(SolarisError, ValueError):
+    """A model named in the config returned the wrong shape, dtype or non-finite values; the same
+    inputs give the same answer, so no retry fixes it."""
+
+
 class DatasetUnavailableError(SolarisError, RuntimeError):
     """A data set can be neither fetched nor found in the local cache."""
 

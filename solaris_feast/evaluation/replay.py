@@ -475,6 +475,7 @@ def _compute_planned(
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """``(sorted pair keys, z, FM pairs per second)`` of every distinct planned pair: the FM runs
     once per pair, so every replay gets the same z for a pair at ``t``."""
+    from solaris_feast.models.interface import ChainModels, PairsAsOf
     from solaris_feast.precompute.compute import compute_pair_embeddings
 
     planned = pd.concat([p.pairs[[USER_ID, ITEM_ID]] for p in plans], ignore_index=True)
@@ -482,7 +483,9 @@ def _compute_planned(
     users, items = planned[USER_ID].to_numpy(), planned[ITEM_ID].to_numpy()
     keys = pair_keys(users, items)
     t0 = time.perf_counter()
-    z, _, _ = compute_pair_embeddings(run.bundle, the_step.featurizer, users, items, the_step.start)
+    chain = ChainModels.reference(run.bundle, the_step.featurizer)
+    pairs = PairsAsOf.of(users, items, the_step.start, the_step.featurizer.dataset)
+    z, _, _ = compute_pair_embeddings(chain, pairs)
     fm_seconds = time.perf_counter() - t0
     if len(keys):
         run.fm_rate.append((len(keys), fm_seconds))

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
+from solaris_feast.models.spec import ModelChoice
 
 PAIR_VIEW = "solaris_pair"
 USER_VIEW = "solaris_user"
@@ -41,9 +42,11 @@ ENVIRONMENT_DEFAULTS: Mapping[str, str] = {
 }
 """Settings whose DAG default comes from an environment variable of the scheduler, when set."""
 
-NOT_DAG_PARAMS: frozenset[str] = frozenset({"holdout_fraction", "log", "candidates"})
+NOT_DAG_PARAMS: frozenset[str] = frozenset(
+    {"holdout_fraction", "log", "candidates", "fm", "verifier"}
+)
 """Settings that are not DAG params: the held-out tail of a log is the demo's replay, never a
-scheduled run's; the user's log and candidate tables come from the config file
+scheduled run's; the user's log, candidate tables and models come from the config file
 (:mod:`solaris_feast.config`), not from a trigger form."""
 
 # Field docstrings become descriptions, so the DAG's trigger form shows the same text.
@@ -167,8 +170,15 @@ class TrainingSettings(LogSource):
     """Passes of the compressor over the window."""
     vm_epochs: int = Field(2, gt=0)
     """Passes of the VM over the window."""
+    code_dim: int = Field(32, gt=0)
+    """Width of the compressed z the compressor writes: the pair views' embedding_dim, at most
+    the FM's representation width."""
     seed: int = 0
     """Seeds initialisation, shuffling and the tier mix."""
+    fm: ModelChoice = "reference"
+    """The FM: reference (trained) or the deployment's own entry point (registered)."""
+    verifier: ModelChoice = "reference"
+    """The verifier: reference (the VM, trained) or the deployment's own entry point."""
 
 
 class TrainingRun(BaseModel):

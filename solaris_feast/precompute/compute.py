@@ -28,9 +28,8 @@ from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, Plan
 from solaris_feast.store.write import DEFAULT_ATOMIC_ROWS
 
 if TYPE_CHECKING:
-    from solaris_feast.models.features import PairFeaturizer
-    from solaris_feast.models.registry import ModelBundle
-    from solaris_feast.models.vocabulary import VocabularyFeaturizer
+    from solaris_feast.data.schema import InteractionDataset
+    from solaris_feast.models.interface import ChainModels, PairsAsOf
 
 
 logger = logging.getLogger(__name__)
@@ -96,45 +95,41 @@ class PrecomputeStats:
 
 
 def compute_pair_embeddings(
-    bundle: ModelBundle,
-    featurizer: PairFeaturizer | VocabularyFeaturizer,
-    user_ids: np.ndarray,
-    item_ids: np.ndarray,
-    at: pd.Timestamp,
+    chain: ChainModels,
+    pairs: PairsAsOf,
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> tuple[np.ndarray, float, float]:
-    """``z(u, i)`` ``(N, d)`` float32 for the pairs as of ``at``, in batches.
+    """``z(u, i)`` ``(N, d)`` float32 for ``pairs``, through the chain's FM encoder (checked
+    :func:`~solaris_feast.models.interface.checked_representation`) and its compressor, in
+    batches.
 
-    Returns the vectors, the featurizing seconds and the FM + compressor seconds.
+    Returns the vectors, the featurizing seconds (the reference FM's input building; 0 for an FM
+    of the deployment's own, whose whole call counts as FM time) and the FM + compressor seconds.
     """
     import torch
 
+    from solaris_feast.models.interface import describe, encode_in_chunks
+
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    # Ids as they are (int64, or str through a VocabularyFeaturizer): the featurizer maps them.
-    users, items = id_array(user_ids), id_array(item_ids)
-    code_dim = int(bundle.compressor.config.code_dim)
-    out = np.zeros((len(users), code_dim), dtype=np.float32)
-    featurize_s = fm_s = 0.0
-    bundle.fm.eval()
-    bundle.compressor.eval()
+    out = np.zeros((len(pairs), chain.code_dim), dtype=np.float32)
+    featurized_before = getattr(chain.encoder, "featurize_seconds", 0.0)
+    started = time.perf_counter()
+    chain.compressor.eval()
+    where = describe(chain.fm_card)
     with torch.inference_mode():
-        for lo in range(0, len(users), batch_size):
-            hi = min(lo + batch_size, len(users))
-            started = time.perf_counter()
-            batch = featurizer.batch(users[lo:hi], items[lo:hi], at)
-            featured = time.perf_counter()
-            z = bundle.compressor.encode(bundle.fm.representation(batch))
-            out[lo:hi] = z.numpy()
-            featurize_s += featured - started
-            fm_s += time.perf_counter() - featured
-    return out, featurize_s, fm_s
+        for lo in range(0, len(pairs), batch_size):
+            hi = min(lo + batch_size, len(pairs))
+            h = encode_in_chunks(chain.encoder, pairs.part(lo, hi), where, chunk=hi - lo)
+            out[lo:hi] = chain.compressor.encode(torch.from_numpy(h)).numpy()
+    featurize_s = getattr(chain.encoder, "featurize_seconds", 0.0) - featurized_before
+    return out, featurize_s, time.perf_counter() - started - featurize_s
 
 
 def run_precompute(
     plan_shard: Plan,
-    bundle: ModelBundle,
-    featurizer: PairFeaturizer | VocabularyFeaturizer,
+    chain: ChainModels,
+    log: InteractionDataset,
     writer: EmbeddingSink,
     batch_size: int = DEFAULT_BATCH_SIZE,
 ) -> PrecomputeStats:
@@ -142,9 +137,9 @@ def run_precompute(
 
     Args:
         plan_shard: A plan or one shard of it; pairs are computed as of its ``planned_at``.
-        bundle: FM, compressor (and VM); ``bundle.embedding_version`` is the stored version.
-        featurizer: Builds model inputs over a log that holds the history before
-            ``planned_at``.
+        chain: FM encoder and compressor (:class:`~solaris_feast.models.interface.ChainModels`);
+            ``chain.embedding_version`` is the stored version.
+        log: The log window whose events before ``planned_at`` are the pairs' history.
         writer: The pair view's writer (or any :class:`EmbeddingSink`); one ``write`` per batch,
             so a failure loses at most the batch in flight and a retry rewrites the same rows.
         batch_size: Pairs per forward pass and per write.
@@ -152,6 +147,8 @@ def run_precompute(
     Returns:
         :class:`PrecomputeStats` with pairs/s and the split of wall time.
     """
+    from solaris_feast.models.interface import PairsAsOf
+
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     started = time.perf_counter()
@@ -159,7 +156,8 @@ def run_precompute(
     if at.tzinfo is None:
         raise ValueError(f"plan's planned_at must be timezone-aware, got {at}")
     users, items = id_array(plan_shard.pairs[USER_ID]), id_array(plan_shard.pairs[ITEM_ID])
-    version = bundle.embedding_version
+    pairs = PairsAsOf.of(users, items, at, log)
+    version = chain.embedding_version
     computed_at = at.tz_convert("UTC")
     featurize_s = fm_s = write_s = 0.0
     batches = 0
@@ -167,7 +165,7 @@ def run_precompute(
         hi = min(lo + batch_size, len(users))
         # One forward batch, then its write: a failure loses at most the batch in flight.
         z, batch_featurize_s, batch_fm_s = compute_pair_embeddings(
-            bundle, featurizer, users[lo:hi], items[lo:hi], at, batch_size=hi - lo
+            chain, pairs.part(lo, hi), batch_size=hi - lo
         )
         t0 = time.perf_counter()
         writer.write(

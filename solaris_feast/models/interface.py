@@ -1,0 +1,511 @@
+"""The models a deployment brings, as the plugin calls them: an FM encoder and a verifier.
+
+A platform has its own foundation model and its own vertical model. The plugin needs two things
+from them, and nothing about their architecture:
+
+- a :class:`FoundationEncoder`: pairs, each as of a time, with the log their history comes from
+  -> ``(B, D)`` float32 representations. The plugin trains its compressor on them
+  (:func:`solaris_feast.models.chain.fit_compressor`) and stores the compressed ``z``.
+- a :class:`Verifier`: the same pairs -> a score in ``[0, 1]`` per pair, the probability that the
+  pair reaches the final ranking stage (or any monotone stand-in). The planner spends the FM
+  budget on the pairs it scores highest.
+
+Either is named in ``solaris.yaml`` (``models.fm`` / ``models.verifier``) as ``reference`` (the
+project's own models, trained by ``solaris train``) or as an entry point
+``package.module:factory`` with keyword ``options`` (:class:`~.spec.ModelSpec`); the factory is
+imported and called once per task and returns the model. The reference FM and VM are one
+implementation of the same two protocols (:class:`ReferenceEncoder`, :class:`ReferenceVerifier`):
+the precompute calls every chain through :class:`ChainModels`, never a model class directly.
+
+A model of your own is registered like a trained one: a card whose artifact is the spec (entry
+point and options, hashed like weights), with the compressor as its child and the verifier as
+the compressor's child, so promotion, lineage and the chain-fits-the-log check see one chain.
+Every output is checked (:func:`checked_representation`, :func:`checked_scores`): a wrong shape,
+dtype or a NaN fails the task with :class:`~solaris_feast.errors.ModelOutputError` naming the
+entry point, before anything is written.
+
+Cost: importing this module needs numpy and pandas; torch is imported by the functions that load
+or run models. The DAG files parse the config through the pydantic-only :mod:`.spec`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+import numpy as np
+import pandas as pd
+
+from solaris_feast.columns import EVENT_TIMESTAMP
+from solaris_feast.errors import ConfigError, ModelOutputError
+from solaris_feast.keys import id_array
+from solaris_feast.models.spec import ModelChoice, ModelSpec
+
+__all__ = ["ModelChoice", "ModelSpec"]  # the config's names, used beside the protocols
+
+if TYPE_CHECKING:
+    import torch
+
+    from solaris_feast.data.schema import InteractionDataset
+    from solaris_feast.models.cards import ModelCard, ModelKind
+    from solaris_feast.models.compressor import EmbeddingCompressor
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.models.foundation import FoundationModel
+    from solaris_feast.models.registry import ModelBundle
+    from solaris_feast.models.vertical import VerticalModel
+    from solaris_feast.models.vocabulary import Vocabulary, VocabularyFeaturizer
+
+logger = logging.getLogger(__name__)
+
+INTERFACE_SUFFIX = ".interface.json"
+"""The artifact of a model of the deployment's own: its spec, ``<version>.interface.json``."""
+INTERFACE_CONFIG = "interface"
+"""Key of a card's config that holds the spec of a model of the deployment's own."""
+
+
+@dataclass(frozen=True)
+class PairsAsOf:
+    """User-item pairs, each as of a time, and the log their history comes from.
+
+    Attributes:
+        users: ``(B,)`` the log's own user ids (int64, or object of str).
+        items: ``(B,)`` the log's own item ids.
+        at: ``(B,)`` UTC times; a pair's history is the log's events strictly before its time.
+        log: the window of the log the round read (``interactions`` with ``user_id``,
+            ``item_id``, ``event_timestamp`` and the labels, plus the attribute tables). The
+            same object for every batch of a round, so a model may index it once.
+    """
+
+    users: np.ndarray
+    items: np.ndarray
+    at: pd.Series
+    log: InteractionDataset
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    @classmethod
+    def of(cls, users: Any, items: Any, at: Any, log: InteractionDataset) -> PairsAsOf:
+        """Pairs of ``users`` x ``items`` (parallel) as of one time or one time per pair."""
+        u, i = id_array(users), id_array(items)
+        if len(u) != len(i):
+            raise ValueError(f"{len(u)} users but {len(i)} items")
+        if isinstance(at, pd.Series | pd.DatetimeIndex | np.ndarray | list):
+            times = pd.Series(pd.to_datetime(np.asarray(at), utc=True))
+        else:
+            times = pd.Series(pd.Timestamp(at), index=range(len(u)))
+        if len(times) != len(u):
+            raise ValueError(f"{len(u)} pairs but {len(times)} times")
+        stamps = pd.to_datetime(times, utc=True).dt.as_unit("ns").reset_index(drop=True)
+        return cls(u, i, stamps, log)
+
+    @classmethod
+    def of_rows(cls, rows: pd.DataFrame, log: InteractionDataset) -> PairsAsOf:
+        """The pairs of log rows, each as of its own event time."""
+        from solaris_feast.columns import ITEM_ID, USER_ID
+
+        return cls.of(rows[USER_ID], rows[ITEM_ID], rows[EVENT_TIMESTAMP], log)
+
+    def part(self, lo: int, hi: int) -> PairsAsOf:
+        at = self.at.iloc[lo:hi].reset_index(drop=True)
+        return PairsAsOf(self.users[lo:hi], self.items[lo:hi], at, self.log)
+
+
+@runtime_checkable
+class FoundationEncoder(Protocol):
+    """An FM as the plugin calls it."""
+
+    representation_dim: int
+    """D, the width of every representation."""
+
+    def encode(self, pairs: PairsAsOf) -> Any:
+        """``(len(pairs), D)`` float32 representations (a numpy array or a CPU tensor)."""
+        ...
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """A verifier as the plugin calls it."""
+
+    def score(self, pairs: PairsAsOf) -> Any:
+        """``(len(pairs),)`` scores in ``[0, 1]``; higher means more likely to be requested."""
+        ...
+
+
+def _as_numpy(out: Any) -> np.ndarray:
+    if hasattr(out, "detach"):  # a torch tensor, on any device
+        out = out.detach().cpu().numpy()
+    return np.asarray(out)
+
+
+def checked_representation(out: Any, n: int, dim: int, where: str) -> np.ndarray:
+    """``out`` as ``(n, dim)`` float32, refused unless it is exactly that and finite.
+
+    Raises:
+        ModelOutputError: naming ``where`` (the model) and what is wrong.
+    """
+    array = _as_numpy(out)
+    if array.shape != (n, dim):
+        raise ModelOutputError(
+            f"{where}: encode returned shape {array.shape}, expected ({n}, {dim})"
+        )
+    if array.dtype != np.float32:
+        raise ModelOutputError(f"{where}: encode returned dtype {array.dtype}, expected float32")
+    if not np.isfinite(array).all():
+        bad = int((~np.isfinite(array)).any(axis=1).sum())
+        raise ModelOutputError(f"{where}: encode returned NaN or infinite values for {bad} pairs")
+    return array
+
+
+def checked_scores(out: Any, n: int, where: str) -> np.ndarray:
+    """``out`` as ``(n,)`` float64 scores, refused unless finite and within ``[0, 1]``.
+
+    Raises:
+        ModelOutputError: naming ``where`` and what is wrong.
+    """
+    array = _as_numpy(out)
+    if array.shape != (n,):
+        raise ModelOutputError(f"{where}: score returned shape {array.shape}, expected ({n},)")
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ModelOutputError(f"{where}: score returned dtype {array.dtype}, expected floats")
+    if not np.isfinite(array).all():
+        raise ModelOutputError(f"{where}: score returned NaN or infinite values")
+    if len(array) and (array.min() < 0.0 or array.max() > 1.0):
+        raise ModelOutputError(
+            f"{where}: scores must lie in [0, 1], got [{array.min():.4g}, {array.max():.4g}]"
+        )
+    return array.astype(np.float64)
+
+
+def build_model(spec: ModelSpec, what: Literal["fm", "verifier"]) -> Any:
+    """Import ``spec``'s factory and call it with its options; the model, checked against the
+    protocol ``what`` names.
+
+    Raises:
+        ConfigError: the module does not import, the factory is missing or raises, or the model
+            lacks the protocol's members, naming the entry point.
+    """
+    module_name, _, attribute = spec.entry_point.partition(":")
+    where = f"models.{what} entry point {spec.entry_point!r}"
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # the user's module may raise anything while importing
+        raise ConfigError(f"{where}: module {module_name!r} does not import: {exc!r}") from exc
+    factory: Any = module
+    for part in attribute.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            raise ConfigError(f"{where}: {module_name} has no attribute {attribute!r}")
+    if not callable(factory):
+        raise ConfigError(f"{where}: {attribute} is not callable")
+    try:
+        model = factory(**spec.options)
+    except Exception as exc:
+        raise ConfigError(f"{where}: the factory raised {exc!r}") from exc
+    if what == "fm":
+        dim = getattr(model, "representation_dim", None)
+        if not callable(getattr(model, "encode", None)):
+            raise ConfigError(f"{where}: the model has no encode(pairs) method")
+        if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+            raise ConfigError(f"{where}: representation_dim must be a positive int, got {dim!r}")
+    elif not callable(getattr(model, "score", None)):
+        raise ConfigError(f"{where}: the model has no score(pairs) method")
+    return model
+
+
+def encode_in_chunks(
+    encoder: FoundationEncoder, pairs: PairsAsOf, where: str, chunk: int = 8192
+) -> np.ndarray:
+    """``(len(pairs), D)`` float32 representations, ``chunk`` pairs per call, each checked."""
+    dim = int(encoder.representation_dim)
+    out = np.empty((len(pairs), dim), dtype=np.float32)
+    for lo in range(0, len(pairs), chunk):
+        hi = min(lo + chunk, len(pairs))
+        out[lo:hi] = checked_representation(encoder.encode(pairs.part(lo, hi)), hi - lo, dim, where)
+    return out
+
+
+def score_in_chunks(
+    verifier: Verifier, pairs: PairsAsOf, where: str, chunk: int = 8192
+) -> np.ndarray:
+    """``(len(pairs),)`` verifier scores, ``chunk`` pairs per call, each checked."""
+    out = np.empty(len(pairs), dtype=np.float64)
+    for lo in range(0, len(pairs), chunk):
+        hi = min(lo + chunk, len(pairs))
+        out[lo:hi] = checked_scores(verifier.score(pairs.part(lo, hi)), hi - lo, where)
+    return out
+
+
+# -- the reference models, as one implementation of the protocols ---------------------------------
+
+
+@dataclass
+class _FeaturizerCache:
+    """The reference models' featurizer over the log of the pairs they are given: built once per
+    log (a round hands every batch the same log object), or fixed when given."""
+
+    vocabulary: Vocabulary | None
+    history_len: int
+    fixed: PairFeaturizer | VocabularyFeaturizer | None = None
+    _log: InteractionDataset | None = field(default=None, repr=False)
+    _built: PairFeaturizer | VocabularyFeaturizer | None = field(default=None, repr=False)
+
+    def for_log(self, log: InteractionDataset) -> PairFeaturizer | VocabularyFeaturizer:
+        if self.fixed is not None:
+            return self.fixed
+        if self._built is None or self._log is not log:
+            from solaris_feast.models.vocabulary import featurizer_for
+
+            self._built = featurizer_for(self.vocabulary, log, self.history_len)
+            self._log = log
+        return self._built
+
+
+class ReferenceEncoder:
+    """The reference FM (:class:`~solaris_feast.models.foundation.FoundationModel`) as a
+    :class:`FoundationEncoder`: featurizes the pairs over their log (through the FM's vocabulary
+    when it has one) and returns its representations.
+
+    ``featurize_seconds`` adds up the time spent building inputs, so a round's stats can tell
+    featurizing from the forward pass.
+    """
+
+    def __init__(
+        self,
+        fm: FoundationModel,
+        vocabulary: Vocabulary | None = None,
+        featurizer: PairFeaturizer | VocabularyFeaturizer | None = None,
+    ) -> None:
+        self.fm = fm
+        self.representation_dim = int(fm.config.representation_dim)
+        self._inputs = _FeaturizerCache(vocabulary, fm.schema.history_len, featurizer)
+        self.featurize_seconds = 0.0
+
+    def encode(self, pairs: PairsAsOf) -> torch.Tensor:
+        import time
+
+        import torch
+
+        started = time.perf_counter()
+        batch = self._inputs.for_log(pairs.log).batch(pairs.users, pairs.items, pairs.at)
+        self.featurize_seconds += time.perf_counter() - started
+        self.fm.eval()
+        with torch.inference_mode():
+            return self.fm.representation(batch)
+
+
+class ReferenceVerifier:
+    """The reference VM (:class:`~solaris_feast.models.vertical.VerticalModel`) as a
+    :class:`Verifier`: its main-task probability with no embedding."""
+
+    def __init__(
+        self,
+        vm: VerticalModel,
+        vocabulary: Vocabulary | None = None,
+        featurizer: PairFeaturizer | VocabularyFeaturizer | None = None,
+    ) -> None:
+        self.vm = vm
+        self._inputs = _FeaturizerCache(vocabulary, vm.schema.history_len, featurizer)
+
+    def score(self, pairs: PairsAsOf) -> torch.Tensor:
+        import torch
+
+        batch = self._inputs.for_log(pairs.log).batch(pairs.users, pairs.items, pairs.at)
+        self.vm.eval()
+        with torch.inference_mode():
+            return self.vm.verifier_score(batch).double()
+
+
+# -- cards of models of the deployment's own ------------------------------------------------------
+
+
+def interface_spec(card: ModelCard) -> ModelSpec | None:
+    """The spec on a card of a model of the deployment's own; None for a trained model."""
+    raw = card.config.get(INTERFACE_CONFIG)
+    return None if raw is None else ModelSpec.model_validate(raw)
+
+
+def register_interface_model(
+    spec: ModelSpec,
+    kind: ModelKind,
+    models_dir: Path,
+    *,
+    parents: tuple[str, ...] = (),
+    extra_config: dict[str, object] | None = None,
+    **card_fields: Any,
+) -> ModelCard:
+    """Register a model of the deployment's own: its spec is the artifact, hashed as weights
+    are, and the card's config holds it (with ``extra_config``, e.g. the representation width)."""
+    from solaris_feast.models.cards import register_artifact
+
+    payload = spec.model_dump(mode="json")
+    text = json.dumps(payload, indent=2, sort_keys=True)
+    return register_artifact(
+        lambda path: path.write_text(text, encoding="utf-8"),
+        INTERFACE_SUFFIX,
+        kind,
+        models_dir,
+        parents=parents,
+        config={INTERFACE_CONFIG: payload, **(extra_config or {})},
+        **card_fields,
+    )
+
+
+def _built_from_card(card: ModelCard, models_dir: Path, what: Literal["fm", "verifier"]) -> Any:
+    from solaris_feast.models.cards import verify_weights
+
+    spec = interface_spec(card)
+    if spec is None:
+        raise ValueError(f"{card.version} is a trained model, not one of the deployment's own")
+    stored = json.loads(verify_weights(card, models_dir).read_text(encoding="utf-8"))
+    if stored != spec.model_dump(mode="json"):
+        raise ConfigError(f"model card {card.version}: its spec file does not match the card")
+    return build_model(spec, what)
+
+
+def load_encoder(
+    card: ModelCard, models_dir: Path, vocabulary: Vocabulary | None = None
+) -> FoundationEncoder:
+    """The FM an ``fm`` card describes, as a :class:`FoundationEncoder`.
+
+    Raises:
+        ConfigError: a model of the deployment's own whose width differs from the card's.
+    """
+    if interface_spec(card) is None:
+        from solaris_feast.models.foundation import FoundationModel
+        from solaris_feast.models.registry import load_model
+
+        fm = load_model(card, models_dir)
+        if not isinstance(fm, FoundationModel):
+            raise ConfigError(f"model card {card.version} is a {card.kind}, not an FM")
+        return ReferenceEncoder(fm, vocabulary)
+    encoder = _built_from_card(card, models_dir, "fm")
+    recorded = card.config.get("representation_dim")
+    if recorded is not None and recorded != encoder.representation_dim:
+        raise ConfigError(
+            f"FM {card.version} was registered with representation_dim {recorded}, its entry "
+            f"point now gives {encoder.representation_dim}: train a compressor for it"
+        )
+    return encoder
+
+
+def load_verifier(
+    card: ModelCard, models_dir: Path, vocabulary: Vocabulary | None = None
+) -> Verifier:
+    """The verifier a ``vm`` card describes."""
+    if interface_spec(card) is None:
+        from solaris_feast.models.registry import load_model
+        from solaris_feast.models.vertical import VerticalModel
+
+        vm = load_model(card, models_dir)
+        if not isinstance(vm, VerticalModel):
+            raise ConfigError(f"model card {card.version} is a {card.kind}, not a VM")
+        return ReferenceVerifier(vm, vocabulary)
+    return _built_from_card(card, models_dir, "verifier")
+
+
+def describe(card: ModelCard) -> str:
+    """How a card's model is named in messages: its entry point, or the reference class."""
+    spec = interface_spec(card)
+    kind = "FM" if card.kind == "fm" else "verifier"
+    return f"{kind} {card.version}" + (f" ({spec.entry_point})" if spec else "")
+
+
+# -- the chain as the precompute runs it ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainModels:
+    """FM encoder -> compressor, and the verifier: the serving chain as the precompute calls it.
+
+    Attributes:
+        encoder: the FM.
+        compressor: the plugin's compressor, trained on the encoder's representations.
+        verifier: scores pairs for the planner.
+        fm_card, compressor_card, vm_card: the chain's cards.
+        vocabulary: the chain's id vocabulary, when the reference models map ids through one.
+    """
+
+    encoder: FoundationEncoder
+    compressor: EmbeddingCompressor
+    verifier: Verifier
+    fm_card: ModelCard
+    compressor_card: ModelCard
+    vm_card: ModelCard
+    vocabulary: Vocabulary | None = None
+
+    @property
+    def embedding_version(self) -> str:
+        """The ``model_version`` stored beside every embedding: the compressor's version."""
+        return self.compressor_card.version
+
+    @property
+    def code_dim(self) -> int:
+        return int(self.compressor.config.code_dim)
+
+    @classmethod
+    def reference(
+        cls,
+        bundle: ModelBundle,
+        featurizer: PairFeaturizer | VocabularyFeaturizer | None = None,
+    ) -> ChainModels:
+        """A loaded reference bundle as a chain (``featurizer``: a fixed one for every log)."""
+        return cls(
+            encoder=ReferenceEncoder(bundle.fm, bundle.vocabulary, featurizer),
+            compressor=bundle.compressor,
+            verifier=ReferenceVerifier(bundle.vm, bundle.vocabulary, featurizer),
+            fm_card=bundle.fm_card,
+            compressor_card=bundle.compressor_card,
+            vm_card=bundle.vm_card,
+            vocabulary=bundle.vocabulary,
+        )
+
+    def representations(self, pairs: PairsAsOf) -> np.ndarray:
+        """The FM's checked ``(B, D)`` representations."""
+        return encode_in_chunks(self.encoder, pairs, describe(self.fm_card))
+
+    def verifier_scores(self, pairs: PairsAsOf) -> np.ndarray:
+        """The verifier's checked ``(B,)`` scores."""
+        return score_in_chunks(self.verifier, pairs, describe(self.vm_card))
+
+
+def load_chain_models(models_dir: Path, vm_version: str | None = None) -> ChainModels:
+    """The chain ending at ``vm_version`` (else the serving alias's, else the newest), loaded.
+
+    Raises:
+        ConfigError: no chain, a compressor whose input width is not the FM's, or a model that
+            does not load.
+    """
+    from solaris_feast.models.cards import serving_chain
+    from solaris_feast.models.compressor import EmbeddingCompressor
+    from solaris_feast.models.registry import load_model
+    from solaris_feast.models.vocabulary import Vocabulary
+
+    chain = serving_chain(models_dir, vm_version)
+    if chain is None or chain.vm is None:
+        raise ConfigError(
+            f"no VM model card in {models_dir}: train the models first (solaris train)"
+        )
+    vocabulary = Vocabulary.load(models_dir, chain.fm.version)
+    encoder = load_encoder(chain.fm, models_dir, vocabulary)
+    compressor = load_model(chain.compressor, models_dir)
+    if not isinstance(compressor, EmbeddingCompressor):
+        raise ConfigError(f"model card {chain.compressor.version} is not a compressor")
+    if compressor.config.input_dim != encoder.representation_dim:
+        raise ConfigError(
+            f"compressor {chain.compressor.version} takes {compressor.config.input_dim}-dim "
+            f"inputs, {describe(chain.fm)} gives {encoder.representation_dim}"
+        )
+    verifier = load_verifier(chain.vm, models_dir, vocabulary)
+    return ChainModels(
+        encoder, compressor, verifier, chain.fm, chain.compressor, chain.vm, vocabulary
+    )
+
+
+Factory = Callable[..., Any]
+"""What an entry point names: a callable taking the spec's options, returning the model."""
