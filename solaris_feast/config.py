@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
 from solaris_feast.errors import ConfigError
-from solaris_feast.models.spec import ModelChoice
+from solaris_feast.models.spec import ArtifactSpec, ModelChoice
 from solaris_feast.pipeline.settings import LogSource, PrecomputeSettings, TrainingSettings
 
 CONFIG_ENV = "SOLARIS_CONFIG"
@@ -92,10 +92,12 @@ class ModelsSection(BaseModel):
     fm: ModelChoice = "reference"
     """The foundation model: reference (the project's FM, trained by solaris train) or your own,
     {entry_point: package.module:factory, options: {...}} returning a FoundationEncoder
-    (models/interface.py); the compressor is trained on its representations."""
+    (models/interface.py) or {artifact: fm.pt} exported with TorchScript or torch.export; the
+    compressor is trained on its representations."""
     verifier: ModelChoice = "reference"
     """The verifier: reference (the project's VM, trained on the tier mix of z) or your own
-    entry point returning a Verifier (pairs as of a time -> scores in [0, 1])."""
+    entry point returning a Verifier (pairs as of a time -> scores in [0, 1]), or an exported
+    artifact."""
     serving_vm: str = ""
     """VM version of the serving chain; empty: the one `solaris promote` recorded in the
     registry's serving alias (without an alias, the newest VM, with a warning)."""
@@ -219,6 +221,19 @@ def _anchor_paths(config: SolarisConfig, base: Path) -> SolarisConfig:
         }
     )
     candidates = config.candidates.model_copy(update={"table": table(config.candidates.table)})
+
+    def model(choice: Any) -> Any:
+        if isinstance(choice, ArtifactSpec):
+            return choice.model_copy(update={"artifact": _anchored(choice.artifact, base)})
+        return choice
+
+    models = config.models.model_copy(
+        update={
+            "dir": _anchored(config.models.dir, base),
+            "fm": model(config.models.fm),
+            "verifier": model(config.models.verifier),
+        }
+    )
     precompute = config.precompute.model_copy(
         update={"runs_dir": _anchored(getattr(config.precompute, "runs_dir", ""), base)}
     )
@@ -227,7 +242,7 @@ def _anchor_paths(config: SolarisConfig, base: Path) -> SolarisConfig:
             "feast": config.feast.model_copy(update={"repo": _anchored(config.feast.repo, base)}),
             "log": log,
             "candidates": candidates,
-            "models": config.models.model_copy(update={"dir": _anchored(config.models.dir, base)}),
+            "models": models,
             "precompute": precompute,
         }
     )
@@ -371,12 +386,14 @@ def config_reference_rows(
         literals = [
             a for m in members if typing.get_origin(m) is Literal for a in typing.get_args(m)
         ]
-        if len(choice) == 1 and literals and len(members) == 2:
-            # A value or a section (models.fm: "reference" or an entry point).
+        if choice and literals and len(members) == len(choice) + 1:
+            # A value or one of some sections (models.fm: "reference", an entry point or an
+            # exported artifact): each section's keys are listed under the key.
             default = json.dumps(info.get_default(call_default_factory=True))
             kinds = " or ".join(json.dumps(v) for v in literals)
             rows.append((key, f"{kinds} or section", default, description))
-            rows += config_reference_rows(choice[0], f"{key}.")
+            for section in choice:
+                rows += config_reference_rows(section, f"{key}.")
             continue
         if nested is not None and issubclass(nested, BaseModel):
             optional = "" if info.is_required() else " (optional)"

@@ -172,3 +172,87 @@ def wrong_width_fm(dim: int = 8) -> Any:
             return np.zeros((len(pairs), dim + 1), dtype=np.float32)
 
     return WrongFM()
+
+
+class ExportedFM(nn.Module):
+    """An FM as a training pipeline would export it: the artifact contract's six tensors
+    (``solaris_feast.models.interface.ARTIFACT_INPUTS``) -> ``(B, dim)``."""
+
+    def __init__(self, dim: int = 40, buckets: int = 2048) -> None:
+        super().__init__()
+        self.buckets = buckets
+        self.user = nn.Embedding(buckets, 16)
+        self.item = nn.Embedding(buckets, 16)
+        self.mlp = nn.Sequential(nn.Linear(49, 64), nn.ReLU(), nn.Linear(64, dim))
+
+    def forward(
+        self,
+        user: torch.Tensor,
+        item: torch.Tensor,
+        history_item: torch.Tensor,
+        history_label: torch.Tensor,
+        history_age_hours: torch.Tensor,
+        history_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        weight = history_mask.float() * (1.0 + history_label)
+        count = history_mask.float().sum(1, keepdim=True).clamp(min=1.0)
+        history = (self.item(torch.remainder(history_item, self.buckets)) * weight[..., None]).sum(
+            1
+        )
+        recency = (history_age_hours * history_mask.float()).sum(1, keepdim=True) / count
+        features = [
+            self.user(torch.remainder(user, self.buckets)),
+            self.item(torch.remainder(item, self.buckets)),
+            history / count,
+            torch.log1p(recency),
+        ]
+        return torch.as_tensor(self.mlp(torch.cat(features, dim=1)))
+
+
+class ExportedVerifier(nn.Module):
+    """A verifier exported with torch.export: sigmoid of a user-item dot product."""
+
+    def __init__(self, buckets: int = 2048) -> None:
+        super().__init__()
+        self.buckets = buckets
+        self.user = nn.Embedding(buckets, 8)
+        self.item = nn.Embedding(buckets, 8)
+
+    def forward(
+        self,
+        user: torch.Tensor,
+        item: torch.Tensor,
+        history_item: torch.Tensor,
+        history_label: torch.Tensor,
+        history_age_hours: torch.Tensor,
+        history_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        u = self.user(torch.remainder(user, self.buckets))
+        i = self.item(torch.remainder(item, self.buckets))
+        return torch.sigmoid((u * i).sum(1))
+
+
+def export_models(folder: Any, history_len: int = 8) -> tuple[Any, Any]:
+    """A TorchScript FM (``fm.pt``) and a torch.export verifier (``verifier.pt2``) in
+    ``folder``; their paths."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(3)
+    fm_path, verifier_path = folder / "fm.pt", folder / "verifier.pt2"
+    torch.jit.save(torch.jit.script(ExportedFM()), str(fm_path))
+    example = (
+        torch.arange(4, dtype=torch.int64),
+        torch.arange(4, dtype=torch.int64),
+        torch.zeros(4, history_len, dtype=torch.int64),
+        torch.zeros(4, history_len),
+        torch.zeros(4, history_len),
+        torch.ones(4, history_len, dtype=torch.bool),
+    )
+    batch = torch.export.Dim("batch", min=2)
+    program = torch.export.export(
+        ExportedVerifier(), example, dynamic_shapes=tuple({0: batch} for _ in example)
+    )
+    torch.export.save(program, str(verifier_path))
+    return fm_path, verifier_path

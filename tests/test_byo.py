@@ -660,3 +660,101 @@ def test_the_views_schedule_tag_follows_the_config_the_dag_reads(tmp_path: Path)
     # The variable, which the DAG file reads first, wins over the file.
     env["SOLARIS_PRECOMPUTE_SCHEDULE"] = "@daily"
     assert versioned_feast_config(tmp_path / "models", env).user_schedule == "@daily"
+
+
+@pytest.mark.slow
+def test_exported_torchscript_fm_and_torch_export_verifier_serve_a_round(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    from byo_models import export_models
+
+    from solaris_feast.models.cards import list_cards
+    from solaris_feast.models.interface import PairsAsOf, load_artifact
+    from solaris_feast.models.registry import load_model
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.tiers import Tier
+
+    config = own_models_deployment(tmp_path, feast_project)
+    fm_file, verifier_file = export_models(tmp_path / "exported")
+    raw = yaml.safe_load(config.read_text())
+    raw["models"] = {
+        "dir": "models",
+        "fm": {"artifact": "exported/fm.pt", "history_len": 8},  # relative to the config
+        "verifier": {"artifact": str(verifier_file), "history_len": 8},
+    }
+    write_config(tmp_path, raw)
+    run_cli("train", "--config", str(config))
+    cards = {c.kind: c for c in list_cards(tmp_path / "models")}
+    # The artifacts are copied into the registry and hashed there, like trained weights.
+    assert cards["fm"].weights_file.endswith(".pt")
+    assert cards["vm"].weights_file.endswith(".pt2")
+    assert cards["fm"].config["representation_dim"] == 40
+    fm_file.unlink()  # serving reads the registry's copy, not the exported file
+    run_cli("promote", "--config", str(config), "--vm", cards["vm"].version)
+    out = run_cli("precompute", "--config", str(config))
+    assert "plan        300 pairs" in out
+    [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
+    planned = pd.read_parquet(run_dir / "plan" / "pairs.parquet")
+    user = int(planned["user_id"].iloc[0])
+    items = planned.loc[planned["user_id"] == user, "item_id"].tolist()
+    from solaris_feast.config import precompute_settings
+    from solaris_feast.pipeline.log import load_log
+
+    planned_at = pd.Timestamp(
+        json.loads((run_dir / "plan" / "plan.json").read_text())["planned_at"]
+    )
+    log = load_log(precompute_settings(load_config(config)), planned_at.to_pydatetime())
+    fm = load_artifact(tmp_path / "models" / cards["fm"].weights_file, 8, "fm")
+    compressor = load_model(cards["compressor"], tmp_path / "models")
+    with __import__("torch").inference_mode():
+        h = fm.encode(PairsAsOf.of([user] * len(items), items, planned_at, log))
+        expected = compressor.encode(h).numpy()  # type: ignore[operator]
+    retriever = SolarisRetriever(
+        open_store(tmp_path / "repo"), cards["compressor"].version, record_misses=False
+    )
+    try:
+        fetched = retriever.fetch(user, items)
+    finally:
+        retriever.close()
+    assert fetched.tiers.tolist() == [Tier.EXACT] * len(items)
+    np.testing.assert_allclose(fetched.embeddings, expected, atol=1e-5)
+
+
+def test_an_exported_model_gets_each_pairs_history_before_its_time_newest_first() -> None:
+    import hashlib
+
+    from solaris_feast.data.schema import InteractionDataset
+    from solaris_feast.models.interface import PairsAsOf, _ArtifactInputs, id_codes
+
+    t0 = pd.Timestamp("2026-03-01T00:00:00Z")
+    log = pd.DataFrame(
+        {
+            "user_id": np.array(["u:1", "u:1", "u:1", "u:2"], dtype=object),
+            "item_id": np.array(["a", "b", "c", "a"], dtype=object),
+            "event_timestamp": [t0, t0 + pd.Timedelta(hours=1), t0 + pd.Timedelta(hours=5), t0],
+            "click": [1, 0, 1, 0],
+            "buy": [0, 0, 1, 0],
+        }
+    )
+    dataset = InteractionDataset(
+        name="t",
+        interactions=log,
+        users=pd.DataFrame({"user_id": np.array([], dtype=object)}),
+        items=pd.DataFrame({"item_id": np.array([], dtype=object)}),
+        label_columns=("click", "buy"),
+        num_users=2,
+        num_items=3,
+        dense_ids=False,
+    )
+    at = t0 + pd.Timedelta(hours=3)  # after a and b, before c
+    user, item, history, label, age, mask = _ArtifactInputs(3).tensors(
+        PairsAsOf.of(["u:1", "u:new"], ["c", "z"], at, dataset)
+    )
+    digest = hashlib.blake2b(b"u:1", digest_size=8).digest()
+    assert user[0] == int.from_bytes(digest, "little") & (2**63 - 1)
+    assert item[1] == id_codes(np.array(["z"], dtype=object))[0]  # an unknown item hashes too
+    assert mask.tolist() == [[True, True, False], [False, False, False]]
+    assert history[0, :2].tolist() == id_codes(np.array(["b", "a"], dtype=object)).tolist()
+    assert label[0, :2].tolist() == [0.0, 1.0]
+    np.testing.assert_allclose(age[0, :2].numpy(), [2.0, 3.0], atol=1e-4)
+    assert id_codes(np.array([2**63 - 1])).tolist() == [2**63 - 1]  # Int64 ids as they are

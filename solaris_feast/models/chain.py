@@ -44,6 +44,7 @@ from solaris_feast.models.foundation import FoundationModel
 from solaris_feast.models.interface import (
     ModelChoice,
     ModelSpec,
+    OwnModel,
     PairsAsOf,
     ReferenceEncoder,
     build_model,
@@ -214,7 +215,7 @@ def fit_foundation(
 ) -> ModelCard:
     """Train the reference FM on ``data`` and register it, or register the deployment's own
     (``config.fm``); the vocabulary of ``data``, if any, is saved beside the card."""
-    if isinstance(config.fm, ModelSpec):
+    if not isinstance(config.fm, str):
         card = register_foundation(config.fm, data, models_dir)
     else:
         card = _train_foundation(data, models_dir, config, progress)
@@ -227,12 +228,12 @@ PROBE_PAIRS = 64
 """Rows a model of the deployment's own is tried on before it is registered."""
 
 
-def register_foundation(spec: ModelSpec, data: TrainingData, models_dir: Path) -> ModelCard:
+def register_foundation(spec: OwnModel, data: TrainingData, models_dir: Path) -> ModelCard:
     """Register the deployment's FM after trying it on the window's first rows: its width is
     recorded, and a wrong shape, dtype or a NaN is refused before anything is written."""
     encoder = build_model(spec, "fm")
     probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
-    where = f"models.fm entry point {spec.entry_point!r}"
+    where = f"models.fm {_named(spec)}"
     dim = int(encoder.representation_dim)
     checked_representation(encoder.encode(probe), len(probe), dim, where)
     return register_interface_model(
@@ -241,16 +242,22 @@ def register_foundation(spec: ModelSpec, data: TrainingData, models_dir: Path) -
 
 
 def register_verifier(
-    spec: ModelSpec, data: TrainingData, models_dir: Path, compressor_card: ModelCard
+    spec: OwnModel, data: TrainingData, models_dir: Path, compressor_card: ModelCard
 ) -> ModelCard:
     """Register the deployment's verifier as the compressor's child, after trying it."""
     verifier = build_model(spec, "verifier")
     probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
-    where = f"models.verifier entry point {spec.entry_point!r}"
+    where = f"models.verifier {_named(spec)}"
     checked_scores(verifier.score(probe), len(probe), where)
     return register_interface_model(
         spec, "vm", models_dir, parents=(compressor_card.version,), **data.card_fields()
     )
+
+
+def _named(spec: OwnModel) -> str:
+    if isinstance(spec, ModelSpec):
+        return f"entry point {spec.entry_point!r}"
+    return f"artifact {spec.artifact}"
 
 
 def _encoder(data: TrainingData, fm_card: ModelCard, models_dir: Path) -> ReferenceEncoder | Any:
@@ -335,7 +342,7 @@ def fit_vertical(
 ) -> ModelCard:
     """Train the serving VM (the verifier) on the tier mix of the registered compressor's ``z``,
     or register the deployment's own verifier (``config.verifier``)."""
-    if isinstance(config.verifier, ModelSpec):
+    if not isinstance(config.verifier, str):
         return register_verifier(config.verifier, data, models_dir, compressor_card)
     mc = config.models
     cards = {c.version: c for c in list_cards(models_dir)}
@@ -398,7 +405,7 @@ def train_and_register(
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
     data = TrainingData.build(dataset, cfg.models.history_len, fm_fraction=cfg.models.fm_fraction)
-    if isinstance(cfg.verifier, ModelSpec):
+    if not isinstance(cfg.verifier, str):
         raise ConfigError(
             "train_and_register trains the reference VM; register your own verifier "
             "with solaris train --config"

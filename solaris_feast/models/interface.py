@@ -17,6 +17,11 @@ imported and called once per task and returns the model. The reference FM and VM
 implementation of the same two protocols (:class:`ReferenceEncoder`, :class:`ReferenceVerifier`):
 the precompute calls every chain through :class:`ChainModels`, never a model class directly.
 
+Or either is an exported artifact (:class:`~.spec.ArtifactSpec`: TorchScript ``.pt`` or
+``torch.export`` ``.pt2``), called with tensors (:data:`ARTIFACT_INPUTS`): the user and item ids
+(int64 ids as they are, String ids as :func:`id_codes`), and each pair's last ``history_len``
+events before its time, newest first (item id, first label, age in hours, mask).
+
 A model of your own is registered like a trained one: a card whose artifact is the spec (entry
 point and options, hashed like weights), with the compressor as its child and the verifier as
 the compressor's child, so promotion, lineage and the chain-fits-the-log check see one chain.
@@ -44,9 +49,9 @@ import pandas as pd
 from solaris_feast.columns import EVENT_TIMESTAMP
 from solaris_feast.errors import ConfigError, ModelOutputError
 from solaris_feast.keys import id_array
-from solaris_feast.models.spec import ModelChoice, ModelSpec
+from solaris_feast.models.spec import ArtifactSpec, ModelChoice, ModelSpec, OwnModel
 
-__all__ = ["ModelChoice", "ModelSpec"]  # the config's names, used beside the protocols
+__all__ = ["ArtifactSpec", "ModelChoice", "ModelSpec", "OwnModel"]  # the config's names
 
 if TYPE_CHECKING:
     import torch
@@ -182,14 +187,16 @@ def checked_scores(out: Any, n: int, where: str) -> np.ndarray:
     return array.astype(np.float64)
 
 
-def build_model(spec: ModelSpec, what: Literal["fm", "verifier"]) -> Any:
-    """Import ``spec``'s factory and call it with its options; the model, checked against the
-    protocol ``what`` names.
+def build_model(spec: OwnModel, what: Literal["fm", "verifier"]) -> Any:
+    """The model ``spec`` names, checked against the protocol ``what`` names: the entry point's
+    factory called with its options, or the exported artifact wrapped in the protocol.
 
     Raises:
-        ConfigError: the module does not import, the factory is missing or raises, or the model
-            lacks the protocol's members, naming the entry point.
+        ConfigError: the module does not import, the factory is missing or raises, the artifact
+            does not load, or the model lacks the protocol's members, naming the entry point.
     """
+    if isinstance(spec, ArtifactSpec):
+        return load_artifact(Path(spec.artifact), spec.history_len, what)
     module_name, _, attribute = spec.entry_point.partition(":")
     where = f"models.{what} entry point {spec.entry_point!r}"
     try:
@@ -321,17 +328,155 @@ class ReferenceVerifier:
             return self.vm.verifier_score(batch).double()
 
 
+# -- exported artifacts ---------------------------------------------------------------------------
+
+ARTIFACT_INPUTS = (
+    "user",  # (B,) int64
+    "item",  # (B,) int64
+    "history_item",  # (B, L) int64, newest first; 0 where history_mask is False
+    "history_label",  # (B, L) float32, the log's first label
+    "history_age_hours",  # (B, L) float32, the pair's time minus the event's
+    "history_mask",  # (B, L) bool
+)
+"""The positional inputs of an exported FM or verifier. Its output: ``(B, D)`` float32 for an
+FM, ``(B,)`` scores in [0, 1] for a verifier."""
+
+
+def id_codes(ids: np.ndarray) -> np.ndarray:
+    """``(B,)`` int64 of raw ids for a tensor: Int64 ids as they are; a String id as the first 8
+    bytes of its utf-8 blake2b digest, little-endian, top bit cleared (so an exported model
+    hashes the same way as its training pipeline did, in any language)."""
+    import hashlib
+
+    array = id_array(ids)
+    if array.dtype != object:
+        return array.astype(np.int64)
+    out = np.empty(len(array), dtype=np.int64)
+    for k, value in enumerate(array.tolist()):
+        digest = hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest()
+        out[k] = int.from_bytes(digest, "little") & (2**63 - 1)
+    return out
+
+
+class _ArtifactInputs:
+    """Builds :data:`ARTIFACT_INPUTS` for pairs over their log, through the one history rule
+    (the reference featurizer, keyed by the log's own ids)."""
+
+    def __init__(self, history_len: int) -> None:
+        self.history_len = history_len
+        self._log: InteractionDataset | None = None
+        self._known_items = np.zeros(0, dtype=np.int64)
+        self._featurizer: VocabularyFeaturizer | PairFeaturizer | None = None
+
+    def tensors(self, pairs: PairsAsOf) -> tuple[torch.Tensor, ...]:
+        import torch
+
+        from solaris_feast.models.vocabulary import Vocabulary, featurizer_for
+
+        if self._featurizer is None or self._log is not pairs.log:
+            # Every id of the log gets a row, so each history event maps back to its raw id.
+            vocabulary = Vocabulary.from_log(pairs.log.interactions)
+            self._featurizer = featurizer_for(vocabulary, pairs.log, self.history_len)
+            self._known_items = vocabulary.items.ids
+            self._log = pairs.log
+        batch = self._featurizer.batch(pairs.users, pairs.items, pairs.at)
+        mask = batch.hist_mask.numpy()
+        rows = batch.hist_item.numpy()
+        history = np.zeros(rows.shape, dtype=np.int64)
+        if len(self._known_items) and mask.any():
+            history[mask] = id_codes(self._known_items[rows[mask] - 1])
+        return (
+            torch.from_numpy(id_codes(pairs.users)),
+            torch.from_numpy(id_codes(pairs.items)),
+            torch.from_numpy(history),
+            batch.hist_label.float(),
+            torch.expm1(batch.hist_age).float(),  # the featurizer keeps log1p(hours)
+            batch.hist_mask,
+        )
+
+
+def load_artifact(path: Path, history_len: int, what: Literal["fm", "verifier"]) -> Any:
+    """An exported FM or verifier as the protocol ``what`` names.
+
+    Raises:
+        ConfigError: the file is missing, not a TorchScript (.pt) or torch.export (.pt2) file,
+            or its output on one empty-history pair is not the protocol's shape.
+    """
+    import torch
+
+    where = f"models.{what} artifact {path}"
+    if not path.is_file():
+        raise ConfigError(f"{where} does not exist")
+    try:
+        if path.suffix == ".pt2":
+            module: Any = torch.export.load(str(path)).module()
+        elif path.suffix == ".pt":
+            module = torch.jit.load(str(path), map_location="cpu")
+        else:
+            raise ConfigError(f"{where}: expected a .pt (TorchScript) or .pt2 (torch.export) file")
+        probe = (
+            torch.zeros(2, dtype=torch.int64),
+            torch.zeros(2, dtype=torch.int64),
+            torch.zeros(2, history_len, dtype=torch.int64),
+            torch.zeros(2, history_len),
+            torch.zeros(2, history_len),
+            torch.zeros(2, history_len, dtype=torch.bool),
+        )
+        with torch.inference_mode():
+            out = module(*probe)
+    except ConfigError:
+        raise
+    except Exception as exc:  # torch raises many kinds for a bad file or a bad signature
+        raise ConfigError(f"{where} does not load or run on {ARTIFACT_INPUTS}: {exc!r}") from exc
+    shape = tuple(out.shape)
+    if what == "fm" and (len(shape) != 2 or shape[0] != 2):
+        raise ConfigError(f"{where}: an FM must return (B, D), got {shape} for two pairs")
+    if what == "verifier" and shape != (2,):
+        raise ConfigError(f"{where}: a verifier must return (B,), got {shape} for two pairs")
+    return _ArtifactModel(module, history_len, int(shape[1]) if what == "fm" else 0)
+
+
+class _ArtifactModel:
+    """An exported module behind both protocols (``encode`` for an FM, ``score`` for a
+    verifier)."""
+
+    def __init__(self, module: Any, history_len: int, representation_dim: int) -> None:
+        self.module = module
+        self.representation_dim = representation_dim
+        self._inputs = _ArtifactInputs(history_len)
+
+    def _call(self, pairs: PairsAsOf) -> torch.Tensor:
+        import torch
+
+        inputs = self._inputs.tensors(pairs)
+        if len(pairs) == 1:
+            # torch.export specializes batch sizes 0 and 1 away: one pair goes as two.
+            inputs = tuple(torch.cat([t, t]) for t in inputs)
+        with torch.inference_mode():
+            return torch.as_tensor(self.module(*inputs))[: len(pairs)]
+
+    def encode(self, pairs: PairsAsOf) -> torch.Tensor:
+        return self._call(pairs)
+
+    def score(self, pairs: PairsAsOf) -> torch.Tensor:
+        return self._call(pairs).double()
+
+
 # -- cards of models of the deployment's own ------------------------------------------------------
 
 
-def interface_spec(card: ModelCard) -> ModelSpec | None:
+def interface_spec(card: ModelCard) -> OwnModel | None:
     """The spec on a card of a model of the deployment's own; None for a trained model."""
     raw = card.config.get(INTERFACE_CONFIG)
-    return None if raw is None else ModelSpec.model_validate(raw)
+    if raw is None:
+        return None
+    if isinstance(raw, dict) and "artifact" in raw:
+        return ArtifactSpec.model_validate(raw)
+    return ModelSpec.model_validate(raw)
 
 
 def register_interface_model(
-    spec: ModelSpec,
+    spec: OwnModel,
     kind: ModelKind,
     models_dir: Path,
     *,
@@ -339,15 +484,25 @@ def register_interface_model(
     extra_config: dict[str, object] | None = None,
     **card_fields: Any,
 ) -> ModelCard:
-    """Register a model of the deployment's own: its spec is the artifact, hashed as weights
-    are, and the card's config holds it (with ``extra_config``, e.g. the representation width)."""
+    """Register a model of the deployment's own: an entry point's spec, or a copy of an exported
+    file, is the card's artifact, hashed as weights are; the card's config holds the spec (with
+    ``extra_config``, e.g. the representation width)."""
+    import shutil
+
     from solaris_feast.models.cards import register_artifact
 
     payload = spec.model_dump(mode="json")
-    text = json.dumps(payload, indent=2, sort_keys=True)
+    write: Callable[[Path], object]
+    if isinstance(spec, ArtifactSpec):
+        source, suffix = Path(spec.artifact), Path(spec.artifact).suffix
+        write = lambda path: shutil.copyfile(source, path)  # noqa: E731
+    else:
+        text = json.dumps(payload, indent=2, sort_keys=True)
+        suffix = INTERFACE_SUFFIX
+        write = lambda path: path.write_text(text, encoding="utf-8")  # noqa: E731
     return register_artifact(
-        lambda path: path.write_text(text, encoding="utf-8"),
-        INTERFACE_SUFFIX,
+        write,
+        suffix,
         kind,
         models_dir,
         parents=parents,
@@ -362,7 +517,10 @@ def _built_from_card(card: ModelCard, models_dir: Path, what: Literal["fm", "ver
     spec = interface_spec(card)
     if spec is None:
         raise ValueError(f"{card.version} is a trained model, not one of the deployment's own")
-    stored = json.loads(verify_weights(card, models_dir).read_text(encoding="utf-8"))
+    artifact = verify_weights(card, models_dir)  # the registry's copy, checked by its sha256
+    if isinstance(spec, ArtifactSpec):
+        return load_artifact(artifact, spec.history_len, what)
+    stored = json.loads(artifact.read_text(encoding="utf-8"))
     if stored != spec.model_dump(mode="json"):
         raise ConfigError(f"model card {card.version}: its spec file does not match the card")
     return build_model(spec, what)
@@ -413,6 +571,8 @@ def describe(card: ModelCard) -> str:
     """How a card's model is named in messages: its entry point, or the reference class."""
     spec = interface_spec(card)
     kind = "FM" if card.kind == "fm" else "verifier"
+    if isinstance(spec, ArtifactSpec):
+        return f"{kind} {card.version} ({card.weights_file})"
     return f"{kind} {card.version}" + (f" ({spec.entry_point})" if spec else "")
 
 

@@ -23,5 +23,22 @@ class ModelSpec(BaseModel):
     """Keyword arguments of the factory (JSON values: they are recorded on the model card)."""
 
 
-ModelChoice = Literal["reference"] | ModelSpec
-"""``reference`` (the project's models, trained by the plugin) or a :class:`ModelSpec`."""
+class ArtifactSpec(BaseModel):
+    """A model of your own exported with TorchScript (``torch.jit.save``, ``.pt``) or
+    ``torch.export`` (``torch.export.save``, ``.pt2``), called with the tensors of
+    :mod:`solaris_feast.models.interface`'s artifact contract."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    artifact: str = Field(min_length=1)
+    """Path of the exported file (.pt: TorchScript, .pt2: torch.export); copied into the model
+    registry and hashed there when solaris train registers it."""
+    history_len: int = Field(32, gt=0)
+    """Events of each pair's history the model is given (the newest first)."""
+
+
+ModelChoice = Literal["reference"] | ModelSpec | ArtifactSpec
+"""``reference`` (the project's models, trained by the plugin), a :class:`ModelSpec` or an
+:class:`ArtifactSpec`."""
+OwnModel = ModelSpec | ArtifactSpec
+"""A model of the deployment's own."""
