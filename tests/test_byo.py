@@ -535,9 +535,12 @@ def own_models_deployment(root: Path, project: str, redis: bool = False) -> Path
     return write_config(root, config_dict(root, feast=feast, models=models))
 
 
-def check_round_served_own_vectors(root: Path, redis: bool, run_dir: Path) -> None:
+def check_round_served_own_vectors(
+    root: Path, redis: bool, run_dir: Path, fm: Any | None = None
+) -> None:
     """The round's pairs are served EXACT through the retriever and through plain Feast on the
-    resolved view, with the vectors the deployment's FM and the plugin's compressor give."""
+    resolved view, with the vectors the deployment's FM (``fm``, else the two-tower one built
+    afresh, as any task builds it) and the plugin's compressor give."""
     from byo_models import two_tower_fm
 
     from solaris_feast.config import precompute_settings
@@ -556,14 +559,14 @@ def check_round_served_own_vectors(root: Path, redis: bool, run_dir: Path) -> No
     user = int(planned["user_id"].iloc[0])
     items = planned.loc[planned["user_id"] == user, "item_id"].tolist()
     unknown = "sku:never:seen"
-    # What the round should have stored: the deployment's FM (built afresh, as any task builds
-    # it), then the plugin's compressor, as of the plan's time.
+    # What the round should have stored: the deployment's FM, then the plugin's compressor, as
+    # of the plan's time.
     config = load_config(root / "solaris.yaml")
     planned_at = pd.Timestamp(
         json.loads((run_dir / "plan" / "plan.json").read_text())["planned_at"]
     )
     log = load_log(precompute_settings(config), planned_at.to_pydatetime())
-    fm = two_tower_fm(dim=48, log_path=str(root / "log"), label="clicked")
+    fm = fm or two_tower_fm(dim=48, log_path=str(root / "log"), label="clicked")
     h = fm.encode(PairsAsOf.of([user] * len(items), items, planned_at, log))
     compressor = load_model(compressor_card, root / "models")
     with __import__("torch").inference_mode():
@@ -669,10 +672,7 @@ def test_exported_torchscript_fm_and_torch_export_verifier_serve_a_round(
     from byo_models import export_models
 
     from solaris_feast.models.cards import list_cards
-    from solaris_feast.models.interface import PairsAsOf, load_artifact
-    from solaris_feast.models.registry import load_model
-    from solaris_feast.serving.retriever import SolarisRetriever
-    from solaris_feast.tiers import Tier
+    from solaris_feast.models.interface import load_artifact
 
     config = own_models_deployment(tmp_path, feast_project)
     fm_file, verifier_file = export_models(tmp_path / "exported")
@@ -694,30 +694,8 @@ def test_exported_torchscript_fm_and_torch_export_verifier_serve_a_round(
     out = run_cli("precompute", "--config", str(config))
     assert "plan        300 pairs" in out
     [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
-    planned = pd.read_parquet(run_dir / "plan" / "pairs.parquet")
-    user = int(planned["user_id"].iloc[0])
-    items = planned.loc[planned["user_id"] == user, "item_id"].tolist()
-    from solaris_feast.config import precompute_settings
-    from solaris_feast.pipeline.log import load_log
-
-    planned_at = pd.Timestamp(
-        json.loads((run_dir / "plan" / "plan.json").read_text())["planned_at"]
-    )
-    log = load_log(precompute_settings(load_config(config)), planned_at.to_pydatetime())
     fm = load_artifact(tmp_path / "models" / cards["fm"].weights_file, 8, "fm")
-    compressor = load_model(cards["compressor"], tmp_path / "models")
-    with __import__("torch").inference_mode():
-        h = fm.encode(PairsAsOf.of([user] * len(items), items, planned_at, log))
-        expected = compressor.encode(h).numpy()  # type: ignore[operator]
-    retriever = SolarisRetriever(
-        open_store(tmp_path / "repo"), cards["compressor"].version, record_misses=False
-    )
-    try:
-        fetched = retriever.fetch(user, items)
-    finally:
-        retriever.close()
-    assert fetched.tiers.tolist() == [Tier.EXACT] * len(items)
-    np.testing.assert_allclose(fetched.embeddings, expected, atol=1e-5)
+    check_round_served_own_vectors(tmp_path, False, run_dir, fm)
 
 
 def test_an_exported_model_gets_each_pairs_history_before_its_time_newest_first() -> None:

@@ -345,37 +345,13 @@ def read_log_window(
 
     users, user_cat, user_dense = _attributes(config.users, USER_ID, "users", config.dense_ids)
     items, item_cat, item_dense = _attributes(config.items, ITEM_ID, "items", config.dense_ids)
-    if not config.dense_ids:
-        return InteractionDataset(
-            name=config.name,
-            interactions=interactions,
-            users=users,
-            items=items,
-            label_columns=tuple(cols.labels),
-            num_users=int(interactions[USER_ID].nunique()),
-            num_items=int(interactions[ITEM_ID].nunique()),
-            user_categorical=user_cat,
-            item_categorical=item_cat,
-            user_dense=user_dense,
-            item_dense=item_dense,
-            metadata={"rows_read": table.num_rows, "source": location},
-            dense_ids=False,
-        )
-    num_users = _id_space(config.num_users, interactions[USER_ID], users[USER_ID])
-    num_items = _id_space(config.num_items, interactions[ITEM_ID], items[ITEM_ID])
-    for column, bound, table_name in (
-        (USER_ID, num_users, "num_users"),
-        (ITEM_ID, num_items, "num_items"),
-    ):
-        values = interactions[column].to_numpy()
-        if len(values) and (values.min() < 0 or values.max() >= bound):
-            mapped = cols.user if column == USER_ID else cols.item
-            raise SchemaError(
-                where,
-                mapped,
-                f"has ids outside 0..{bound - 1} (log.{table_name}; "
-                f"min {values.min()}, max {values.max()})",
-            )
+    if config.dense_ids:
+        num_users = _id_space(config.num_users, interactions[USER_ID], users[USER_ID])
+        num_items = _id_space(config.num_items, interactions[ITEM_ID], items[ITEM_ID])
+        _check_dense_ids(interactions, where, cols, num_users, num_items)
+    else:  # any Int64 or String ids: the counts are for reports only
+        num_users = int(interactions[USER_ID].nunique())
+        num_items = int(interactions[ITEM_ID].nunique())
     return InteractionDataset(
         name=config.name,
         interactions=interactions,
@@ -389,7 +365,27 @@ def read_log_window(
         user_dense=user_dense,
         item_dense=item_dense,
         metadata={"rows_read": table.num_rows, "source": location},
+        dense_ids=config.dense_ids,
     )
+
+
+def _check_dense_ids(
+    interactions: pd.DataFrame, where: str, cols: LogColumns, num_users: int, num_items: int
+) -> None:
+    from solaris_feast.errors import SchemaError
+
+    for column, mapped, bound, table_name in (
+        (USER_ID, cols.user, num_users, "num_users"),
+        (ITEM_ID, cols.item, num_items, "num_items"),
+    ):
+        values = interactions[column].to_numpy()
+        if len(values) and (values.min() < 0 or values.max() >= bound):
+            raise SchemaError(
+                where,
+                mapped,
+                f"has ids outside 0..{bound - 1} (log.{table_name}; "
+                f"min {values.min()}, max {values.max()})",
+            )
 
 
 def _ids(column: pd.Series) -> Any:
