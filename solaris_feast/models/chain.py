@@ -260,11 +260,17 @@ def _named(spec: OwnModel) -> str:
     return f"artifact {spec.artifact}"
 
 
-def _encoder(data: TrainingData, fm_card: ModelCard, models_dir: Path) -> ReferenceEncoder | Any:
-    """The chain's FM as an encoder; the reference FM reads ``data``'s featurizer."""
+def _encoder(
+    data: TrainingData, fm_card: ModelCard, models_dir: Path, config: TrainingConfig
+) -> ReferenceEncoder | Any:
+    """The chain's FM as an encoder, on the FM's training device; the reference FM reads
+    ``data``'s featurizer."""
     encoder = load_encoder(fm_card, models_dir, data.vocabulary)
     if isinstance(encoder, ReferenceEncoder):
-        return ReferenceEncoder(encoder.fm, data.vocabulary, data.featurizer)
+        placed = config.models.fm_training
+        return ReferenceEncoder(
+            encoder.fm, data.vocabulary, data.featurizer, placed.device, placed.precision
+        )
     return encoder
 
 
@@ -304,7 +310,7 @@ def fit_compressor(
     """Train the compressor, PCA-initialised, on the registered FM's representations of
     ``data``'s FM rows (the reference FM's or the deployment's own, through the same protocol)."""
     mc = config.models
-    encoder = _encoder(data, fm_card, models_dir)
+    encoder = _encoder(data, fm_card, models_dir, config)
     h = torch.from_numpy(encode_in_chunks(encoder, data.pairs(data.fm_rows), describe(fm_card)))
     if h.shape[1] < mc.compressor.code_dim:
         raise ConfigError(
@@ -347,7 +353,7 @@ def fit_vertical(
     mc = config.models
     cards = {c.version: c for c in list_cards(models_dir)}
     fm_card = parent_card(cards, compressor_card, "fm")
-    encoder = _encoder(data, fm_card, models_dir)
+    encoder = _encoder(data, fm_card, models_dir, config)
     # z as the serving VM will see it: computed at the last precompute round before each row.
     pairs = data.pairs(round_seconds=config.precompute_interval_seconds)
     h = torch.from_numpy(encode_in_chunks(encoder, pairs, describe(fm_card)))

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.models.foundation import FoundationModel
     from solaris_feast.models.registry import ModelBundle
+    from solaris_feast.models.training import Precision
     from solaris_feast.models.vertical import VerticalModel
     from solaris_feast.models.vocabulary import Vocabulary, VocabularyFeaturizer
 
@@ -287,8 +288,14 @@ class ReferenceEncoder:
         fm: FoundationModel,
         vocabulary: Vocabulary | None = None,
         featurizer: PairFeaturizer | VocabularyFeaturizer | None = None,
+        device: str = "cpu",
+        precision: Precision = "fp32",
     ) -> None:
-        self.fm = fm
+        from solaris_feast.models.training import resolve_device
+
+        self.device = resolve_device(device)
+        self.precision = precision
+        self.fm = fm.to(self.device)
         self.representation_dim = int(fm.config.representation_dim)
         self._inputs = _FeaturizerCache(vocabulary, fm.schema.history_len, featurizer)
         self.featurize_seconds = 0.0
@@ -298,12 +305,14 @@ class ReferenceEncoder:
 
         import torch
 
+        from solaris_feast.models.training import autocast
+
         started = time.perf_counter()
         batch = self._inputs.for_log(pairs.log).batch(pairs.users, pairs.items, pairs.at)
         self.featurize_seconds += time.perf_counter() - started
         self.fm.eval()
-        with torch.inference_mode():
-            return self.fm.representation(batch)
+        with torch.inference_mode(), autocast(self.device, self.precision):
+            return self.fm.representation(batch.to(self.device)).float().cpu()
 
 
 class ReferenceVerifier:
@@ -315,17 +324,25 @@ class ReferenceVerifier:
         vm: VerticalModel,
         vocabulary: Vocabulary | None = None,
         featurizer: PairFeaturizer | VocabularyFeaturizer | None = None,
+        device: str = "cpu",
+        precision: Precision = "fp32",
     ) -> None:
-        self.vm = vm
+        from solaris_feast.models.training import resolve_device
+
+        self.device = resolve_device(device)
+        self.precision = precision
+        self.vm = vm.to(self.device)
         self._inputs = _FeaturizerCache(vocabulary, vm.schema.history_len, featurizer)
 
     def score(self, pairs: PairsAsOf) -> torch.Tensor:
         import torch
 
+        from solaris_feast.models.training import autocast
+
         batch = self._inputs.for_log(pairs.log).batch(pairs.users, pairs.items, pairs.at)
         self.vm.eval()
-        with torch.inference_mode():
-            return self.vm.verifier_score(batch).double()
+        with torch.inference_mode(), autocast(self.device, self.precision):
+            return self.vm.verifier_score(batch.to(self.device)).double().cpu()
 
 
 # -- exported artifacts ---------------------------------------------------------------------------
@@ -527,7 +544,11 @@ def _built_from_card(card: ModelCard, models_dir: Path, what: Literal["fm", "ver
 
 
 def load_encoder(
-    card: ModelCard, models_dir: Path, vocabulary: Vocabulary | None = None
+    card: ModelCard,
+    models_dir: Path,
+    vocabulary: Vocabulary | None = None,
+    device: str = "cpu",
+    precision: Precision = "fp32",
 ) -> FoundationEncoder:
     """The FM an ``fm`` card describes, as a :class:`FoundationEncoder`.
 
@@ -541,7 +562,7 @@ def load_encoder(
         fm = load_model(card, models_dir)
         if not isinstance(fm, FoundationModel):
             raise ConfigError(f"model card {card.version} is a {card.kind}, not an FM")
-        return ReferenceEncoder(fm, vocabulary)
+        return ReferenceEncoder(fm, vocabulary, device=device, precision=precision)
     encoder = _built_from_card(card, models_dir, "fm")
     recorded = card.config.get("representation_dim")
     if recorded is not None and recorded != encoder.representation_dim:
@@ -553,7 +574,11 @@ def load_encoder(
 
 
 def load_verifier(
-    card: ModelCard, models_dir: Path, vocabulary: Vocabulary | None = None
+    card: ModelCard,
+    models_dir: Path,
+    vocabulary: Vocabulary | None = None,
+    device: str = "cpu",
+    precision: Precision = "fp32",
 ) -> Verifier:
     """The verifier a ``vm`` card describes."""
     if interface_spec(card) is None:
@@ -563,7 +588,7 @@ def load_verifier(
         vm = load_model(card, models_dir)
         if not isinstance(vm, VerticalModel):
             raise ConfigError(f"model card {card.version} is a {card.kind}, not a VM")
-        return ReferenceVerifier(vm, vocabulary)
+        return ReferenceVerifier(vm, vocabulary, device=device, precision=precision)
     return _built_from_card(card, models_dir, "verifier")
 
 
@@ -634,8 +659,14 @@ class ChainModels:
         return score_in_chunks(self.verifier, pairs, describe(self.vm_card))
 
 
-def load_chain_models(models_dir: Path, vm_version: str | None = None) -> ChainModels:
-    """The chain ending at ``vm_version`` (else the serving alias's, else the newest), loaded.
+def load_chain_models(
+    models_dir: Path,
+    vm_version: str | None = None,
+    device: str = "cpu",
+    precision: Precision = "fp32",
+) -> ChainModels:
+    """The chain ending at ``vm_version`` (else the serving alias's, else the newest), loaded;
+    the reference models on ``device`` (the compressor stays on the CPU: one small matmul).
 
     Raises:
         ConfigError: no chain, a compressor whose input width is not the FM's, or a model that
@@ -652,7 +683,7 @@ def load_chain_models(models_dir: Path, vm_version: str | None = None) -> ChainM
             f"no VM model card in {models_dir}: train the models first (solaris train)"
         )
     vocabulary = Vocabulary.load(models_dir, chain.fm.version)
-    encoder = load_encoder(chain.fm, models_dir, vocabulary)
+    encoder = load_encoder(chain.fm, models_dir, vocabulary, device, precision)
     compressor = load_model(chain.compressor, models_dir)
     if not isinstance(compressor, EmbeddingCompressor):
         raise ConfigError(f"model card {chain.compressor.version} is not a compressor")
@@ -661,7 +692,7 @@ def load_chain_models(models_dir: Path, vm_version: str | None = None) -> ChainM
             f"compressor {chain.compressor.version} takes {compressor.config.input_dim}-dim "
             f"inputs, {describe(chain.fm)} gives {encoder.representation_dim}"
         )
-    verifier = load_verifier(chain.vm, models_dir, vocabulary)
+    verifier = load_verifier(chain.vm, models_dir, vocabulary, device, precision)
     return ChainModels(
         encoder, compressor, verifier, chain.fm, chain.compressor, chain.vm, vocabulary
     )

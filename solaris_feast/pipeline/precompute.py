@@ -220,7 +220,8 @@ def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
 def _chain(spec: PrecomputeRun) -> ChainModels:
     from solaris_feast.models.interface import load_chain_models
 
-    return load_chain_models(Path(spec.settings.models_dir), spec.vm_version)
+    cfg = spec.settings
+    return load_chain_models(Path(cfg.models_dir), spec.vm_version, cfg.device, cfg.precision)
 
 
 def _verifier_scores(

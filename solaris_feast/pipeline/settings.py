@@ -87,6 +87,11 @@ class PrecomputeSettings(LogSource):
     serving_vm: str = ""
     """VM version of the serving chain; empty: the registry's serving alias (solaris promote),
     else the newest VM."""
+    device: str = Field("auto", min_length=1)
+    """Where the reference FM and VM run: auto (CUDA when the worker has it), cpu, cuda, cuda:N.
+    A model of your own places itself."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16 autocast of the reference models' forward passes (z is stored float32)."""
     feature_store_yaml: str = Field("feature_store.yaml", min_length=1)
     """Config file inside feature_repo; feature_store.redis.yaml for Redis (its connection comes
     from SOLARIS_REDIS_CONNECTION, else from REDIS_URL)."""
@@ -170,6 +175,11 @@ class TrainingSettings(LogSource):
     """Passes of the compressor over the window."""
     vm_epochs: int = Field(2, gt=0)
     """Passes of the VM over the window."""
+    device: str = Field("auto", min_length=1)
+    """Where the FM, compressor and VM train: auto (CUDA when the worker has it, else the CPU),
+    cpu, cuda or cuda:N."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16 autocast of the forward passes (a GPU's fast path)."""
     code_dim: int = Field(32, gt=0)
     """Width of the compressed z the compressor writes: the pair views' embedding_dim, at most
     the FM's representation width."""

@@ -79,14 +79,17 @@ def _training_inputs(
     cfg = spec.settings
     models_dir = Path(cfg.models_dir)
     base = TrainingConfig(seed=cfg.seed, fm=cfg.fm, verifier=cfg.verifier)
+    placed = {"device": cfg.device, "precision": cfg.precision}
+
+    def fit(train: Any, epochs: int) -> Any:
+        return train.model_copy(update={"epochs": epochs, **placed})
+
     models = base.models.model_copy(
         update={
-            "fm_training": base.models.fm_training.model_copy(update={"epochs": cfg.fm_epochs}),
+            "fm_training": fit(base.models.fm_training, cfg.fm_epochs),
             "compressor": base.models.compressor.model_copy(update={"code_dim": cfg.code_dim}),
-            "compressor_training": base.models.compressor_training.model_copy(
-                update={"epochs": cfg.compressor_epochs}
-            ),
-            "vm_training": base.models.vm_training.model_copy(update={"epochs": cfg.vm_epochs}),
+            "compressor_training": fit(base.models.compressor_training, cfg.compressor_epochs),
+            "vm_training": fit(base.models.vm_training, cfg.vm_epochs),
         }
     )
     config = base.model_copy(update={"models": models})
