@@ -274,10 +274,9 @@ class _FeaturizerCache:
         return self._built
 
 
-class ReferenceEncoder:
-    """The reference FM (:class:`~solaris_feast.models.foundation.FoundationModel`) as a
-    :class:`FoundationEncoder`: featurizes the pairs over their log (through the FM's vocabulary
-    when it has one) and returns its representations.
+class _ReferenceModel:
+    """What the reference FM and VM share as protocol implementations: inputs from the one
+    featurizer over the pairs' log, a device and a precision, float32 answers on the CPU.
 
     ``featurize_seconds`` adds up the time spent building inputs, so a round's stats can tell
     featurizing from the forward pass.
@@ -285,22 +284,22 @@ class ReferenceEncoder:
 
     def __init__(
         self,
-        fm: FoundationModel,
-        vocabulary: Vocabulary | None = None,
-        featurizer: PairFeaturizer | VocabularyFeaturizer | None = None,
-        device: str = "cpu",
-        precision: Precision = "fp32",
+        module: torch.nn.Module,
+        history_len: int,
+        vocabulary: Vocabulary | None,
+        featurizer: PairFeaturizer | VocabularyFeaturizer | None,
+        device: str,
+        precision: Precision,
     ) -> None:
         from solaris_feast.models.training import resolve_device
 
         self.device = resolve_device(device)
         self.precision = precision
-        self.fm = fm.to(self.device)
-        self.representation_dim = int(fm.config.representation_dim)
-        self._inputs = _FeaturizerCache(vocabulary, fm.schema.history_len, featurizer)
+        self.module = module.to(self.device)
+        self._inputs = _FeaturizerCache(vocabulary, history_len, featurizer)
         self.featurize_seconds = 0.0
 
-    def encode(self, pairs: PairsAsOf) -> torch.Tensor:
+    def _forward(self, pairs: PairsAsOf, forward: Callable[[Any], torch.Tensor]) -> torch.Tensor:
         import time
 
         import torch
@@ -310,12 +309,33 @@ class ReferenceEncoder:
         started = time.perf_counter()
         batch = self._inputs.for_log(pairs.log).batch(pairs.users, pairs.items, pairs.at)
         self.featurize_seconds += time.perf_counter() - started
-        self.fm.eval()
+        self.module.eval()
         with torch.inference_mode(), autocast(self.device, self.precision):
-            return self.fm.representation(batch.to(self.device)).float().cpu()
+            return forward(batch.to(self.device)).float().cpu()
 
 
-class ReferenceVerifier:
+class ReferenceEncoder(_ReferenceModel):
+    """The reference FM (:class:`~solaris_feast.models.foundation.FoundationModel`) as a
+    :class:`FoundationEncoder`: featurizes the pairs over their log (through the FM's vocabulary
+    when it has one) and returns its representations."""
+
+    def __init__(
+        self,
+        fm: FoundationModel,
+        vocabulary: Vocabulary | None = None,
+        featurizer: PairFeaturizer | VocabularyFeaturizer | None = None,
+        device: str = "cpu",
+        precision: Precision = "fp32",
+    ) -> None:
+        super().__init__(fm, fm.schema.history_len, vocabulary, featurizer, device, precision)
+        self.fm = fm
+        self.representation_dim = int(fm.config.representation_dim)
+
+    def encode(self, pairs: PairsAsOf) -> torch.Tensor:
+        return self._forward(pairs, self.fm.representation)
+
+
+class ReferenceVerifier(_ReferenceModel):
     """The reference VM (:class:`~solaris_feast.models.vertical.VerticalModel`) as a
     :class:`Verifier`: its main-task probability with no embedding."""
 
@@ -327,22 +347,11 @@ class ReferenceVerifier:
         device: str = "cpu",
         precision: Precision = "fp32",
     ) -> None:
-        from solaris_feast.models.training import resolve_device
-
-        self.device = resolve_device(device)
-        self.precision = precision
-        self.vm = vm.to(self.device)
-        self._inputs = _FeaturizerCache(vocabulary, vm.schema.history_len, featurizer)
+        super().__init__(vm, vm.schema.history_len, vocabulary, featurizer, device, precision)
+        self.vm = vm
 
     def score(self, pairs: PairsAsOf) -> torch.Tensor:
-        import torch
-
-        from solaris_feast.models.training import autocast
-
-        batch = self._inputs.for_log(pairs.log).batch(pairs.users, pairs.items, pairs.at)
-        self.vm.eval()
-        with torch.inference_mode(), autocast(self.device, self.precision):
-            return self.vm.verifier_score(batch.to(self.device)).double().cpu()
+        return self._forward(pairs, self.vm.verifier_score).double()
 
 
 # -- exported artifacts ---------------------------------------------------------------------------
