@@ -736,3 +736,24 @@ def test_an_exported_model_gets_each_pairs_history_before_its_time_newest_first(
     assert label[0, :2].tolist() == [0.0, 1.0]
     np.testing.assert_allclose(age[0, :2].numpy(), [2.0, 3.0], atol=1e-4)
     assert id_codes(np.array([2**63 - 1])).tolist() == [2**63 - 1]  # Int64 ids as they are
+
+
+def test_the_repos_entities_take_the_id_types_of_the_chains_vocabulary(tmp_path: Path) -> None:
+    import torch
+
+    from solaris_feast.data.synthetic import SyntheticConfig, generate
+    from solaris_feast.models.cards import versioned_feast_config
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.models.registry import register_untrained_chain
+    from solaris_feast.models.vocabulary import Vocabulary
+
+    assert versioned_feast_config(tmp_path).item_id_type == "int64"  # no cards: the default
+    dataset = generate(SyntheticConfig(num_users=10, num_items=8, num_categories=2, days=0.2))
+    torch.manual_seed(0)
+    bundle = register_untrained_chain(
+        tmp_path, PairFeaturizer(dataset, 4).schema, dataset.label_columns
+    )
+    log = pd.DataFrame({"user_id": sparse_user(np.arange(3)), "item_id": string_item(np.arange(3))})
+    Vocabulary.from_log(log).save(tmp_path, bundle.fm_card.version)
+    config = versioned_feast_config(tmp_path)
+    assert (config.user_id_type, config.item_id_type) == ("int64", "string")

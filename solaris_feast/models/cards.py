@@ -454,6 +454,7 @@ def versioned_feast_config(
 ) -> SolarisFeastConfig:
     """The SOLARIS view config of a feature repo: lineage tags and the embedding dimension from
     the serving chain in ``models_dir`` (:func:`serving_chain`), TTLs from the environment and
+    the entities' id types from the chain's vocabulary (Int64 or String, when it has one), and
     the schedule tag from the precompute DAG's schedule (:func:`solaris_feast.config.schedule_of`:
     ``SOLARIS_PRECOMPUTE_SCHEDULE``, else the ``solaris.yaml`` that ``SOLARIS_CONFIG`` names).
 
@@ -480,6 +481,14 @@ def versioned_feast_config(
         "similar_schedule": schedule,
     }
     if chain is not None:
+        # The entities take the ids the chain was trained on: a log with String items makes
+        # String item keys, without editing the repo.
+        from solaris_feast.models.vocabulary import Vocabulary
+
+        vocabulary = Vocabulary.load(models_dir, chain.fm.version)
+        if vocabulary is not None:
+            settings["user_id_type"] = vocabulary.users.id_type
+            settings["item_id_type"] = vocabulary.items.id_type
         settings["fm_version"] = chain.fm.version
         settings["compressor_version"] = chain.compressor.version
         settings["verifier_version"] = chain.vm.version if chain.vm is not None else UNVERSIONED
