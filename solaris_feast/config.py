@@ -339,16 +339,25 @@ def run_settings(
     return build(config, overrides).model_dump(mode="json")
 
 
-def schedule_of(kind: Literal["precompute", "training"], default: str) -> str:
+NO_SCHEDULE = "none"
+"""The schedule of a DAG that runs only when triggered (by hand, the API or an asset)."""
+
+
+def schedule_of(kind: Literal["precompute", "training"], default: str) -> str | None:
     """A DAG's schedule: ``SOLARIS_<KIND>_SCHEDULE``, else the config's (when
-    ``$SOLARIS_CONFIG`` is set), else ``default``. Read while the DAG file is parsed."""
+    ``$SOLARIS_CONFIG`` is set), else ``default``. Read while the DAG file is parsed.
+
+    ``none`` is no schedule (None to Airflow): unpausing such a DAG starts no round with the
+    param defaults, which every cron or preset does for its latest tick."""
     variable = os.environ.get(f"SOLARIS_{kind.upper()}_SCHEDULE", "").strip()
     if variable:
-        return variable
-    if os.environ.get(CONFIG_ENV, "").strip():
+        chosen = variable
+    elif os.environ.get(CONFIG_ENV, "").strip():
         schedules = load_config().schedules
-        return schedules.precompute if kind == "precompute" else schedules.training
-    return default
+        chosen = schedules.precompute if kind == "precompute" else schedules.training
+    else:
+        chosen = default
+    return None if chosen.strip().lower() == NO_SCHEDULE else chosen
 
 
 def config_reference_rows(
