@@ -12,10 +12,11 @@ Everything is started by the test, on loopback, and stopped by process group in 
   127.0.0.1:5672 when it answers, else ``REDIS_URL``), on a queue of the test's own, so workers
   of anyone else on the same broker never take its tasks.
 
-The LocalExecutor round runs first (``dag.test()`` in a subprocess, on the same metadata
-database), because a scheduler would take a running ``dag.test()`` run of an unpaused DAG as
-its own. Both rounds plan for the same logical date in Feast repos of their own, with the same
-models: their offline rows and online values must be equal.
+The LocalExecutor round (``dag.test()`` in a subprocess) runs at the same time, on a SQLite
+metadata database of its own: on the Celery one, the scheduler would take a running
+``dag.test()`` run of the unpaused DAG as its own. Both rounds are queued for the same moment,
+in Feast repos of their own, with the same models: their offline rows and online values must be
+equal.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 WORKERS = ("cl-worker-1", "cl-worker-2")
 ROUND_TIMEOUT_S = 300
 VIEWS = ("solaris_pair", "solaris_user", "solaris_similar")
+DAG_ID = "solaris_precompute"
 
 # Both rounds are manual runs with no logical date, queued for the same moment (``run_after``):
 # a round plans for that moment (solaris_feast.pipeline.runs.run_time), so both write the rows
@@ -155,8 +157,12 @@ class Stack:
 
     logs: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    services: set[str] = field(default_factory=set)
+    """The processes that must not exit while the test runs."""
 
-    def start(self, name: str, args: list[str], env: dict[str, str]) -> None:
+    def start(self, name: str, args: list[str], env: dict[str, str], service: bool = True) -> None:
+        if service:
+            self.services.add(name)
         log = (self.logs / f"{name}.log").open("wb")
         self.procs[name] = subprocess.Popen(
             args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -164,9 +170,18 @@ class Stack:
         log.close()
 
     def check_alive(self) -> None:
-        for name, proc in self.procs.items():
+        for name in self.services:
+            proc = self.procs[name]
             if proc.poll() is not None:
                 raise AssertionError(f"{name} exited with {proc.returncode}:\n{self.tail(name)}")
+
+    def finish(self, name: str, timeout_s: float) -> str:
+        """Wait for a process that is not a service; return its output."""
+        returncode = self.procs[name].wait(timeout=timeout_s)
+        output = (self.logs / f"{name}.log").read_text(errors="replace")
+        if returncode != 0:
+            raise AssertionError(f"{name} exited with {returncode}:\n{output[-6000:]}")
+        return output
 
     def tail(self, name: str, chars: int = 4000) -> str:
         path = self.logs / f"{name}.log"
@@ -325,16 +340,38 @@ def test_celery_round_runs_shards_on_both_workers_with_the_rows_of_a_local_round
     env = airflow_env(home, metadata_database, broker_url(redis_url), queue)
     stack = Stack(logs=tmp_path)
     try:
-        # Migrating and training are independent: the migration runs while the models train.
-        stack.start("migrate", airflow("db", "migrate"), env)
+        # Migrating and training are independent: the migrations run while the models train.
+        local_home = tmp_path / "airflow-local"
+        local_home.mkdir()
+        local_env = {
+            **env,
+            "AIRFLOW_HOME": str(local_home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{local_home}/airflow.db",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        }
+        for name, its_env in (("migrate", env), ("migrate-local", local_env)):
+            stack.start(name, airflow("db", "migrate"), its_env, service=False)
         models = tmp_path / "models"
         train_tiny_chain(models)
         timings["train"] = time.perf_counter() - started
-        assert stack.procs.pop("migrate").wait(timeout=300) == 0, stack.tail("migrate")
+        stack.finish("migrate", 300)
+        stack.finish("migrate-local", 300)
         timings["migrate"] = time.perf_counter() - started
 
-        # The Celery deployment starts while the LocalExecutor round runs: the DAG stays paused
-        # until that round is done, and a scheduler leaves the runs of a paused DAG alone.
+        project = "cl_celery"
+        local_repo = make_feature_repo(tmp_path / "local", project)
+        celery_repo = make_feature_repo(tmp_path / "celery", project)
+        queued_for = last_hour()
+        # The LocalExecutor round: its tasks run in this subprocess, one after another.
+        stack.start(
+            "local-round",
+            [
+                *(sys.executable, "-c", DAG_TEST_SCRIPT, str(DAGS_FOLDER)),
+                *(queued_for.isoformat(), json.dumps(precompute_conf(local_repo, models))),
+            ],
+            local_env,
+            service=False,
+        )
         stack.start(
             "api-server",
             airflow(
@@ -359,22 +396,12 @@ def test_celery_round_runs_shards_on_both_workers_with_the_rows_of_a_local_round
                     "AIRFLOW__CORE__HOSTNAME_CALLABLE": "solaris_test_worker_name.hostname",
                 },
             )
-
-        project = "cl_celery"
-        local_repo = make_feature_repo(tmp_path / "local", project)
-        celery_repo = make_feature_repo(tmp_path / "celery", project)
-        queued_for = last_hour()
-        # The LocalExecutor round: the tasks run in this subprocess, one after another.
-        local = run_script(
-            env,
-            DAG_TEST_SCRIPT,
-            str(DAGS_FOLDER),
-            queued_for.isoformat(),
-            json.dumps(precompute_conf(local_repo, models)),
+        wait_for(
+            lambda: query(metadata_database, "SELECT 1 FROM dag WHERE dag_id = %s", DAG_ID),
+            180,
+            "the dag-processor parsing the DAG",
+            stack,
         )
-        assert local["state"] == "success", local
-        timings["local round"] = time.perf_counter() - started
-
         for name in WORKERS:
             wait_for(
                 lambda name=name: (
@@ -408,6 +435,14 @@ def test_celery_round_runs_shards_on_both_workers_with_the_rows_of_a_local_round
             run_id,
         )
         runs = query(metadata_database, "SELECT run_id FROM dag_run ORDER BY run_id")
+        lines = [
+            line
+            for line in stack.finish("local-round", ROUND_TIMEOUT_S).splitlines()
+            if line.startswith("RESULT ")
+        ]
+        assert lines, stack.tail("local-round")
+        local = json.loads(lines[-1][len("RESULT ") :])
+        timings["local round"] = time.perf_counter() - started
     finally:
         stack.stop()
     print(
@@ -420,7 +455,8 @@ def test_celery_round_runs_shards_on_both_workers_with_the_rows_of_a_local_round
         )
     )
     assert state == "success", instances
-    assert sorted(r for (r,) in runs) == sorted([local["run_id"], run_id]), runs
+    assert local["state"] == "success", local
+    assert [r for (r,) in runs] == [run_id], runs  # no scheduled round of its own
     states = {(task, index): s for task, index, s, *_ in instances}
     assert set(states.values()) == {"success"}
     assert {t.split("[")[0] for t in local["tasks"]} == {task for task, _ in states}
