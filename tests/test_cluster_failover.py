@@ -1,12 +1,13 @@
 """Redis Cluster failover: a primary fails while the retriever serves and a writer writes.
 
-A cluster of 3 primaries, each with one replica, runs on loopback ports 17200-17205, started by
-the test and stopped by PID in ``finally``. One primary is reached through a proxy process
-(``link_cut_proxy.py``, port 17210) that can cut its replication link and nothing else. While a
-thread writes batches of new keys (retrying what :func:`~solaris_feast.errors.is_retryable`
-accepts, as an Airflow task retry would) and the main thread serves, that primary is frozen for
-0.4 s (SIGSTOP), then its replication link is cut, it acknowledges a few more writes, and it is
-killed (SIGKILL). The cluster promotes its replica, which never got those writes.
+A cluster of 3 primaries, each with one replica, runs on loopback ports 17200-17205 (its bus on
+17250-17255), started by the test and stopped by PID in ``finally``. One primary is reached
+through a proxy process (``link_cut_proxy.py``, port 17210) that can cut its replication link
+and nothing else. While a thread writes batches of new keys (retrying what
+:func:`~solaris_feast.errors.is_retryable` accepts, as an Airflow task retry would) and the
+main thread serves, that primary is frozen for 0.4 s (SIGSTOP), then its replication link is
+cut, it acknowledges a few more writes, and it is killed (SIGKILL). The cluster promotes its
+replica, which never got those writes.
 
 Pinned: every fetch answers within its deadline (frozen, dead or moving); while the slots move a
 fetch answers ZERO for every item with ``error=True``, and afterwards every user is served its
@@ -48,6 +49,8 @@ PORTS = tuple(range(17200, 17206))
 PROXIED = PORTS[0]
 """The primary that is frozen and killed; its replication link goes through the proxy."""
 PROXY_PORT = 17210
+
+
 NODE_TIMEOUT_MS = 1000
 DEADLINE_MS = 100.0
 DEADLINE_SLACK_MS = 50.0
@@ -58,6 +61,12 @@ FIRST_WRITTEN_USER = 1000
 WRITTEN_ITEMS = np.arange(10, dtype=np.int64)
 MAX_BATCHES = 20_000
 BATCHES_AFTER_RECOVERY = 50
+
+
+def bus_port(port: int) -> int:
+    """The cluster bus of a node (17250-17255), in this test's port range (Redis's default,
+    port + 10000, is not)."""
+    return port + 50
 
 
 def served_vector(user: int, item: int) -> np.ndarray:
@@ -129,10 +138,12 @@ def replicated_cluster(tmp_path: Path) -> Iterator[Cluster]:
                 str(tmp_path / f"nodes-{port}.conf"),
                 "--cluster-node-timeout",
                 str(NODE_TIMEOUT_MS),
+                "--cluster-port",
+                str(bus_port(port)),
                 # The proxied node tells the cluster (and so its replica and every client) to
                 # reach it through the proxy; its bus stays direct.
                 *(("--cluster-announce-port", str(PROXY_PORT)) if port == PROXIED else ()),
-                *(("--cluster-announce-bus-port", str(port + 10000)) if port == PROXIED else ()),
+                *(("--cluster-announce-bus-port", str(bus_port(port))) if port == PROXIED else ()),
             ),
         )
         for port in PORTS
