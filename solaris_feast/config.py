@@ -346,22 +346,31 @@ def run_settings(
     return build(config, overrides).model_dump(mode="json")
 
 
+NO_SCHEDULE = "none"
+"""The schedule of a DAG that runs only when triggered (by hand, the API or an asset)."""
+
+
 def schedule_of(
     kind: Literal["precompute", "training"],
     default: str,
     environ: Mapping[str, str] | None = None,
-) -> str:
+) -> str | None:
     """A DAG's schedule: ``SOLARIS_<KIND>_SCHEDULE``, else the config's (when
     ``$SOLARIS_CONFIG`` is set), else ``default``. Read while the DAG file is parsed, and by
-    ``feast apply`` for the views' schedule tags, so the tag says what runs."""
+    ``feast apply`` for the views' schedule tags, so the tag says what runs.
+
+    ``none`` is no schedule (None to Airflow): unpausing such a DAG starts no round with the
+    param defaults, which every cron or preset does for its latest tick."""
     env = os.environ if environ is None else environ
     variable = env.get(f"SOLARIS_{kind.upper()}_SCHEDULE", "").strip()
     if variable:
-        return variable
-    if env.get(CONFIG_ENV, "").strip():
+        chosen = variable
+    elif env.get(CONFIG_ENV, "").strip():
         schedules = load_config(env[CONFIG_ENV].strip()).schedules
-        return schedules.precompute if kind == "precompute" else schedules.training
-    return default
+        chosen = schedules.precompute if kind == "precompute" else schedules.training
+    else:
+        chosen = default
+    return None if chosen.strip().lower() == NO_SCHEDULE else chosen
 
 
 def config_reference_rows(

@@ -108,7 +108,15 @@ def _retryable_types() -> tuple[type[BaseException], ...]:
             redis_errors.TimeoutError,
             redis_errors.BusyLoadingError,
         ]
-        types += [redis_errors.TryAgainError, redis_errors.ClusterDownError]
+        # A Redis Cluster moving slots (a failover, a reshard): the same call succeeds once
+        # the client's slot map is refreshed. MOVED and ASK are ResponseErrors to redis-py,
+        # like a script error, but nothing is wrong with the call itself.
+        types += [
+            redis_errors.TryAgainError,
+            redis_errors.ClusterDownError,
+            redis_errors.AskError,  # MovedError is a subclass
+            redis_errors.SlotNotCoveredError,
+        ]
     return tuple(types)
 
 

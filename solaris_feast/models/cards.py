@@ -469,9 +469,9 @@ def versioned_feast_config(
     """
     env = os.environ if environ is None else environ
     chain = serving_chain(models_dir)
-    from solaris_feast.config import schedule_of
+    from solaris_feast.config import NO_SCHEDULE, schedule_of
 
-    schedule = schedule_of("precompute", "@hourly", env)
+    schedule = schedule_of("precompute", "@hourly", env) or NO_SCHEDULE
     settings: dict[str, Any] = {
         "pair_ttl_seconds": _env_seconds(env, PAIR_TTL_ENV, DEFAULT_PAIR_TTL_SECONDS),
         "user_ttl_seconds": _env_seconds(env, USER_TTL_ENV, DEFAULT_USER_TTL_SECONDS),
