@@ -13,6 +13,14 @@
 ``solaris bench write`` times :class:`EmbeddingWriter` (online only, and online + parquet) against
 ``store.write_to_online_store`` for 32-d embeddings on fresh keys, and reports Redis memory per
 stored pair embedding (``MEMORY USAGE``).
+
+``solaris bench memory`` stores the same pair embeddings with each embedding codec (float32,
+float16, int8; :mod:`solaris_feast.store.layout`) and reports Redis bytes per pair (``MEMORY
+USAGE`` of the keys and the ``used_memory`` delta), and the NE cost of the quantized codecs
+(:mod:`solaris_feast.evaluation.quantization`).
+
+Feast projects are named ``$SOLARIS_BENCH_PROJECT_PREFIX<random>`` (default ``solaris_bench_``)
+and their keys deleted afterwards.
 """
 
 from __future__ import annotations
@@ -57,7 +65,9 @@ BENCH_USER = 7
 
 
 @contextmanager
-def bench_store(redis_url: str | None, dim: int) -> Iterator[FeatureStore]:
+def bench_store(
+    redis_url: str | None, dim: int, embedding_codec: str = "float32"
+) -> Iterator[FeatureStore]:
     """A throwaway Feast project on Redis with the SOLARIS views applied; removed afterwards."""
     import redis
 
@@ -65,10 +75,12 @@ def bench_store(redis_url: str | None, dim: int) -> Iterator[FeatureStore]:
     from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
 
     url = redis_url or os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
-    project = f"solaris_bench_{uuid.uuid4().hex[:8]}"
+    prefix = os.environ.get("SOLARIS_BENCH_PROJECT_PREFIX", "solaris_bench_")
+    project = f"{prefix}{uuid.uuid4().hex[:8]}"
     folder = Path(tempfile.mkdtemp(prefix="solaris-bench-"))
     store = open_store(project, folder, online="redis", redis_url=url)
-    store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=dim)).all())
+    views = SolarisFeastConfig(embedding_dim=dim, embedding_codec=embedding_codec)
+    store.apply(solaris_definitions(views).all())
     try:
         yield store
     finally:
@@ -365,6 +377,109 @@ def run_write_benchmark(
     return results
 
 
+def run_memory_benchmark(
+    redis_url: str | None = None,
+    pairs: int = 5000,
+    dim: int = 32,
+    ne_seeds: tuple[int, ...] = (0, 1, 2),
+    ne_dataset_size: str = "demo",
+) -> dict[str, Any]:
+    """Redis bytes per stored pair embedding per codec, and the NE cost of quantizing ``z``."""
+    import redis
+
+    from solaris_feast.store.backends.redis import redis_client
+    from solaris_feast.store.layout import EMBEDDING_CODECS, EntityKeyLayout, online_field
+    from solaris_feast.store.write import EmbeddingWriter
+
+    rng = np.random.default_rng(3)
+    vectors = rng.standard_normal((pairs, dim)).astype(np.float32)
+    users = np.arange(pairs, dtype=np.int64) // 50
+    # A scheduled round stores computed_at = the round's time, a whole second.
+    computed_at = pd.Timestamp.now(tz="UTC").floor("h")
+    per_codec: dict[str, dict[str, Any]] = {}
+    for codec in EMBEDDING_CODECS:
+        with bench_store(redis_url, dim, codec) as store:
+            client = redis_client(store, timeout_seconds=30.0)
+            before = int(client.info("memory")["used_memory"])
+            writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+            writer.write(
+                pd.DataFrame(
+                    {
+                        USER_ID: users,
+                        ITEM_ID: np.arange(pairs, dtype=np.int64),
+                        EMBEDDING: list(vectors),
+                        MODEL_VERSION: "bench-v1",
+                        COMPUTED_AT: computed_at,
+                    }
+                )
+            )
+            writer.close()
+            after = int(client.info("memory")["used_memory"])
+            project = store.config.project.encode()
+            key = EntityKeyLayout([USER_ID, ITEM_ID], 3).key
+            sample = [key(int(users[i]), int(i)) + project for i in range(0, pairs, 7)]
+            usage = [int(client.memory_usage(k, samples=0) or 0) for k in sample]
+            encodings = sorted({client.object("encoding", k).decode() for k in sample})
+            # The same hashes rebuilt without the embedding (a hash never converts back to a
+            # listpack after HDEL): what Feast's layout costs per pair before any vector bytes.
+            field = online_field("solaris_pair", EMBEDDING)
+            for k in sample:
+                rest = {f: v for f, v in client.hgetall(k).items() if f != field}
+                client.delete(k)
+                client.hset(k, mapping=rest)
+            floor = [int(client.memory_usage(k, samples=0) or 0) for k in sample]
+            per_codec[codec] = {
+                "memory_usage_bytes_per_pair": round(float(np.mean(usage)), 1),
+                "used_memory_delta_bytes_per_pair": round((after - before) / pairs, 1),
+                "hash_encoding": encodings,
+                "without_embedding_bytes_per_pair": round(float(np.mean(floor)), 1),
+                "key_bytes": len(sample[0]),
+            }
+            client.close()
+    probe = redis.Redis.from_url(redis_url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
+    listpack_value = probe.config_get("hash-max-listpack-value").get("hash-max-listpack-value")
+    probe.close()
+    results: dict[str, Any] = {
+        "bytes_per_pair": {c: v["memory_usage_bytes_per_pair"] for c, v in per_codec.items()},
+        "bytes_per_pair_vs_float32": {
+            c: round(
+                v["memory_usage_bytes_per_pair"]
+                / per_codec["float32"]["memory_usage_bytes_per_pair"],
+                3,
+            )
+            for c, v in per_codec.items()
+        },
+        "per_codec": per_codec,
+        "redis_hash_max_listpack_value": listpack_value,
+        "memory_note": (
+            "MEMORY USAGE (samples=0) of (user, item) hashes holding only the pair view: key, "
+            f"embedding ({dim}-d, by codec), model_version, computed_at, _ts; computed_at a "
+            "whole hour. without_embedding: the same hashes rebuilt without the embedding "
+            "field, the floor of Feast's layout."
+        ),
+    }
+    if ne_seeds:
+        import torch
+
+        from solaris_feast.data.datasets import load_dataset
+        from solaris_feast.evaluation.quantization import quantization_ne_cost
+
+        torch.set_num_threads(1)
+        dataset = load_dataset("synthetic", ne_dataset_size, 0)
+        ne = quantization_ne_cost(dataset, ne_seeds, code_dim=dim)
+        main = ne["tasks"][0]
+        results["ne_cost"] = {c: round(v[main], 7) for c, v in ne["ne_cost"].items()}
+        results["ne_cost_task"] = main
+        results["ne_cost_max_any_task_seed"] = {
+            c: round(v, 7) for c, v in ne["ne_cost_max"].items()
+        }
+        results["ne"] = ne
+    results["meta"] = _meta(
+        pairs=pairs, dim=dim, ne_seeds=list(ne_seeds), ne_dataset=ne_dataset_size
+    )
+    return results
+
+
 def _meta(**extra: Any) -> dict[str, Any]:
     import feast
     import redis
@@ -419,3 +534,25 @@ def write_command(
 ) -> None:
     """Write path rows/s vs Feast write_to_online_store, and Redis bytes per pair embedding."""
     _emit(run_write_benchmark(redis_url=redis_url, rows=rows, repeats=repeats), json_path)
+
+
+@bench_app.command("memory")
+def memory_command(
+    json_path: JsonPathOption = None,
+    redis_url: RedisUrlOption = None,
+    pairs: Annotated[int, typer.Option(min=100, help="Pair embeddings stored per codec.")] = 5000,
+    ne_seeds: Annotated[
+        str, typer.Option(help="Comma-separated seeds of the NE cost; empty skips it.")
+    ] = "0,1,2",
+    ne_dataset_size: Annotated[
+        str, typer.Option(help="Synthetic preset the NE cost trains on.")
+    ] = "demo",
+) -> None:
+    """Redis bytes per pair embedding for float32/float16/int8, and the NE cost of quantizing."""
+    seeds = tuple(int(part) for part in ne_seeds.split(",") if part.strip())
+    _emit(
+        run_memory_benchmark(
+            redis_url=redis_url, pairs=pairs, ne_seeds=seeds, ne_dataset_size=ne_dataset_size
+        ),
+        json_path,
+    )

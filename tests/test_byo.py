@@ -118,16 +118,23 @@ def write_config(root: Path, raw: dict[str, Any]) -> Path:
 
 
 def own_deployment(
-    root: Path, project: str, users: int = 60, items: int = 45, redis: bool = False
+    root: Path,
+    project: str,
+    users: int = 60,
+    items: int = 45,
+    redis: bool = False,
+    embedding_codec: str = "float32",
 ) -> Path:
     """A log, an item table, an applied Feast repo (SQLite, or Redis with its connection from
     ``SOLARIS_REDIS_CONNECTION``) and a config in ``root``; the config path."""
     end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     write_own_log(root / "log", users, items, end)
     write_item_table(root / "items.parquet", items)
-    make_feature_repo(root / "repo", project, redis=redis)
+    make_feature_repo(root / "repo", project, redis=redis, embedding_codec=embedding_codec)
     feast = {"repo": "repo", "feature_store_yaml": yaml_name(redis)}
-    return write_config(root, config_dict(root, feast=feast))
+    raw = config_dict(root, feast=feast)
+    raw["precompute"]["embedding_codec"] = embedding_codec
+    return write_config(root, raw)
 
 
 def run_cli(*args: str) -> str:

@@ -304,7 +304,13 @@ def own_models(trained: Trained, tmp_path: Path) -> Path:
     return Path(shutil.copytree(trained.models, tmp_path / "models"))
 
 
-def make_feature_repo(path: Path, project: str, redis: bool = False, apply: bool = True) -> Path:
+def make_feature_repo(
+    path: Path,
+    project: str,
+    redis: bool = False,
+    apply: bool = True,
+    embedding_codec: str = "float32",
+) -> Path:
     """A Feast repo with the SOLARIS views applied, like `feast apply` (unless ``apply`` is
     False): SQLite in ``feature_store.yaml``, or Redis in ``feature_store.redis.yaml`` with its
     connection taken from ``SOLARIS_REDIS_CONNECTION`` as in ``feature_repo/``."""
@@ -330,7 +336,9 @@ def make_feature_repo(path: Path, project: str, redis: bool = False, apply: bool
         "entity_key_serialization_version: 3\n"
     )
     config = SolarisFeastConfig(
-        user_producing_dag="solaris_precompute", similar_producing_dag="solaris_precompute"
+        user_producing_dag="solaris_precompute",
+        similar_producing_dag="solaris_precompute",
+        embedding_codec=embedding_codec,  # type: ignore[arg-type]
     )
     if apply:
         open_store(path, redis).apply(solaris_definitions(config).all())
