@@ -14,6 +14,11 @@
 ``store.write_to_online_store`` for 32-d embeddings on fresh keys, and reports Redis memory per
 stored pair embedding (``MEMORY USAGE``).
 
+``solaris bench precompute`` times the FM with each user's history encoded once per batch against
+once per pair (``user_reuse_speedup``, a 2-layer FM, 50 planned items per user) and the split of
+a whole round's wall time (``non_fm_share``, the round ``benchmarks/bench_precompute.py`` runs),
+each beside the per-pair path in the same run.
+
 ``solaris bench memory`` stores the same pair embeddings with each embedding codec (float32,
 float16, int8; :mod:`solaris_feast.store.layout`) and reports Redis bytes per pair (``MEMORY
 USAGE`` of the keys and the ``used_memory`` delta), and the NE cost of the quantized codecs
@@ -480,6 +485,317 @@ def run_memory_benchmark(
     return results
 
 
+class _TeeSink:
+    """Writes through the real writer and keeps the rows for the aggregate and the fill."""
+
+    def __init__(self, writer: Any) -> None:
+        self.writer = writer
+        self.frames: list[pd.DataFrame] = []
+
+    def write(self, frame: pd.DataFrame) -> object:
+        self.frames.append(frame)
+        return self.writer.write(frame)
+
+
+def run_round_benchmark(
+    size: str = "demo",
+    candidates_per_user: int = 200,
+    budget: float = 0.1,
+    batch_size: int = 4096,
+    threads: int = 2,
+    models: Path | None = None,
+    fm_layers: int = 0,
+    fm_dim: int = 64,
+    online: str = "sqlite",
+    reuse_history: bool = True,
+) -> dict[str, Any]:
+    """Where the wall time of one precompute round goes: FM work against planning, writes,
+    aggregation and fill (the round the hourly DAG runs, through the real write path).
+
+    Models have the default sizes (``fm_layers`` / ``fm_dim`` of a seeded FM); their weights are
+    seeded, not trained (``models`` loads trained ones), which changes no timing.
+    """
+    import torch
+
+    from solaris_feast.data.datasets import load_dataset
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.models.foundation import FoundationConfig
+    from solaris_feast.models.registry import load_bundle, register_untrained_chain
+    from solaris_feast.models.training import flops_per_pair
+    from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
+    from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
+    from solaris_feast.precompute.compute import run_precompute
+    from solaris_feast.precompute.plan import plan_precompute, request_score
+    from solaris_feast.precompute.similarity import (
+        SimilarityConfig,
+        build_user_index,
+        similarity_fill,
+    )
+    from solaris_feast.store.config import open_store
+    from solaris_feast.store.definitions import solaris_definitions
+    from solaris_feast.store.write import EmbeddingWriter
+
+    torch.set_num_threads(threads)
+    ds = load_dataset("synthetic", size)
+    log = ds.interactions
+    now = log["event_timestamp"].max().ceil("h")
+    featurizer = PairFeaturizer(ds, 32)
+    seconds: dict[str, float] = {}
+    prefix = os.environ.get("SOLARIS_BENCH_PROJECT_PREFIX", "solaris_bench_")
+    project = f"{prefix}{uuid.uuid4().hex[:8]}"
+    root = Path(tempfile.mkdtemp(prefix="solaris-bench-precompute-"))
+    try:
+        if models is not None:
+            bundle = load_bundle(models)
+        else:
+            torch.manual_seed(0)
+            bundle = register_untrained_chain(
+                root / "m",
+                featurizer.schema,
+                ("click", "conversion"),
+                FoundationConfig(num_layers=fm_layers, embed_dim=fm_dim, hidden_dim=4 * fm_dim),
+            )
+        store = open_store(project, root / "repo", online=online)  # type: ignore[arg-type]
+        store.apply(solaris_definitions().all())
+        version = bundle.embedding_version
+
+        t = time.perf_counter()
+        candidates = generate_candidates(
+            log,
+            now,
+            CandidateConfig(candidates_per_user=candidates_per_user, category_column="category"),
+            items=ds.items,
+        )
+        seconds["candidates"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        users = candidates["user_id"].to_numpy()
+        items = candidates["item_id"].to_numpy()
+        scores = np.zeros(len(candidates))
+        with torch.inference_mode():
+            for lo in range(0, len(candidates), 8192):
+                batch = featurizer.batch(users[lo : lo + 8192], items[lo : lo + 8192], now)
+                scores[lo : lo + 8192] = bundle.vm.verifier_score(batch).numpy()
+        # As the DAG's plan task does: the verifier's score times the retrieval score.
+        candidates["verifier_score"] = request_score(
+            users, scores, candidates["candidate_score"].to_numpy(dtype=np.float64)
+        )
+        seconds["verifier"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        plan = plan_precompute(
+            candidates, None, None, round(budget * len(candidates)), now, 6 * 3600, 3600, 0.5
+        )
+        seconds["plan"] = time.perf_counter() - t
+
+        writer = EmbeddingWriter(store, "solaris_pair")
+        sink = _TeeSink(writer)
+        stats = run_precompute(
+            plan, bundle, featurizer, sink, batch_size=batch_size, reuse_history=reuse_history
+        )
+        writer.close()
+        seconds["featurize"] = stats.featurize_seconds
+        seconds["fm"] = stats.fm_seconds
+        seconds["pair_writes"] = stats.write_seconds
+        pairs = pd.concat(sink.frames, ignore_index=True)
+
+        t = time.perf_counter()
+        exact = PairEmbeddings.from_frame(pairs)
+        user_rows = aggregate_user_embeddings(exact, now, version)
+        seconds["aggregate"] = time.perf_counter() - t
+        t = time.perf_counter()
+        user_writer = EmbeddingWriter(store, "solaris_user")
+        user_writer.write(user_rows)
+        user_writer.close()
+        seconds["user_writes"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        all_users = np.arange(ds.num_users, dtype=np.int64)
+        with torch.inference_mode():
+            batch = featurizer.batch(all_users, np.zeros(len(all_users), dtype=np.int64), now)
+            user_vectors = bundle.fm.user_representation(batch).numpy()
+        # The FM's user side is FM inference (as the pairs are), reported apart from the search.
+        seconds["fill_fm_user_vectors"] = time.perf_counter() - t
+        t = time.perf_counter()
+        index = build_user_index(all_users, user_vectors, SimilarityConfig())
+        fill = similarity_fill(
+            index, plan.uncovered.head(len(plan)), exact, now, version, 6 * 3600, SimilarityConfig()
+        )
+        seconds["fill"] = time.perf_counter() - t
+        t = time.perf_counter()
+        similar_writer = EmbeddingWriter(store, "solaris_similar")
+        similar_writer.write(fill)
+        similar_writer.close()
+        seconds["similar_writes"] = time.perf_counter() - t
+    finally:
+        if online == "redis":
+            import redis
+
+            client = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+            keys = list(client.scan_iter(match=f"*{project}*", count=1000))
+            for start in range(0, len(keys), 1000):
+                client.delete(*keys[start : start + 1000])
+        shutil.rmtree(root, ignore_errors=True)
+
+    fm_flops = bundle.fm_card.flops_per_pair
+    if fm_flops is None:  # a seeded FM's card has no count: count it on a probe batch
+        probe = featurizer.batch(users[:256], items[:256], now)
+        fm_flops = flops_per_pair(bundle.fm, lambda: bundle.fm(probe), len(probe))
+    fm_work = seconds["featurize"] + seconds["fm"] + seconds["fill_fm_user_vectors"]
+    writes = seconds["pair_writes"] + seconds["user_writes"] + seconds["similar_writes"]
+    overhead = seconds["plan"] + writes + seconds["aggregate"] + seconds["fill"]
+    scoring = seconds["candidates"] + seconds["verifier"]
+    user_side = seconds["fill_fm_user_vectors"]
+    return {
+        "benchmark": "precompute_run",
+        "dataset": f"synthetic/{size}",
+        "candidate_pairs": len(candidates),
+        "planned_pairs": len(plan),
+        "user_rows": len(user_rows),
+        "similar_rows": len(fill),
+        "reuse_history": reuse_history,
+        "fm_layers": fm_layers if models is None else bundle.fm.config.num_layers,
+        "fm_pairs_per_second": round(stats.pairs / stats.fm_seconds, 1),
+        "precompute_pairs_per_second": round(stats.pairs_per_second, 1),
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+        # The issue's overhead: planning, writes, aggregation, fill, over the run's wall time
+        # without candidate generation and verifier scoring.
+        "non_fm_share": round(overhead / (overhead + fm_work), 4),
+        # The same with the fill's FM user-side pass counted as overhead, not FM work.
+        "non_fm_share_fill_fm_as_overhead": round((overhead + user_side) / (overhead + fm_work), 4),
+        "non_fm_share_without_writes": round(
+            (overhead - writes) / (overhead - writes + fm_work), 4
+        ),
+        "non_fm_share_with_candidates_and_verifier": round(
+            (overhead + scoring) / (overhead + scoring + fm_work), 4
+        ),
+        "fm_flops_per_pair": fm_flops,
+        "threads": threads,
+        "trained_models": models is not None,
+        "non_fm_microseconds_per_planned_pair": round(1e6 * overhead / max(len(plan), 1), 1),
+        "fm_microseconds_per_pair": round(1e6 * fm_work / max(len(plan), 1), 1),
+        "online_store": online,
+    }
+
+
+def run_reuse_benchmark(
+    size: str = "demo",
+    users: int = 40,
+    items_per_user: int = 50,
+    fm_layers: int = 2,
+    batch_size: int = 1024,
+    rounds: int = 5,
+    threads: int = 1,
+) -> dict[str, Any]:
+    """Pairs/s of the FM + compressor with each user's history encoded once per batch against
+    once per pair, ``items_per_user`` planned items per user, interleaved rounds in one run."""
+    import torch
+
+    from solaris_feast.data.datasets import load_dataset
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.models.foundation import FoundationConfig
+    from solaris_feast.models.registry import register_untrained_chain
+    from solaris_feast.precompute.compute import compute_pair_embeddings
+
+    torch.set_num_threads(threads)
+    ds = load_dataset("synthetic", size)
+    featurizer = PairFeaturizer(ds, 32)
+    now = ds.interactions["event_timestamp"].max().ceil("h")
+    rng = np.random.default_rng(0)
+    chosen = rng.choice(ds.num_users, users, replace=False)
+    user_ids = np.repeat(chosen, items_per_user).astype(np.int64)
+    item_ids = np.concatenate(
+        [rng.choice(ds.num_items, items_per_user, replace=False) for _ in chosen]
+    ).astype(np.int64)
+    root = Path(tempfile.mkdtemp(prefix="solaris-bench-reuse-"))
+    try:
+        torch.manual_seed(0)
+        bundle = register_untrained_chain(
+            root, featurizer.schema, ("click", "conversion"), FoundationConfig(num_layers=fm_layers)
+        )
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    timings: dict[str, list[float]] = {"per_pair": [], "reuse": []}
+    fm_timings: dict[str, list[float]] = {"per_pair": [], "reuse": []}
+    outputs: dict[str, np.ndarray] = {}
+    for reuse_history in (False, True):  # warm-up: first calls pay for allocation and dispatch
+        compute_pair_embeddings(
+            bundle,
+            featurizer,
+            user_ids[:batch_size],
+            item_ids[:batch_size],
+            now,
+            reuse_history=reuse_history,
+        )
+    for _ in range(rounds):
+        for name in timings:
+            started = time.perf_counter()
+            z, _, fm_s = compute_pair_embeddings(
+                bundle,
+                featurizer,
+                user_ids,
+                item_ids,
+                now,
+                batch_size=batch_size,
+                reuse_history=name == "reuse",
+            )
+            timings[name].append(time.perf_counter() - started)
+            fm_timings[name].append(fm_s)
+            outputs[name] = z
+    pairs = len(user_ids)
+    per_pair_rate = pairs / statistics.median(timings["per_pair"])
+    reuse_rate = pairs / statistics.median(timings["reuse"])
+    fm_speedup = statistics.median(fm_timings["per_pair"]) / statistics.median(fm_timings["reuse"])
+    return {
+        "pairs": pairs,
+        "users": users,
+        "items_per_user": items_per_user,
+        "fm_layers": fm_layers,
+        "batch_size": batch_size,
+        "per_pair_pairs_per_s": round(per_pair_rate, 1),
+        "reuse_pairs_per_s": round(reuse_rate, 1),
+        # Wall time of compute_pair_embeddings (featurizing included, the same on both paths).
+        "user_reuse_speedup": round(reuse_rate / per_pair_rate, 3),
+        "user_reuse_speedup_fm_only": round(fm_speedup, 3),
+        "max_abs_difference": float(np.abs(outputs["reuse"] - outputs["per_pair"]).max()),
+        "threads": threads,
+    }
+
+
+def run_precompute_benchmark(
+    size: str = "demo", threads: int = 1, online: str = "sqlite", models: Path | None = None
+) -> dict[str, Any]:
+    """``user_reuse_speedup`` (2-layer FM, 50 planned items per user) and ``non_fm_share`` of a
+    round with the reference FM, with the per-pair path beside each in the same run.
+
+    One torch thread by default: on a shared 2-core machine two threads spin against the
+    neighbours' load and the timings swing by several times (measured 3.5x slower)."""
+    reuse = run_reuse_benchmark(size=size, threads=threads)
+    rounds: dict[str, dict[str, Any]] = {}
+    for fm_layers, label in ((0, "reference_fm"), (2, "fm_2_layers")):
+        for reuse_history in (False, True):
+            name = f"{label}_{'reuse' if reuse_history else 'per_pair'}"
+            rounds[name] = run_round_benchmark(
+                size=size,
+                threads=threads,
+                online=online,
+                fm_layers=fm_layers,
+                fm_dim=64 if fm_layers == 0 else 128,
+                reuse_history=reuse_history,
+                models=models if fm_layers == 0 else None,
+            )
+    return {
+        "user_reuse_speedup": reuse["user_reuse_speedup"],
+        "non_fm_share": rounds["reference_fm_reuse"]["non_fm_share"],
+        "non_fm_share_per_pair_path": rounds["reference_fm_per_pair"]["non_fm_share"],
+        "non_fm_share_fm_2_layers": rounds["fm_2_layers_reuse"]["non_fm_share"],
+        "non_fm_share_fm_2_layers_per_pair_path": rounds["fm_2_layers_per_pair"]["non_fm_share"],
+        "reuse": reuse,
+        "rounds": rounds,
+        "meta": _meta(size=size, threads=threads, online=online, trained_models=models is not None),
+    }
+
+
 def _meta(**extra: Any) -> dict[str, Any]:
     import feast
     import redis
@@ -554,5 +870,22 @@ def memory_command(
         run_memory_benchmark(
             redis_url=redis_url, pairs=pairs, ne_seeds=seeds, ne_dataset_size=ne_dataset_size
         ),
+        json_path,
+    )
+
+
+@bench_app.command("precompute")
+def precompute_command(
+    json_path: JsonPathOption = None,
+    size: Annotated[str, typer.Option(help="Synthetic preset.")] = "demo",
+    threads: Annotated[int, typer.Option(min=1, help="torch threads.")] = 1,
+    online: Annotated[str, typer.Option(help="sqlite or redis ($REDIS_URL).")] = "sqlite",
+    models: Annotated[
+        Path | None, typer.Option(help="Trained models for the reference-FM rounds.")
+    ] = None,
+) -> None:
+    """FM pairs/s with a user's history reused vs per pair, and a round's non-FM share."""
+    _emit(
+        run_precompute_benchmark(size=size, threads=threads, online=online, models=models),
         json_path,
     )
