@@ -8,7 +8,9 @@
 - ``raw_redis``: a bare redis-py pipeline of the same HMGETs on the same hashes, no decoding;
 - ``raw_redis_hand_packed``: the retriever's own hand-packed read, no decoding (its floor);
 - ``feast_resolved_view``: the Feast-native on-demand resolved view (context: no solaris code in
-  the client, but Feast's per-row Python transformation).
+  the client, but Feast's per-row Python transformation);
+- ``feast_server_single_view`` and ``feast_server_resolved``: the same two Feast reads through
+  ``feast serve`` over HTTP (JSON, one kept-alive connection), started on the same repo.
 
 ``solaris bench write`` times :class:`EmbeddingWriter` (online only, and online + parquet) against
 ``store.write_to_online_store`` for 32-d embeddings on fresh keys, and reports Redis memory per
@@ -30,6 +32,8 @@ and their keys deleted afterwards.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -95,6 +99,90 @@ def bench_store(
             for start in range(0, len(keys), 1000):
                 client.delete(*keys[start : start + 1000])
         shutil.rmtree(folder, ignore_errors=True)
+
+
+FEAST_SERVER_PORT = 17310
+"""Default port of the ``feast serve`` the serve benchmark starts (loopback only)."""
+
+
+@contextmanager
+def feast_server(store: FeatureStore, port: int) -> Iterator[Callable[[dict[str, Any]], Any]]:
+    """``feast serve`` over ``store``'s repo on ``127.0.0.1:port``; yields a function that posts
+    one ``/get-online-features`` body on a kept-alive connection and returns the parsed answer."""
+    import http.client
+    import subprocess
+    import sys
+
+    import yaml
+
+    repo = Path(str(store.config.repo_path))
+    online = store.config.online_store
+    (repo / "feature_store.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "project": store.config.project,
+                "provider": "local",
+                "registry": {
+                    "registry_type": "file",
+                    "path": str(store.config.registry.path),
+                    "cache_ttl_seconds": 60,
+                },
+                "online_store": {
+                    "type": "redis",
+                    "connection_string": online.connection_string,
+                },
+                "offline_store": {"type": "file"},
+                "entity_key_serialization_version": 3,
+            }
+        )
+    )
+    feast = Path(sys.executable).with_name("feast")
+    log_path = repo / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [str(feast), "serve", "-h", "127.0.0.1", "-p", str(port), "--no-access-log"],
+            cwd=repo,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    connection.request("GET", "/health")
+                    connection.getresponse().read()
+                    break
+                except (ConnectionError, OSError, http.client.HTTPException) as exc:
+                    connection.close()
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(
+                            f"feast serve did not start: {log_path.read_text()[-2000:]}"
+                        ) from exc
+                    time.sleep(0.3)
+
+            def post(body: dict[str, Any]) -> Any:
+                connection.request(
+                    "POST",
+                    "/get-online-features",
+                    body=json.dumps(body),
+                    headers={"Content-Type": "application/json"},
+                )
+                response = connection.getresponse()
+                answer = json.loads(response.read())
+                if response.status != 200:
+                    raise RuntimeError(f"feast serve answered {response.status}: {answer}")
+                return answer
+
+            yield post
+        finally:
+            connection.close()
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
 
 
 def _timed_ms(call: Callable[[], object], iterations: int, warmup: int) -> list[float]:
@@ -169,8 +257,11 @@ def run_serve_benchmark(
     candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
     iterations: int = 300,
     dim: int = 32,
+    feast_server_port: int | None = FEAST_SERVER_PORT,
+    embedding_codec: str = "float32",
 ) -> dict[str, Any]:
-    """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N."""
+    """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N; with
+    ``feast_server_port`` also Feast's two reads through ``feast serve`` on that port."""
     from solaris_feast.serving.retriever import SolarisRetriever
     from solaris_feast.store.backends.redis import RedisBackend, redis_client
     from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
@@ -178,8 +269,14 @@ def run_serve_benchmark(
 
     version = "bench-v1"
     results: dict[str, Any] = {"candidates": {}}
-    with bench_store(redis_url, dim) as store:
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(bench_store(redis_url, dim, embedding_codec))
         _populate(store, max(candidates), dim, version)
+        server = (
+            None
+            if feast_server_port is None
+            else stack.enter_context(feast_server(store, feast_server_port))
+        )
         retriever = SolarisRetriever(store, version, deadline_ms=1000.0)
         client = redis_client(store, timeout_seconds=5.0)
         pipeline_backend = RedisBackend(client, store.config.project, packed=False)
@@ -236,6 +333,21 @@ def run_serve_benchmark(
             def resolved(items: np.ndarray = items) -> object:
                 return retriever.fetch(BENCH_USER, items)
 
+            ids = [int(i) for i in items]
+            single_body = {
+                "features": pair_features,
+                "entities": {USER_ID: [BENCH_USER] * n, ITEM_ID: ids},
+            }
+            resolved_body = {
+                "features": resolved_features,
+                "entities": {
+                    USER_ID: [BENCH_USER] * n,
+                    ITEM_ID: ids,
+                    MODEL_VERSION_REQUEST_FIELD: [version] * n,
+                },
+                "full_feature_names": True,
+            }
+
             reps = iterations if n <= 100 else max(iterations // 3, 30)
             # Interleaved rounds, so a noisy neighbour slows every contender alike.
             contenders: dict[str, Callable[[], object]] = {
@@ -246,12 +358,16 @@ def run_serve_benchmark(
                 "raw_redis_py_pipeline_backend": raw_pipeline_backend,
                 "feast_resolved_view": feast_resolved,
             }
+            if server is not None:
+                contenders["feast_server_single_view"] = functools.partial(server, single_body)
+                contenders["feast_server_resolved"] = functools.partial(server, resolved_body)
             samples: dict[str, list[float]] = {name: [] for name in contenders}
             rounds = 5
             for _ in range(rounds):
                 for name, call in contenders.items():
                     # The on-demand view is slow and only context: fewer samples at N=1000.
-                    count = reps // rounds if name != "feast_resolved_view" or n <= 100 else 2
+                    slow = name in ("feast_resolved_view", "feast_server_resolved")
+                    count = reps // rounds if not slow or n <= 100 else 2
                     samples[name] += _timed_ms(call, count, 2)
             check = retriever.fetch(BENCH_USER, items)
             results["candidates"][str(n)] = {
@@ -272,7 +388,11 @@ def run_serve_benchmark(
             "raw_redis_hand_packed",
             "raw_redis_py_pipeline_backend",
             "feast_resolved_view",
+            "feast_server_single_view",
+            "feast_server_resolved",
         ):
+            if name not in at_100:
+                continue
             results[f"{name}_p50_ms"] = at_100[name]["p50_ms"]
             results[f"{name}_p99_ms"] = at_100[name]["p99_ms"]
         results["resolved_vs_feast_single_view_p50"] = round(
@@ -281,12 +401,21 @@ def run_serve_benchmark(
         results["resolved_vs_raw_redis_p50"] = round(
             results["resolved_p50_ms"] / results["raw_redis_p50_ms"], 3
         )
+        results["feast_resolved_vs_single_view_p50"] = round(
+            results["feast_resolved_view_p50_ms"] / results["feast_single_view_p50_ms"], 3
+        )
+        if "feast_server_resolved_p50_ms" in results:
+            results["feast_server_resolved_vs_single_view_p50"] = round(
+                results["feast_server_resolved_p50_ms"]
+                / results["feast_server_single_view_p50_ms"],
+                3,
+            )
         results["hand_packed_vs_redis_py_pipeline_p50"] = round(
             results["raw_redis_hand_packed_p50_ms"]
             / results["raw_redis_py_pipeline_backend_p50_ms"],
             3,
         )
-    results["meta"] = _meta(iterations=iterations, dim=dim)
+    results["meta"] = _meta(iterations=iterations, dim=dim, embedding_codec=embedding_codec)
     return results
 
 
@@ -830,13 +959,25 @@ def serve_command(
     candidates: Annotated[
         str, typer.Option(help="Comma-separated candidate counts per request.")
     ] = ",".join(str(n) for n in DEFAULT_CANDIDATES),
+    embedding_codec: Annotated[
+        str, typer.Option(help="Codec of the stored views: float32, float16 or int8.")
+    ] = "float32",
+    feast_server_port: Annotated[
+        int, typer.Option(help="Port of the feast serve started for the HTTP reads; 0: none.")
+    ] = FEAST_SERVER_PORT,
 ) -> None:
     """Resolved three-tier fetch vs Feast single-view read vs raw pipeline, p50/p99."""
     counts = tuple(int(part) for part in candidates.split(",") if part.strip())
     if not counts or min(counts) <= 0:
         raise typer.BadParameter("candidates must be positive integers, e.g. 10,100,1000")
     _emit(
-        run_serve_benchmark(redis_url=redis_url, candidates=counts, iterations=iterations),
+        run_serve_benchmark(
+            redis_url=redis_url,
+            candidates=counts,
+            iterations=iterations,
+            feast_server_port=feast_server_port or None,
+            embedding_codec=embedding_codec,
+        ),
         json_path,
     )
 

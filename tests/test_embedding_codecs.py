@@ -316,3 +316,31 @@ def test_feast_apply_takes_the_codec_from_the_environment(tmp_path: Path) -> Non
     assert chosen.embedding_codec == "int8"
     with pytest.raises(ValidationError, match="int4"):
         versioned_feast_config(tmp_path, environ={"SOLARIS_EMBEDDING_CODEC": "int4"})
+
+
+def test_bench_memory_reports_bytes_per_pair_for_every_codec(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from solaris_feast.cli import app
+
+    monkeypatch.setenv("SOLARIS_BENCH_PROJECT_PREFIX", "sp_bench_test_")
+    out = tmp_path / "memory.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "memory", "--pairs", "100", "--ne-seeds", "", "--json", str(out)],
+        env={"REDIS_URL": redis_url},
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    sizes = report["bytes_per_pair"]
+    assert set(sizes) == {"float32", "float16", "int8"}
+    # int8's 38-byte value keeps the hash a listpack; float32's 135 bytes do not.
+    assert sizes["int8"] < sizes["float16"] <= sizes["float32"]
+    assert report["per_codec"]["int8"]["hash_encoding"] == ["listpack"]
+    assert "ne_cost" not in report
+    client = redis.Redis.from_url(redis_url)
+    assert not list(client.scan_iter(match="*sp_bench_test_*"))

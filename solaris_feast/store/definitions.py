@@ -481,7 +481,13 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
     exec(source_text, namespace)  # the same text Feast will re-execute from the registry
     resolved_view = OnDemandFeatureView(
         name=cfg.resolved_view_name,
-        sources=[pair_view, similar_view, user_view, request],
+        # Only the features the rule reads: Feast reads and converts every feature of a source
+        # for every row (neighbour_count, mean_distance, pair_count cost 8% of the read here).
+        sources=[
+            view[[EMBEDDING, MODEL_VERSION, COMPUTED_AT]]
+            for view in (pair_view, similar_view, user_view)
+        ]
+        + [request],
         schema=[
             FeastField(name="resolved_embedding", dtype=Array(Float32)),
             FeastField(name="resolved_tier", dtype=Int64),
