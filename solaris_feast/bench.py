@@ -649,6 +649,7 @@ def run_round_benchmark(
     from solaris_feast.data.datasets import load_dataset
     from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.models.foundation import FoundationConfig
+    from solaris_feast.models.interface import ChainModels, ReferenceEncoder
     from solaris_feast.models.registry import load_bundle, register_untrained_chain
     from solaris_feast.models.training import flops_per_pair
     from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
@@ -719,9 +720,10 @@ def run_round_benchmark(
 
         writer = EmbeddingWriter(store, "solaris_pair")
         sink = _TeeSink(writer)
-        stats = run_precompute(
-            plan, bundle, featurizer, sink, batch_size=batch_size, reuse_history=reuse_history
-        )
+        chain = ChainModels.reference(bundle, featurizer)
+        if isinstance(chain.encoder, ReferenceEncoder):
+            chain.encoder.reuse_history = reuse_history
+        stats = run_precompute(plan, chain, ds, sink, batch_size=batch_size)
         writer.close()
         seconds["featurize"] = stats.featurize_seconds
         seconds["fm"] = stats.fm_seconds
@@ -823,6 +825,7 @@ def run_reuse_benchmark(
     from solaris_feast.data.datasets import load_dataset
     from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.models.foundation import FoundationConfig
+    from solaris_feast.models.interface import ChainModels, PairsAsOf, ReferenceEncoder
     from solaris_feast.models.registry import register_untrained_chain
     from solaris_feast.precompute.compute import compute_pair_embeddings
 
@@ -844,39 +847,31 @@ def run_reuse_benchmark(
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    chain = ChainModels.reference(bundle, featurizer)
+    encoder = chain.encoder
+    if not isinstance(encoder, ReferenceEncoder):
+        raise TypeError("the reuse benchmark needs the reference FM")
+    pairs = PairsAsOf.of(user_ids, item_ids, now, ds)
     timings: dict[str, list[float]] = {"per_pair": [], "reuse": []}
     fm_timings: dict[str, list[float]] = {"per_pair": [], "reuse": []}
     outputs: dict[str, np.ndarray] = {}
     for reuse_history in (False, True):  # warm-up: first calls pay for allocation and dispatch
-        compute_pair_embeddings(
-            bundle,
-            featurizer,
-            user_ids[:batch_size],
-            item_ids[:batch_size],
-            now,
-            reuse_history=reuse_history,
-        )
+        encoder.reuse_history = reuse_history
+        compute_pair_embeddings(chain, pairs.part(0, batch_size), batch_size=batch_size)
     for _ in range(rounds):
         for name in timings:
+            encoder.reuse_history = name == "reuse"
             started = time.perf_counter()
-            z, _, fm_s = compute_pair_embeddings(
-                bundle,
-                featurizer,
-                user_ids,
-                item_ids,
-                now,
-                batch_size=batch_size,
-                reuse_history=name == "reuse",
-            )
+            z, _, fm_s = compute_pair_embeddings(chain, pairs, batch_size=batch_size)
             timings[name].append(time.perf_counter() - started)
             fm_timings[name].append(fm_s)
             outputs[name] = z
-    pairs = len(user_ids)
-    per_pair_rate = pairs / statistics.median(timings["per_pair"])
-    reuse_rate = pairs / statistics.median(timings["reuse"])
+    count = len(user_ids)
+    per_pair_rate = count / statistics.median(timings["per_pair"])
+    reuse_rate = count / statistics.median(timings["reuse"])
     fm_speedup = statistics.median(fm_timings["per_pair"]) / statistics.median(fm_timings["reuse"])
     return {
-        "pairs": pairs,
+        "pairs": count,
         "users": users,
         "items_per_user": items_per_user,
         "fm_layers": fm_layers,

@@ -333,7 +333,8 @@ def promote_command(
             if chain is None:  # select_chain raises for an unknown VM; None: no cards at all
                 raise ConfigError(f"no model cards in {models_dir}")
             moment = _utc(at) or datetime.now(UTC)
-            problems = chain_mismatches(chain, load_log(precompute_settings(loaded), moment))
+            log = load_log(precompute_settings(loaded), moment)
+            problems = chain_mismatches(chain, log, models_dir)
             if problems:
                 raise ChainMismatchError(vm, problems)
         alias = promote(models_dir, vm)

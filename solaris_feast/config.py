@@ -27,10 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
 from solaris_feast.errors import ConfigError
+from solaris_feast.models.spec import ArtifactSpec, ModelChoice
 from solaris_feast.pipeline.settings import LogSource, PrecomputeSettings, TrainingSettings
 
 CONFIG_ENV = "SOLARIS_CONFIG"
@@ -40,7 +41,7 @@ _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
 # Settings that other sections of the file state (where the log, repo and models are).
 _PLACED_ELSEWHERE = frozenset({*LogSource.model_fields, "feature_repo", "models_dir"})
-_PLACED_ELSEWHERE |= {"feature_store_yaml", "candidates", "serving_vm"}
+_PLACED_ELSEWHERE |= {"feature_store_yaml", "candidates", "serving_vm", "fm", "verifier"}
 
 
 def _section(name: str, model: type[BaseModel], doc: str) -> type[BaseModel]:
@@ -81,12 +82,6 @@ class FeastRepoSection(BaseModel):
     """The repo's config file: feature_store.yaml (SQLite) or feature_store.redis.yaml (Redis)."""
 
 
-NOT_BUILT_YET = (
-    "only 'reference' is built: your own {what} through an interface (an entry point "
-    "package.module:factory or an exported artifact with a card) is not built yet"
-)
-
-
 class ModelsSection(BaseModel):
     """The model registry and which models make the chain."""
 
@@ -94,21 +89,18 @@ class ModelsSection(BaseModel):
 
     dir: str = Field(min_length=1)
     """Model registry folder: cards, weights and the serving alias (solaris promote)."""
-    fm: Literal["reference"] = "reference"
-    """The foundation model: the project's reference FM (the only one built today)."""
-    verifier: Literal["reference"] = "reference"
-    """The verifier (VM): the project's reference VM (the only one built today)."""
+    fm: ModelChoice = "reference"
+    """The foundation model: reference (the project's FM, trained by solaris train) or your own,
+    {entry_point: package.module:factory, options: {...}} returning a FoundationEncoder
+    (models/interface.py) or {artifact: fm.pt} exported with TorchScript or torch.export; the
+    compressor is trained on its representations."""
+    verifier: ModelChoice = "reference"
+    """The verifier: reference (the project's VM, trained on the tier mix of z) or your own
+    entry point returning a Verifier (pairs as of a time -> scores in [0, 1]), or an exported
+    artifact."""
     serving_vm: str = ""
     """VM version of the serving chain; empty: the one `solaris promote` recorded in the
     registry's serving alias (without an alias, the newest VM, with a warning)."""
-
-    @field_validator("fm", "verifier", mode="before")
-    @classmethod
-    def _reference_only(cls, value: object, info: Any) -> object:
-        if value != "reference":
-            what = "FM" if info.field_name == "fm" else "verifier"
-            raise ValueError(f"{value!r}: {NOT_BUILT_YET.format(what=what)}")
-        return value
 
 
 class CandidatesSection(BaseModel):
@@ -229,6 +221,19 @@ def _anchor_paths(config: SolarisConfig, base: Path) -> SolarisConfig:
         }
     )
     candidates = config.candidates.model_copy(update={"table": table(config.candidates.table)})
+
+    def model(choice: Any) -> Any:
+        if isinstance(choice, ArtifactSpec):
+            return choice.model_copy(update={"artifact": _anchored(choice.artifact, base)})
+        return choice
+
+    models = config.models.model_copy(
+        update={
+            "dir": _anchored(config.models.dir, base),
+            "fm": model(config.models.fm),
+            "verifier": model(config.models.verifier),
+        }
+    )
     precompute = config.precompute.model_copy(
         update={"runs_dir": _anchored(getattr(config.precompute, "runs_dir", ""), base)}
     )
@@ -237,7 +242,7 @@ def _anchor_paths(config: SolarisConfig, base: Path) -> SolarisConfig:
             "feast": config.feast.model_copy(update={"repo": _anchored(config.feast.repo, base)}),
             "log": log,
             "candidates": candidates,
-            "models": config.models.model_copy(update={"dir": _anchored(config.models.dir, base)}),
+            "models": models,
             "precompute": precompute,
         }
     )
@@ -303,6 +308,8 @@ def training_settings(
     values: dict[str, Any] = {
         **config.training.model_dump(),
         "models_dir": config.models.dir,
+        "fm": config.models.fm,
+        "verifier": config.models.verifier,
         "log": resolved_log(config),
         "align_log_to_run": False,
     }
@@ -339,16 +346,31 @@ def run_settings(
     return build(config, overrides).model_dump(mode="json")
 
 
-def schedule_of(kind: Literal["precompute", "training"], default: str) -> str:
+NO_SCHEDULE = "none"
+"""The schedule of a DAG that runs only when triggered (by hand, the API or an asset)."""
+
+
+def schedule_of(
+    kind: Literal["precompute", "training"],
+    default: str,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
     """A DAG's schedule: ``SOLARIS_<KIND>_SCHEDULE``, else the config's (when
-    ``$SOLARIS_CONFIG`` is set), else ``default``. Read while the DAG file is parsed."""
-    variable = os.environ.get(f"SOLARIS_{kind.upper()}_SCHEDULE", "").strip()
+    ``$SOLARIS_CONFIG`` is set), else ``default``. Read while the DAG file is parsed, and by
+    ``feast apply`` for the views' schedule tags, so the tag says what runs.
+
+    ``none`` is no schedule (None to Airflow): unpausing such a DAG starts no round with the
+    param defaults, which every cron or preset does for its latest tick."""
+    env = os.environ if environ is None else environ
+    variable = env.get(f"SOLARIS_{kind.upper()}_SCHEDULE", "").strip()
     if variable:
-        return variable
-    if os.environ.get(CONFIG_ENV, "").strip():
-        schedules = load_config().schedules
-        return schedules.precompute if kind == "precompute" else schedules.training
-    return default
+        chosen = variable
+    elif env.get(CONFIG_ENV, "").strip():
+        schedules = load_config(env[CONFIG_ENV].strip()).schedules
+        chosen = schedules.precompute if kind == "precompute" else schedules.training
+    else:
+        chosen = default
+    return None if chosen.strip().lower() == NO_SCHEDULE else chosen
 
 
 def config_reference_rows(
@@ -369,6 +391,19 @@ def config_reference_rows(
         if nested is None and typing.get_origin(annotation) in (typing.Union, types.UnionType):
             nested = members[0] if len(members) == 1 and isinstance(members[0], type) else None
         description = " ".join((info.description or "").split())
+        choice = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        literals = [
+            a for m in members if typing.get_origin(m) is Literal for a in typing.get_args(m)
+        ]
+        if choice and literals and len(members) == len(choice) + 1:
+            # A value or one of some sections (models.fm: "reference", an entry point or an
+            # exported artifact): each section's keys are listed under the key.
+            default = json.dumps(info.get_default(call_default_factory=True))
+            kinds = " or ".join(json.dumps(v) for v in literals)
+            rows.append((key, f"{kinds} or section", default, description))
+            for section in choice:
+                rows += config_reference_rows(section, f"{key}.")
+            continue
         if nested is not None and issubclass(nested, BaseModel):
             optional = "" if info.is_required() else " (optional)"
             rows.append((key, "section" + optional, "", description))

@@ -29,6 +29,11 @@ class ConfigError(SolarisError, ValueError):
     """A configuration value or file is malformed."""
 
 
+class ModelOutputError(SolarisError, ValueError):
+    """A model named in the config returned the wrong shape, dtype or non-finite values; the same
+    inputs give the same answer, so no retry fixes it."""
+
+
 class DatasetUnavailableError(SolarisError, RuntimeError):
     """A data set can be neither fetched nor found in the local cache."""
 
@@ -103,7 +108,15 @@ def _retryable_types() -> tuple[type[BaseException], ...]:
             redis_errors.TimeoutError,
             redis_errors.BusyLoadingError,
         ]
-        types += [redis_errors.TryAgainError, redis_errors.ClusterDownError]
+        # A Redis Cluster moving slots (a failover, a reshard): the same call succeeds once
+        # the client's slot map is refreshed. MOVED and ASK are ResponseErrors to redis-py,
+        # like a script error, but nothing is wrong with the call itself.
+        types += [
+            redis_errors.TryAgainError,
+            redis_errors.ClusterDownError,
+            redis_errors.AskError,  # MovedError is a subclass
+            redis_errors.SlotNotCoveredError,
+        ]
     return tuple(types)
 
 

@@ -316,6 +316,9 @@ def test_a_refused_connection_is_retryable_in_strict_mode_and_zero_otherwise(
         (ConnectionRefusedError(111, "refused"), True),
         (redis.AuthenticationError("invalid username-password pair"), False),
         (redis.ResponseError("WRONGTYPE Operation against a key"), False),
+        (redis.exceptions.MovedError("3999 127.0.0.1:6381"), True),  # a failover moved a slot
+        (redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"), True),
+        (redis.exceptions.NoScriptError("NOSCRIPT No matching script"), False),
         (DeadlineExceededError("Redis read", 50.0), True),
         (ViewsNotAppliedError("repo", ["solaris_pair"]), False),
         (ConfigError("bad yaml"), False),

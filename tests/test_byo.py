@@ -10,6 +10,8 @@ fixtures), on the same helpers.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -124,6 +126,7 @@ def own_deployment(
     items: int = 45,
     redis: bool = False,
     embedding_codec: str = "float32",
+    **sections: Any,
 ) -> Path:
     """A log, an item table, an applied Feast repo (SQLite, or Redis with its connection from
     ``SOLARIS_REDIS_CONNECTION``) and a config in ``root``; the config path."""
@@ -132,7 +135,7 @@ def own_deployment(
     write_item_table(root / "items.parquet", items)
     make_feature_repo(root / "repo", project, redis=redis, embedding_codec=embedding_codec)
     feast = {"repo": "repo", "feature_store_yaml": yaml_name(redis)}
-    raw = config_dict(root, feast=feast)
+    raw = config_dict(root, feast=feast, **sections)
     raw["precompute"]["embedding_codec"] = embedding_codec
     return write_config(root, raw)
 
@@ -142,7 +145,7 @@ def run_cli(*args: str) -> str:
     if result.exit_code != 0:
         raise AssertionError(
             f"solaris {' '.join(args)} exited {result.exit_code}:\n{result.output}"
-        )
+        ) from result.exception
     return result.output
 
 
@@ -155,14 +158,21 @@ def no_config_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 # -- config ---------------------------------------------------------------------------------------
 
 
-def test_config_refuses_unknown_keys_and_a_user_fm_naming_the_key(tmp_path: Path) -> None:
+def test_config_refuses_unknown_keys_and_a_malformed_model_naming_the_key(tmp_path: Path) -> None:
     raw = config_dict(tmp_path)
     raw["precompute"]["budget_pairz"] = 5
     with pytest.raises(ConfigError, match=r"solaris.yaml: precompute.budget_pairz: Extra inputs"):
         load_config(write_config(tmp_path, raw))
+    # An entry point is a mapping with entry_point: a bare string is neither it nor 'reference'.
     raw = config_dict(tmp_path, models={"dir": "models", "fm": "my_pkg.models:make_fm"})
-    with pytest.raises(ConfigError, match=r"models\.fm.*not built yet"):
+    with pytest.raises(ConfigError, match=r"models\.fm"):
         load_config(write_config(tmp_path, raw))
+    raw = config_dict(tmp_path, models={"dir": "models", "fm": {"entry_point": "no colon"}})
+    with pytest.raises(ConfigError, match=r"models\.fm.*entry_point"):
+        load_config(write_config(tmp_path, raw))
+    spec = {"entry_point": "my_pkg.models:make_fm", "options": {"dim": 8}}
+    raw = config_dict(tmp_path, models={"dir": "models", "fm": spec})
+    assert load_config(write_config(tmp_path, raw)).models.fm.options == {"dim": 8}  # type: ignore[union-attr]
 
 
 def test_without_a_config_the_commands_say_what_to_set(no_config_env: None) -> None:
@@ -267,7 +277,11 @@ def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(
     [
         ({"columns": {"labels": ["clicked", "returned"]}}, r"log .*: column 'returned'.* missing"),
         (
-            {"columns": {"item": "page"}},
+            {"columns": {"item": "clicked", "labels": ["bought"]}},
+            r"log .*: column 'clicked' \(mapped as item\) must be id, got bool",
+        ),
+        (  # text ids are ids of their own, but not dense table rows
+            {"columns": {"item": "page"}, "id_space": "dense"},
             r"log .*: column 'page' \(mapped as item\) must be integer",
         ),
         ({"path": "nowhere"}, r"log .*nowhere does not exist"),
@@ -381,10 +395,14 @@ def test_a_vm_trained_on_another_log_is_refused_before_planning_naming_the_misma
     from solaris_feast.pipeline import precompute
     from solaris_feast.pipeline.commands import _interval
 
-    small = own_deployment(tmp_path / "small", feast_project, users=20, items=45)
+    # Dense ids index the tables directly: a VM sized for 20 users cannot score 60.
+    dense = {"id_space": "dense"}
+    small = own_deployment(tmp_path / "small", feast_project, users=20, items=45, log=dense)
     run_cli("train", "--config", str(small))
     big = own_deployment(tmp_path / "big", f"{feast_project}b", users=60, items=45)
-    raw = config_dict(tmp_path / "big", models={"dir": str(tmp_path / "small" / "models")})
+    raw = config_dict(
+        tmp_path / "big", models={"dir": str(tmp_path / "small" / "models")}, log=dense
+    )
     big = write_config(tmp_path / "big", raw)
     # Promotion checks the chain against the log at once.
     result = CliRunner().invoke(app, ["promote", "--config", str(big), "--vm", _vm(tmp_path)])
@@ -398,6 +416,37 @@ def test_a_vm_trained_on_another_log_is_refused_before_planning_naming_the_misma
     ):
         precompute.start_precompute(settings, _interval(None, "precompute"))
     assert not (tmp_path / "big" / "runs").exists()
+    # The same chain against the log read through a vocabulary: refused for the id space.
+    raw = config_dict(tmp_path / "big", models={"dir": str(tmp_path / "small" / "models")})
+    settings = precompute_settings(load_config(write_config(tmp_path / "big", raw)))
+    with pytest.raises(ChainMismatchError, match=r"indexes dense ids 0..N-1 directly"):
+        precompute.start_precompute(settings.model_dump(mode="json"), _interval(None, "pre"))
+
+
+def test_a_vocabulary_chain_takes_new_users_but_refuses_a_log_of_strangers(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    from solaris_feast.config import precompute_settings
+    from solaris_feast.pipeline import precompute
+    from solaris_feast.pipeline.commands import _interval
+
+    small = own_deployment(tmp_path / "small", feast_project, users=20, items=45)
+    run_cli("train", "--config", str(small))
+    models = {"dir": str(tmp_path / "small" / "models")}
+    # 60 users, 20 of them known: new users are normal, they embed as out-of-vocabulary.
+    big = own_deployment(tmp_path / "big", f"{feast_project}b", users=60, models=models)
+    run = precompute.start_precompute(
+        precompute_settings(load_config(big)).model_dump(mode="json"), _interval(None, "pre")
+    )
+    assert run["vm_version"] == _vm(tmp_path)
+    # The same log in another id space (every member id moved by 10**12): nobody is known.
+    for day in (tmp_path / "big" / "log").glob("*.parquet"):
+        frame = pd.read_parquet(day)
+        frame.assign(member=frame["member"] + 10**12).to_parquet(day, index=False)
+    with pytest.raises(ChainMismatchError, match=r"knows the user and item of 0.0% of the log"):
+        precompute.start_precompute(
+            precompute_settings(load_config(big)).model_dump(mode="json"), _interval(None, "p2")
+        )
 
 
 def _vm(root: Path) -> str:
@@ -444,3 +493,270 @@ def test_a_log_registered_as_a_feast_file_source_is_read_from_its_path(
     )
     with pytest.raises(ConfigError, match=r"no_such_log.*no data source of that name"):
         resolved_log(missing)
+
+
+# -- the deployment's own models on sparse Int64 users and String items --------------------------
+
+BIG_USER = 2**63 - 1
+
+
+def sparse_user(member: Any) -> Any:
+    """A member's id in the deployment's own id space: sparse Int64 up to 2**63-1."""
+    return BIG_USER - np.asarray(member, dtype=np.int64) * 7919
+
+
+def string_item(sku: Any) -> Any:
+    """A sku's id in the deployment's own id space: text with ':' and non-ASCII."""
+    return np.asarray([f"sku:{int(s)}:ü" for s in np.asarray(sku).tolist()], dtype=object)
+
+
+def own_models_deployment(root: Path, project: str, redis: bool = False) -> Path:
+    """The shop log with sparse Int64 member ids and String sku ids, an item table keyed the
+    same way, a repo whose entities are typed to match, and a config naming the deployment's
+    own FM and verifier (``tests/byo_models.py``); the config path."""
+    end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+    write_own_log(root / "dense_log", 60, 45, end)
+    (root / "log").mkdir()
+    for day in sorted((root / "dense_log").glob("*.parquet")):
+        frame = pd.read_parquet(day)
+        frame = frame.assign(member=sparse_user(frame["member"]), sku=string_item(frame["sku"]))
+        frame.to_parquet(root / "log" / day.name, index=False)
+    ids = np.arange(45)
+    pd.DataFrame(
+        {"sku_id": string_item(ids), "department": ids % 5, "price": 1.0 + ids}
+    ).to_parquet(root / "items.parquet", index=False)
+    make_feature_repo(
+        root / "repo", project, redis=redis, user_id_type="int64", item_id_type="string"
+    )
+    options = {"log_path": str(root / "log"), "label": "clicked"}
+    models = {
+        "dir": "models",
+        "fm": {"entry_point": "byo_models:two_tower_fm", "options": {"dim": 48, **options}},
+        "verifier": {"entry_point": "byo_models:dot_verifier", "options": options},
+    }
+    feast = {"repo": "repo", "feature_store_yaml": yaml_name(redis)}
+    return write_config(root, config_dict(root, feast=feast, models=models))
+
+
+def check_round_served_own_vectors(
+    root: Path, redis: bool, run_dir: Path, fm: Any | None = None
+) -> None:
+    """The round's pairs are served EXACT through the retriever and through plain Feast on the
+    resolved view, with the vectors the deployment's FM (``fm``, else the two-tower one built
+    afresh, as any task builds it) and the plugin's compressor give."""
+    from byo_models import two_tower_fm
+
+    from solaris_feast.config import precompute_settings
+    from solaris_feast.models.cards import list_cards
+    from solaris_feast.models.interface import PairsAsOf
+    from solaris_feast.models.registry import load_model
+    from solaris_feast.pipeline.log import load_log
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
+    from solaris_feast.tiers import Tier
+
+    planned = pd.read_parquet(run_dir / "plan" / "pairs.parquet")
+    assert planned["user_id"].dtype == np.int64 and planned["item_id"].dtype == object
+    assert planned["user_id"].min() > 2**62 and planned["item_id"].str.startswith("sku:").all()
+    [compressor_card] = [c for c in list_cards(root / "models") if c.kind == "compressor"]
+    user = int(planned["user_id"].iloc[0])
+    items = planned.loc[planned["user_id"] == user, "item_id"].tolist()
+    unknown = "sku:never:seen"
+    # What the round should have stored: the deployment's FM, then the plugin's compressor, as
+    # of the plan's time.
+    config = load_config(root / "solaris.yaml")
+    planned_at = pd.Timestamp(
+        json.loads((run_dir / "plan" / "plan.json").read_text())["planned_at"]
+    )
+    log = load_log(precompute_settings(config), planned_at.to_pydatetime())
+    fm = fm or two_tower_fm(dim=48, log_path=str(root / "log"), label="clicked")
+    h = fm.encode(PairsAsOf.of([user] * len(items), items, planned_at, log))
+    compressor = load_model(compressor_card, root / "models")
+    with __import__("torch").inference_mode():
+        expected = compressor.encode(h).numpy()  # type: ignore[operator]
+
+    store = open_store(root / "repo", redis)
+    retriever = SolarisRetriever(store, compressor_card.version, record_misses=False)
+    try:
+        fetched = retriever.fetch(user, [*items, unknown])
+    finally:
+        retriever.close()
+    # An item no round computed falls back to the user's aggregate of this round.
+    assert fetched.tiers.tolist() == [Tier.EXACT] * len(items) + [Tier.USER_AGG]
+    np.testing.assert_allclose(fetched.embeddings[:-1], expected, atol=1e-5)
+    answer = store.get_online_features(
+        features=["solaris_resolved:resolved_embedding", "solaris_resolved:resolved_tier"],
+        entity_rows=[
+            {"user_id": user, "item_id": item, MODEL_VERSION_REQUEST_FIELD: compressor_card.version}
+            for item in [*items, unknown]
+        ],
+        full_feature_names=True,
+    ).to_dict()
+    assert answer["solaris_resolved__resolved_tier"] == [int(Tier.EXACT)] * len(items) + [
+        int(Tier.USER_AGG)
+    ]
+    resolved = np.asarray(answer["solaris_resolved__resolved_embedding"][:-1], dtype=np.float32)
+    np.testing.assert_allclose(resolved, expected, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("online", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_own_fm_and_verifier_on_sparse_int64_users_and_string_items_via_the_commands(
+    tmp_path: Path,
+    feast_project: str,
+    no_config_env: None,
+    online: str,
+    redis_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from solaris_feast.models.cards import list_cards
+    from solaris_feast.models.interface import INTERFACE_CONFIG
+    from solaris_feast.store.config import redis_connection_string
+
+    redis = online == "redis"
+    if redis:
+        monkeypatch.setenv("SOLARIS_REDIS_CONNECTION", redis_connection_string(redis_url))
+    config = own_models_deployment(tmp_path, feast_project, redis=redis)
+    out = run_cli("train", "--config", str(config))
+    cards = {c.kind: c for c in list_cards(tmp_path / "models")}
+    # The deployment's FM and verifier are registered, not trained; the compressor is trained on
+    # the FM's 48-dim representations and sits between them in the chain.
+    assert cards["fm"].config[INTERFACE_CONFIG]["entry_point"] == "byo_models:two_tower_fm"
+    assert cards["fm"].config["representation_dim"] == 48
+    assert cards["vm"].config[INTERFACE_CONFIG]["entry_point"] == "byo_models:dot_verifier"
+    assert cards["compressor"].parents == (cards["fm"].version,)
+    assert cards["vm"].parents == (cards["compressor"].version,)
+    assert (
+        cards["compressor"].metrics["reconstruction_mse"]
+        < cards["compressor"].metrics["pca_mse"] * 1.5
+    )
+    run_cli("promote", "--config", str(config), "--vm", cards["vm"].version)
+    out = run_cli("precompute", "--config", str(config))
+    assert "plan        300 pairs" in out
+    [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
+    check_round_served_own_vectors(tmp_path, redis, run_dir)
+
+
+@pytest.mark.parametrize(
+    ("entry_point", "match"),
+    [
+        ("byo_models:nan_fm", r"models.fm entry point 'byo_models:nan_fm'.*NaN"),
+        ("byo_models:wrong_width_fm", r"shape \(64, 9\), expected \(64, 8\)"),
+        ("byo_models:missing", r"byo_models has no attribute 'missing'"),
+        ("no_such_module.x:make", r"module 'no_such_module.x' does not import"),
+    ],
+)
+def test_an_own_fm_that_does_not_import_or_answers_wrongly_is_refused_before_anything_is_written(
+    tmp_path: Path, feast_project: str, no_config_env: None, entry_point: str, match: str
+) -> None:
+    own_deployment(tmp_path, feast_project)
+    raw = config_dict(tmp_path, models={"dir": "models", "fm": {"entry_point": entry_point}})
+    result = CliRunner().invoke(app, ["train", "--config", str(write_config(tmp_path, raw))])
+    assert result.exit_code == 1, result.output
+    assert re.search(match, result.output), result.output
+    assert not list((tmp_path / "models").glob("*.card.json"))
+
+
+def test_the_views_schedule_tag_follows_the_config_the_dag_reads(tmp_path: Path) -> None:
+    from solaris_feast.models.cards import versioned_feast_config
+
+    raw = config_dict(tmp_path, schedules={"precompute": "*/15 * * * *"})
+    env = {"SOLARIS_CONFIG": str(write_config(tmp_path, raw))}
+    assert versioned_feast_config(tmp_path / "models", env).pair_schedule == "*/15 * * * *"
+    # The variable, which the DAG file reads first, wins over the file.
+    env["SOLARIS_PRECOMPUTE_SCHEDULE"] = "@daily"
+    assert versioned_feast_config(tmp_path / "models", env).user_schedule == "@daily"
+
+
+@pytest.mark.slow
+def test_exported_torchscript_fm_and_torch_export_verifier_serve_a_round(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    from byo_models import export_models
+
+    from solaris_feast.models.cards import list_cards
+    from solaris_feast.models.interface import load_artifact
+
+    config = own_models_deployment(tmp_path, feast_project)
+    fm_file, verifier_file = export_models(tmp_path / "exported")
+    raw = yaml.safe_load(config.read_text())
+    raw["models"] = {
+        "dir": "models",
+        "fm": {"artifact": "exported/fm.pt", "history_len": 8},  # relative to the config
+        "verifier": {"artifact": str(verifier_file), "history_len": 8},
+    }
+    write_config(tmp_path, raw)
+    run_cli("train", "--config", str(config))
+    cards = {c.kind: c for c in list_cards(tmp_path / "models")}
+    # The artifacts are copied into the registry and hashed there, like trained weights.
+    assert cards["fm"].weights_file.endswith(".pt")
+    assert cards["vm"].weights_file.endswith(".pt2")
+    assert cards["fm"].config["representation_dim"] == 40
+    fm_file.unlink()  # serving reads the registry's copy, not the exported file
+    run_cli("promote", "--config", str(config), "--vm", cards["vm"].version)
+    out = run_cli("precompute", "--config", str(config))
+    assert "plan        300 pairs" in out
+    [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
+    fm = load_artifact(tmp_path / "models" / cards["fm"].weights_file, 8, "fm")
+    check_round_served_own_vectors(tmp_path, False, run_dir, fm)
+
+
+def test_an_exported_model_gets_each_pairs_history_before_its_time_newest_first() -> None:
+    import hashlib
+
+    from solaris_feast.data.schema import InteractionDataset
+    from solaris_feast.models.interface import PairsAsOf, _ArtifactInputs, id_codes
+
+    t0 = pd.Timestamp("2026-03-01T00:00:00Z")
+    log = pd.DataFrame(
+        {
+            "user_id": np.array(["u:1", "u:1", "u:1", "u:2"], dtype=object),
+            "item_id": np.array(["a", "b", "c", "a"], dtype=object),
+            "event_timestamp": [t0, t0 + pd.Timedelta(hours=1), t0 + pd.Timedelta(hours=5), t0],
+            "click": [1, 0, 1, 0],
+            "buy": [0, 0, 1, 0],
+        }
+    )
+    dataset = InteractionDataset(
+        name="t",
+        interactions=log,
+        users=pd.DataFrame({"user_id": np.array([], dtype=object)}),
+        items=pd.DataFrame({"item_id": np.array([], dtype=object)}),
+        label_columns=("click", "buy"),
+        num_users=2,
+        num_items=3,
+        dense_ids=False,
+    )
+    at = t0 + pd.Timedelta(hours=3)  # after a and b, before c
+    user, item, history, label, age, mask = _ArtifactInputs(3).tensors(
+        PairsAsOf.of(["u:1", "u:new"], ["c", "z"], at, dataset)
+    )
+    digest = hashlib.blake2b(b"u:1", digest_size=8).digest()
+    assert user[0] == int.from_bytes(digest, "little") & (2**63 - 1)
+    assert item[1] == id_codes(np.array(["z"], dtype=object))[0]  # an unknown item hashes too
+    assert mask.tolist() == [[True, True, False], [False, False, False]]
+    assert history[0, :2].tolist() == id_codes(np.array(["b", "a"], dtype=object)).tolist()
+    assert label[0, :2].tolist() == [0.0, 1.0]
+    np.testing.assert_allclose(age[0, :2].numpy(), [2.0, 3.0], atol=1e-4)
+    assert id_codes(np.array([2**63 - 1])).tolist() == [2**63 - 1]  # Int64 ids as they are
+
+
+def test_the_repos_entities_take_the_id_types_of_the_chains_vocabulary(tmp_path: Path) -> None:
+    import torch
+
+    from solaris_feast.data.synthetic import SyntheticConfig, generate
+    from solaris_feast.models.cards import versioned_feast_config
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.models.registry import register_untrained_chain
+    from solaris_feast.models.vocabulary import Vocabulary
+
+    assert versioned_feast_config(tmp_path).item_id_type == "int64"  # no cards: the default
+    dataset = generate(SyntheticConfig(num_users=10, num_items=8, num_categories=2, days=0.2))
+    torch.manual_seed(0)
+    bundle = register_untrained_chain(
+        tmp_path, PairFeaturizer(dataset, 4).schema, dataset.label_columns
+    )
+    log = pd.DataFrame({"user_id": sparse_user(np.arange(3)), "item_id": string_item(np.arange(3))})
+    Vocabulary.from_log(log).save(tmp_path, bundle.fm_card.version)
+    config = versioned_feast_config(tmp_path)
+    assert (config.user_id_type, config.item_id_type) == ("int64", "string")

@@ -310,10 +310,12 @@ def make_feature_repo(
     redis: bool = False,
     apply: bool = True,
     embedding_codec: str = "float32",
+    **id_types: str,
 ) -> Path:
     """A Feast repo with the SOLARIS views applied, like `feast apply` (unless ``apply`` is
     False): SQLite in ``feature_store.yaml``, or Redis in ``feature_store.redis.yaml`` with its
-    connection taken from ``SOLARIS_REDIS_CONNECTION`` as in ``feature_repo/``."""
+    connection taken from ``SOLARIS_REDIS_CONNECTION`` as in ``feature_repo/``. ``id_types``:
+    ``user_id_type`` / ``item_id_type`` of the entities (``int64`` or ``string``)."""
     from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
 
     path.mkdir(parents=True)
@@ -339,6 +341,7 @@ def make_feature_repo(
         user_producing_dag="solaris_precompute",
         similar_producing_dag="solaris_precompute",
         embedding_codec=embedding_codec,  # type: ignore[arg-type]
+        **id_types,  # type: ignore[arg-type]
     )
     if apply:
         open_store(path, redis).apply(solaris_definitions(config).all())
@@ -694,13 +697,14 @@ def test_precompute_settings_refuse_typos_and_a_refresh_margin_beyond_the_ttl() 
 
 def test_plan_scores_weigh_the_verifier_by_the_retrieval_score(trained: Trained) -> None:
     from solaris_feast.data.datasets import load_dataset
+    from solaris_feast.models.interface import ChainModels
     from solaris_feast.models.registry import load_bundle
     from solaris_feast.pipeline.precompute import planning_scores
     from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
     from solaris_feast.precompute.plan import request_score
 
     dataset = load_dataset("synthetic", "tiny")
-    bundle = load_bundle(trained.models)
+    bundle = ChainModels.reference(load_bundle(trained.models))
     now = dataset.interactions["event_timestamp"].max().ceil("h")
     candidates = generate_candidates(
         dataset.interactions, now, CandidateConfig(candidates_per_user=20), items=dataset.items
@@ -738,7 +742,9 @@ def test_precompute_dag_takes_its_settings_from_solaris_config_and_a_manual_para
     from solaris_feast.serving.retriever import SolarisRetriever
     from solaris_feast.tiers import Tier
 
-    config = own_deployment(tmp_path / "own", feast_project)
+    # Dense ids: a chain sized for 60 users cannot score the other deployment's 180.
+    dense = {"id_space": "dense"}
+    config = own_deployment(tmp_path / "own", feast_project, log=dense)
     monkeypatch.delenv("SOLARIS_CONFIG", raising=False)
     run_cli("train", "--config", str(config))
     [vm] = [c for c in list_cards(tmp_path / "own" / "models") if c.kind == "vm"]
@@ -765,7 +771,7 @@ def test_precompute_dag_takes_its_settings_from_solaris_config_and_a_manual_para
 
     # Another deployment whose log has three times the users, pointed at these models.
     other = own_deployment(tmp_path / "big", f"{feast_project}b", users=180)
-    raw = config_dict(tmp_path / "big", models={"dir": str(tmp_path / "own" / "models")})
+    raw = config_dict(tmp_path / "big", models={"dir": str(tmp_path / "own" / "models")}, log=dense)
     monkeypatch.setenv("SOLARIS_CONFIG", str(write_config(other.parent, raw)))
     failed = run_dag("solaris_precompute", last_hour(), {}, expect="failed")
     start = failed["tasks"]["start"]
@@ -776,3 +782,31 @@ def test_precompute_dag_takes_its_settings_from_solaris_config_and_a_manual_para
         f"AirflowFailException: ChainMismatchError: the serving chain of VM {vm.version}" in logged
     )
     assert "has room for 60 user ids, the log has user ids up to 17" in logged
+
+
+@pytest.mark.slow
+def test_own_models_on_sparse_and_string_ids_train_and_precompute_through_the_dags(
+    airflow_env: dict[str, str],
+    feast_project: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deployment's own FM and verifier (``tests/byo_models.py``) on a log with sparse Int64
+    users and String items: the training DAG registers them and trains the compressor between
+    them, the precompute DAG serves their vectors EXACT through the retriever and Feast."""
+    from test_byo import check_round_served_own_vectors, own_models_deployment
+
+    from solaris_feast.models.cards import list_cards
+
+    config = own_models_deployment(tmp_path / "own", feast_project)
+    monkeypatch.setenv("SOLARIS_CONFIG", str(config))
+    trained = run_dag("solaris_training", last_hour(), {})
+    assert all(t["state"] == "success" for t in trained["tasks"].values())
+    cards = {c.kind: c for c in list_cards(tmp_path / "own" / "models")}
+    assert set(cards) == {"fm", "compressor", "vm"}
+    assert cards["vm"].config["interface"]["entry_point"] == "byo_models:dot_verifier"
+    result = run_dag("solaris_precompute", last_hour(), {})
+    assert all(t["state"] == "success" for t in result["tasks"].values())
+    [run_dir] = sorted((tmp_path / "own" / "runs").glob("*/*"))
+    assert run_dir.name == cards["vm"].version
+    check_round_served_own_vectors(tmp_path / "own", False, run_dir)

@@ -7,8 +7,6 @@ long, short and no history, in any pair order, and the precompute writes the sam
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,6 +17,7 @@ from solaris_feast.data.synthetic import SyntheticConfig, generate
 from solaris_feast.models.compressor import CompressorConfig
 from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.foundation import FoundationConfig, FoundationModel
+from solaris_feast.models.interface import ChainModels, PairsAsOf, ReferenceEncoder
 from solaris_feast.models.registry import ModelBundle, register_untrained_chain
 from solaris_feast.precompute.compute import CollectingSink, compute_pair_embeddings, run_precompute
 from solaris_feast.precompute.plan import plan_precompute
@@ -102,10 +101,13 @@ def test_precompute_with_reuse_writes_the_per_pair_vectors(
 ) -> None:
     users, items = shuffled_pairs(dataset, users=9, items=6)
     at = round_time(dataset)
-    per_pair, _, _ = compute_pair_embeddings(
-        bundle, featurizer, users, items, at, batch_size=16, reuse_history=False
-    )
-    reused, _, _ = compute_pair_embeddings(bundle, featurizer, users, items, at, batch_size=16)
+    chain = ChainModels.reference(bundle, featurizer)
+    assert isinstance(chain.encoder, ReferenceEncoder) and chain.encoder.reuse_history
+    pairs = PairsAsOf.of(users, items, at, dataset)
+    chain.encoder.reuse_history = False
+    per_pair, _, _ = compute_pair_embeddings(chain, pairs, batch_size=16)
+    chain.encoder.reuse_history = True
+    reused, _, _ = compute_pair_embeddings(chain, pairs, batch_size=16)
     np.testing.assert_allclose(reused, per_pair, rtol=0, atol=1e-5)
 
     # run_precompute batches in user order; every pair still gets its own vector.
@@ -115,7 +117,7 @@ def test_precompute_with_reuse_writes_the_per_pair_vectors(
     plan = plan_precompute(candidates, None, None, len(users), at, 6 * 3600, 3600, 0.5)
     assert plan.pairs["user_id"].tolist() == users.tolist()  # interleaved users
     sink = CollectingSink()
-    stats = run_precompute(plan, bundle, featurizer, sink, batch_size=16)
+    stats = run_precompute(plan, chain, dataset, sink, batch_size=16)
     rows = sink.rows()
     assert stats.pairs == len(users) and len(rows) == len(users)
     written = {
@@ -126,29 +128,22 @@ def test_precompute_with_reuse_writes_the_per_pair_vectors(
         np.testing.assert_allclose(written[(int(u), int(i))], z, rtol=0, atol=1e-5)
 
 
-def test_reuse_needs_no_more_than_the_fm_representation(tmp_path: Path) -> None:
-    """An FM without ``encode_history`` (a user's own model) is run per pair."""
-    from solaris_feast.precompute import compute
-
-    class PlainFM(torch.nn.Module):
-        def representation(self, batch: object) -> torch.Tensor:
-            return torch.ones(len(batch), 24)  # type: ignore[arg-type]
-
-    class Bundle:
-        fm = PlainFM()
-        compressor = torch.nn.Identity()
-        compressor.config = CompressorConfig(input_dim=24, code_dim=24)  # type: ignore[assignment]
-        compressor.encode = lambda h: h  # type: ignore[method-assign]
-
-    class Featurizer:
-        def batch(self, users: np.ndarray, items: np.ndarray, at: object) -> list[int]:
-            return list(range(len(users)))
-
-    z, _, _ = compute.compute_pair_embeddings(
-        Bundle(),  # type: ignore[arg-type]
-        Featurizer(),  # type: ignore[arg-type]
-        np.array([1, 1, 2]),
-        np.array([3, 4, 5]),
-        pd.Timestamp.now(tz="UTC"),
+def test_reuse_groups_pairs_by_user_and_time(
+    dataset: InteractionDataset, featurizer: PairFeaturizer, bundle: ModelBundle
+) -> None:
+    """The same user as of two times has two histories: each pair keeps its own."""
+    users, items = shuffled_pairs(dataset, users=4, items=5)
+    times = pd.Series(
+        np.where(
+            np.arange(len(users)) % 2 == 0,
+            round_time(dataset),
+            round_time(dataset) - pd.Timedelta(hours=12),
+        )
     )
-    assert z.shape == (3, 24) and (z == 1).all()
+    chain = ChainModels.reference(bundle, featurizer)
+    pairs = PairsAsOf.of(users, items, times, dataset)
+    encoder = chain.encoder
+    assert isinstance(encoder, ReferenceEncoder)
+    reused = encoder.encode(pairs)
+    encoder.reuse_history = False
+    torch.testing.assert_close(reused, encoder.encode(pairs), rtol=0, atol=1e-5)

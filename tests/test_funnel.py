@@ -192,3 +192,24 @@ def test_simulate_rejects_an_unknown_world() -> None:
     result = CliRunner().invoke(app, ["--world", "moon"])
     assert result.exit_code != 0
     assert "--world must be log or funnel" in result.output
+
+
+def test_the_chain_retrains_on_its_own_traffic_on_schedule() -> None:
+    """With chain_retrain_hours set, FM, compressor and VM are trained again on the log the
+    funnel itself produced, and every arm's store starts over in the new embedding space."""
+    rounds = _Rounds()
+    cfg = TINY.model_copy(update={"chain_retrain_hours": 1, "scored_hours": 1})
+    outcome = run_seed(cfg, 0, observer=rounds)
+    hours = [hour for hour, _ in outcome.chain_trainings]
+    assert hours == list(range(cfg.warmup_hours, cfg.hours))  # at the warm-up's end, then hourly
+    assert len({version for _, version in outcome.chain_trainings}) == len(hours)
+    # After a retrain no vector of the old space is served: a pair stored both before and after
+    # holds a new vector (the stores restart and the new chain computes it again).
+    shared = 0
+    for hour in hours[1:]:
+        for arm, (keys, vectors) in rounds.exact[hour].items():
+            old_keys, old_vectors = rounds.exact[hour - 1][arm]
+            common, new_at, old_at = np.intersect1d(keys, old_keys, return_indices=True)
+            shared += len(common)
+            assert not np.isclose(vectors[new_at], old_vectors[old_at]).all(axis=1).any()
+    assert shared > 0

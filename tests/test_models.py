@@ -235,3 +235,46 @@ def test_untrained_chain_registers_matching_widths_and_refuses_a_mismatch(
     assert bundle.compressor_card.parents == (bundle.fm_card.version,)
     with pytest.raises(ConfigError, match="input_dim 128 != FM representation_dim 24"):
         register_untrained_chain(tmp_path / "bad", schema, ("click",), fm_cfg, CompressorConfig())
+
+
+def test_devices_resolve_and_a_device_this_process_cannot_see_is_refused() -> None:
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.models.training import resolve_device
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto").type == expected
+    assert resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ConfigError, match="not a torch device"):
+        resolve_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="sees no such CUDA device"):
+            resolve_device("cuda:0")
+
+
+def test_bf16_autocast_trains_and_encodes_close_to_fp32_and_hands_models_back_on_the_cpu(
+    dataset: InteractionDataset,
+) -> None:
+    """The GPU path's code (device moves, bf16 autocast) run on the CPU, which torch also
+    autocasts: the loss falls as in fp32, the model comes back on the CPU, and bf16
+    representations stay within bf16's resolution of fp32's."""
+    from solaris_feast.models.interface import PairsAsOf, ReferenceEncoder
+
+    f = PairFeaturizer(dataset, history_len=8)
+    rows = dataset.interactions.iloc[:512]
+    batch, labels = f.for_log(rows), labels_of(rows, dataset.label_columns)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        torch.manual_seed(0)
+        fm = FoundationModel(f.schema, 2)
+        cfg = TrainConfig(epochs=3, batch_size=128, device="auto", precision=precision)
+        losses[precision] = train_foundation(fm, batch, labels, cfg)
+        assert next(fm.parameters()).device.type == "cpu"
+        assert next(fm.parameters()).dtype == torch.float32  # autocast leaves weights fp32
+    assert losses["bf16"][-1] < losses["bf16"][0]
+    assert abs(losses["bf16"][-1] - losses["fp32"][-1]) < 0.05
+    pairs = PairsAsOf.of_rows(rows.iloc[:64], dataset)
+    exact = ReferenceEncoder(fm, featurizer=f).encode(pairs)
+    fast = ReferenceEncoder(fm, featurizer=f, device="auto", precision="bf16").encode(pairs)
+    assert fast.dtype == torch.float32 and fast.device.type == "cpu"
+    assert float((fast - exact).abs().max()) < 0.1
+    assert not torch.equal(fast, exact)  # bf16 really ran

@@ -15,6 +15,7 @@ from solaris_feast.data.synthetic import SyntheticConfig, generate
 from solaris_feast.models.compressor import CompressorConfig
 from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.foundation import FoundationConfig
+from solaris_feast.models.interface import ChainModels, PairsAsOf
 from solaris_feast.models.registry import ModelBundle, register_untrained_chain
 from solaris_feast.precompute.compute import CollectingSink, compute_pair_embeddings, run_precompute
 from solaris_feast.precompute.plan import Plan, plan_precompute, shard
@@ -91,7 +92,9 @@ def test_precomputed_pairs_are_served_exact_with_the_models_vectors(
     plan = _plan(dataset, budget=40)
     writer = EmbeddingWriter(store, "solaris_pair")
     try:
-        stats = run_precompute(plan, bundle, featurizer, writer, batch_size=16)
+        stats = run_precompute(
+            plan, ChainModels.reference(bundle, featurizer), dataset, writer, batch_size=16
+        )
     finally:
         writer.close()
     assert (stats.pairs, stats.batches) == (40, 3)
@@ -123,7 +126,9 @@ def test_rerun_of_the_same_plan_writes_no_new_offline_rows(
     for _ in range(2):  # a retried task
         writer = EmbeddingWriter(store, "solaris_pair", online=False)
         try:
-            run_precompute(plan, bundle, featurizer, writer, batch_size=8)
+            run_precompute(
+                plan, ChainModels.reference(bundle, featurizer), dataset, writer, batch_size=8
+            )
         finally:
             writer.close()
         files = sorted(root.rglob("*.parquet"))
@@ -137,10 +142,16 @@ def test_shards_run_by_separate_workers_write_what_one_worker_writes(
     featurizer = PairFeaturizer(dataset, history_len=8)
     plan = _plan(dataset, budget=90, seed=2)
     whole = CollectingSink()
-    run_precompute(plan, bundle, featurizer, whole, batch_size=32)
+    run_precompute(plan, ChainModels.reference(bundle, featurizer), dataset, whole, batch_size=32)
     parts = CollectingSink()
     for index in range(3):
-        run_precompute(shard(plan, index, 3), bundle, featurizer, parts, batch_size=7)
+        run_precompute(
+            shard(plan, index, 3),
+            ChainModels.reference(bundle, featurizer),
+            dataset,
+            parts,
+            batch_size=7,
+        )
     a = whole.rows().sort_values(["user_id", "item_id"]).reset_index(drop=True)
     b = parts.rows().sort_values(["user_id", "item_id"]).reset_index(drop=True)
     pd.testing.assert_frame_equal(a.drop(columns="embedding"), b.drop(columns="embedding"))
@@ -153,18 +164,16 @@ def test_batched_embeddings_match_one_forward_pass_and_time_is_split(
 ) -> None:
     featurizer = PairFeaturizer(dataset, history_len=8)
     plan = _plan(dataset, budget=50, seed=3)
+    pairs = PairsAsOf.of(plan.pairs["user_id"], plan.pairs["item_id"], plan.planned_at, dataset)
     z, featurize_s, fm_s = compute_pair_embeddings(
-        bundle,
-        featurizer,
-        plan.pairs["user_id"].to_numpy(),
-        plan.pairs["item_id"].to_numpy(),
-        plan.planned_at,
-        batch_size=9,
+        ChainModels.reference(bundle, featurizer), pairs, batch_size=9
     )
     np.testing.assert_allclose(z, _reference(bundle, featurizer, plan), atol=1e-5)
     assert z.shape == (50, 8) and fm_s > 0 and featurize_s > 0
 
-    stats = run_precompute(plan, bundle, featurizer, CollectingSink(), batch_size=9)
+    stats = run_precompute(
+        plan, ChainModels.reference(bundle, featurizer), dataset, CollectingSink(), batch_size=9
+    )
     parts = stats.featurize_seconds + stats.fm_seconds + stats.write_seconds
     assert 0 < parts <= stats.wall_seconds
     assert 0.0 <= stats.non_fm_share < 1.0
@@ -174,7 +183,9 @@ def test_batched_embeddings_match_one_forward_pass_and_time_is_split(
 
 def test_bad_batch_size_is_refused(dataset: InteractionDataset, bundle: ModelBundle) -> None:
     with pytest.raises(ValueError, match="batch_size"):
-        run_precompute(_plan(dataset, 5), bundle, PairFeaturizer(dataset, 8), CollectingSink(), 0)
+        run_precompute(
+            _plan(dataset, 5), ChainModels.reference(bundle), dataset, CollectingSink(), 0
+        )
 
 
 def test_round_coverage_follows_the_serving_tier_rule(feast_project: str, tmp_path: Path) -> None:

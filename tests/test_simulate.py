@@ -228,7 +228,7 @@ def test_command_defaults_are_the_configs() -> None:
 def test_replay_serves_by_the_one_tier_rule_with_its_ttl_boundary() -> None:
     """A vector exactly TTL old is still served (``age <= ttl``, as the retriever does); one
     second older falls through to the next tier; the ablation's tier sets are honoured."""
-    from solaris_feast.evaluation.replay import _misses, _served, _Step
+    from solaris_feast.evaluation.replay import ReplayStep, _misses, _served
     from solaris_feast.evaluation.replay_state import PlannerState
     from solaris_feast.keys import pair_keys
     from solaris_feast.tiers import Tier
@@ -242,7 +242,7 @@ def test_replay_serves_by_the_one_tier_rule_with_its_ttl_boundary() -> None:
     state.exact.upsert(pair_keys([1, 1], [10, 11]), np.ones((2, dim), np.float32), exact_at)
     state.user.upsert(np.array([1]), np.full((1, dim), 2.0, np.float32), np.array([now_s]))
     requests = pd.DataFrame({"user_id": [1, 1, 2], "item_id": [10, 11, 10]})
-    step = _Step(
+    step = ReplayStep(
         index=0,
         start=now,
         scored=True,

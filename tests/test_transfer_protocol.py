@@ -199,8 +199,9 @@ def test_served_z_past_its_ttl_is_not_served(trained: dict[str, Any]) -> None:
 
 def test_denominator_is_the_full_span_fm(trained: dict[str, Any]) -> None:
     world = trained["world"]
+    weights = {"kd": 0.5, "label_smoothing": 0.5}
     probs = _contenders(
-        world, trained["train_rows"], trained["test_rows"], 0.75, 0, FAST, ONE_SPLIT
+        world, trained["train_rows"], trained["test_rows"], 0.75, weights, 0, FAST, ONE_SPLIT
     )
     _, p_full = foundation_outputs(trained["fm"], world.fm_featurizer.for_log(trained["test_log"]))
     np.testing.assert_allclose(probs["fm"], p_full.numpy(), rtol=0, atol=1e-6)
@@ -228,6 +229,18 @@ def test_protocol_record_has_the_issue_keys(protocol_record: dict[str, Any]) -> 
     assert keys <= set(protocol["per_split"][0])
     lo, hi = protocol["tr_served_ci95"]
     assert lo <= protocol["tr_served"] <= hi
+
+
+def test_soft_label_weights_are_chosen_on_the_validation_window(
+    protocol_record: dict[str, Any],
+) -> None:
+    """KD's and the control's weights are each the grid point with the lowest validation NE;
+    the test window never enters the choice (the scores are from the training window's tail)."""
+    [split] = protocol_record["protocol"]["per_split"]
+    [scores] = protocol_record["details"]["validation_ne_soft_label_weights"]
+    for name, key in (("kd", "kd_weight"), ("label_smoothing", "label_smoothing_weight")):
+        assert set(scores[name]) == {"0.25", "0.5", "0.75"}
+        assert str(split[key]) == min(scores[name], key=scores[name].__getitem__)
 
 
 def test_vm_reads_served_z(protocol_record: dict[str, Any]) -> None:

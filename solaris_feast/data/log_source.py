@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -45,9 +45,9 @@ class LogColumns(BaseModel):
     model_config = _CONFIG
 
     user: str = USER_ID
-    """Column of the user id (dense integers 0..N-1)."""
+    """Column of the user id: integers (up to 2**63-1) or strings (see id_space)."""
     item: str = ITEM_ID
-    """Column of the item id (dense integers 0..N-1)."""
+    """Column of the item id: integers (up to 2**63-1) or strings (see id_space)."""
     timestamp: str = EVENT_TIMESTAMP
     """Column of the impression time (a parquet timestamp; with a zone, or see
     timestamps_without_zone_are_utc)."""
@@ -90,6 +90,11 @@ class InteractionLogConfig(BaseModel):
     """Name of a Feast FileSource registered in the Feast repo whose path is the log."""
     name: str = "log"
     """Short name of the log, recorded on the model cards as their data set."""
+    id_space: Literal["vocabulary", "dense"] = "vocabulary"
+    """vocabulary: ids as your systems have them (Int64 up to 2**63-1 or strings); the reference
+    models map them through a vocabulary built at training time, and ids they never saw share an
+    out-of-vocabulary row. dense: integer ids 0..N-1 that index the reference models' tables
+    directly (sized by num_users / num_items)."""
     columns: LogColumns
     """Column mapping."""
     users: AttributeTable | None = None
@@ -100,10 +105,10 @@ class InteractionLogConfig(BaseModel):
     """A round reads the log from its time minus history_seconds: the users' histories and the
     built-in candidate generators see that window, never older events."""
     num_users: int | None = Field(None, gt=0)
-    """Size of the user id space (ids 0..num_users-1); null: the largest id read plus one. Set
-    it so models trained today have room for tomorrow's users."""
+    """With id_space dense: size of the user id space (ids 0..num_users-1); null: the largest id
+    read plus one. Set it so models trained today have room for tomorrow's users."""
     num_items: int | None = Field(None, gt=0)
-    """Size of the item id space, as num_users."""
+    """With id_space dense: size of the item id space, as num_users."""
     timestamps_without_zone_are_utc: bool = False
     """Read a timestamp column stored without a time zone as UTC (refused otherwise)."""
     partition_column: str = ""
@@ -115,7 +120,13 @@ class InteractionLogConfig(BaseModel):
     def _one_location(self) -> InteractionLogConfig:
         if bool(self.path) == bool(self.feast_source):
             raise ValueError("log: set exactly one of path or feast_source")
+        if self.id_space == "vocabulary" and (self.num_users or self.num_items):
+            raise ValueError("log: num_users / num_items size a dense id space (id_space: dense)")
         return self
+
+    @property
+    def dense_ids(self) -> bool:
+        return self.id_space == "dense"
 
 
 class CandidateTableConfig(BaseModel):
@@ -203,7 +214,8 @@ def _require_columns(
     """Refuse a mapped column that is missing or of the wrong kind, naming file and column.
 
     ``columns`` maps a role (``user``) to the user's column; ``check`` a role to the kind it must
-    be: ``integer``, ``timestamp``, ``label`` (integer, boolean or float) or ``float``.
+    be: ``integer``, ``id`` (integer or string), ``timestamp``, ``label`` (integer, boolean or
+    float) or ``float``.
     """
     import pyarrow.types as pat
 
@@ -211,6 +223,7 @@ def _require_columns(
 
     kinds = {
         "integer": pat.is_integer,
+        "id": lambda t: pat.is_integer(t) or pat.is_string(t) or pat.is_large_string(t),
         "timestamp": pat.is_timestamp,
         "label": lambda t: pat.is_integer(t) or pat.is_boolean(t) or pat.is_floating(t),
         "float": lambda t: pat.is_integer(t) or pat.is_floating(t),
@@ -292,7 +305,8 @@ def read_log_window(
     cols = config.columns
     roles = {"user": cols.user, "item": cols.item, "timestamp": cols.timestamp}
     roles |= {f"label {name}": name for name in cols.labels}
-    kinds = {"user": "integer", "item": "integer", "timestamp": "timestamp"}
+    id_kind = "integer" if config.dense_ids else "id"
+    kinds = {"user": id_kind, "item": id_kind, "timestamp": "timestamp"}
     kinds |= {f"label {name}": "label" for name in cols.labels}
     _require_columns(dataset.schema, where, roles, kinds)
     ts_type = dataset.schema.field(cols.timestamp).type
@@ -312,8 +326,8 @@ def read_log_window(
     ts = ts.dt.tz_localize("UTC") if ts.dt.tz is None else ts.dt.tz_convert("UTC")
     interactions = pd.DataFrame(
         {
-            USER_ID: frame[cols.user].to_numpy(np.int64),
-            ITEM_ID: frame[cols.item].to_numpy(np.int64),
+            USER_ID: _ids(frame[cols.user]),
+            ITEM_ID: _ids(frame[cols.item]),
             EVENT_TIMESTAMP: ts.astype("datetime64[ns, UTC]"),
         }
     )
@@ -323,28 +337,21 @@ def read_log_window(
             values = values.astype(np.int64)
         interactions[name] = values
     try:
-        validate_interactions(interactions, tuple(cols.labels))
+        validate_interactions(interactions, tuple(cols.labels), config.dense_ids)
     except SchemaError as exc:
-        raise SchemaError(where, exc.column, exc.problem) from exc
+        mapped = {USER_ID: cols.user, ITEM_ID: cols.item}.get(exc.column, exc.column)
+        raise SchemaError(where, mapped, exc.problem) from exc
     interactions = interactions.sort_values(EVENT_TIMESTAMP, kind="stable").reset_index(drop=True)
 
-    users, user_cat, user_dense = _attributes(config.users, USER_ID, "users")
-    items, item_cat, item_dense = _attributes(config.items, ITEM_ID, "items")
-    num_users = _id_space(config.num_users, interactions[USER_ID], users[USER_ID])
-    num_items = _id_space(config.num_items, interactions[ITEM_ID], items[ITEM_ID])
-    for column, bound, table_name in (
-        (USER_ID, num_users, "num_users"),
-        (ITEM_ID, num_items, "num_items"),
-    ):
-        values = interactions[column].to_numpy()
-        if len(values) and (values.min() < 0 or values.max() >= bound):
-            mapped = cols.user if column == USER_ID else cols.item
-            raise SchemaError(
-                where,
-                mapped,
-                f"has ids outside 0..{bound - 1} (log.{table_name}; "
-                f"min {values.min()}, max {values.max()})",
-            )
+    users, user_cat, user_dense = _attributes(config.users, USER_ID, "users", config.dense_ids)
+    items, item_cat, item_dense = _attributes(config.items, ITEM_ID, "items", config.dense_ids)
+    if config.dense_ids:
+        num_users = _id_space(config.num_users, interactions[USER_ID], users[USER_ID])
+        num_items = _id_space(config.num_items, interactions[ITEM_ID], items[ITEM_ID])
+        _check_dense_ids(interactions, where, cols, num_users, num_items)
+    else:  # any Int64 or String ids: the counts are for reports only
+        num_users = int(interactions[USER_ID].nunique())
+        num_items = int(interactions[ITEM_ID].nunique())
     return InteractionDataset(
         name=config.name,
         interactions=interactions,
@@ -358,7 +365,37 @@ def read_log_window(
         user_dense=user_dense,
         item_dense=item_dense,
         metadata={"rows_read": table.num_rows, "source": location},
+        dense_ids=config.dense_ids,
     )
+
+
+def _check_dense_ids(
+    interactions: pd.DataFrame, where: str, cols: LogColumns, num_users: int, num_items: int
+) -> None:
+    from solaris_feast.errors import SchemaError
+
+    for column, mapped, bound, table_name in (
+        (USER_ID, cols.user, num_users, "num_users"),
+        (ITEM_ID, cols.item, num_items, "num_items"),
+    ):
+        values = interactions[column].to_numpy()
+        if len(values) and (values.min() < 0 or values.max() >= bound):
+            raise SchemaError(
+                where,
+                mapped,
+                f"has ids outside 0..{bound - 1} (log.{table_name}; "
+                f"min {values.min()}, max {values.max()})",
+            )
+
+
+def _ids(column: pd.Series) -> Any:
+    """A column of ids as the schema holds them: int64, or object of str."""
+    import numpy as np
+    import pandas as pd
+
+    if pd.api.types.is_integer_dtype(column):
+        return column.to_numpy(np.int64)
+    return column.astype(object).to_numpy()
 
 
 def _utc_day(moment: datetime) -> str:
@@ -374,7 +411,7 @@ def _id_space(configured: int | None, *ids: pd.Series) -> int:
 
 
 def _attributes(
-    table: AttributeTable | None, key: str, kind: str
+    table: AttributeTable | None, key: str, kind: str, dense_ids: bool = True
 ) -> tuple[pd.DataFrame, tuple[str, ...], tuple[str, ...]]:
     """An attribute table renamed to the schema's key, with its categorical and dense columns."""
     import numpy as np
@@ -389,7 +426,8 @@ def _attributes(
     roles = {"id": table.id_column}
     roles |= {f"categorical {c}": c for c in table.categorical}
     roles |= {f"dense {c}": c for c in table.dense}
-    kinds = {"id": "integer"} | {f"categorical {c}": "integer" for c in table.categorical}
+    id_kind = "integer" if dense_ids else "id"
+    kinds = {"id": id_kind} | {f"categorical {c}": "integer" for c in table.categorical}
     kinds |= {f"dense {c}": "float" for c in table.dense}
     _require_columns(dataset.schema, where, roles, kinds)
     frame = dataset.to_table(columns=list(dict.fromkeys(roles.values()))).to_pandas()
@@ -401,8 +439,8 @@ def _attributes(
             table.id_column,
             f"has {int(duplicated.sum())} duplicate ids, for instance {first}",
         )
-    ids = frame[table.id_column].to_numpy(np.int64)
-    if len(ids) and ids.min() < 0:
+    ids = _ids(frame[table.id_column])
+    if len(ids) and ids.dtype != object and ids.min() < 0:
         raise SchemaError(where, table.id_column, "has negative ids")
     for column in table.categorical:
         if len(frame) and frame[column].min() < 0:
@@ -418,13 +456,14 @@ def _attributes(
 def read_candidate_table(
     config: CandidateTableConfig,
     now: datetime,
-    num_users: int,
-    num_items: int,
+    num_users: int | None,
+    num_items: int | None,
     candidates_per_user: int | None = None,
 ) -> pd.DataFrame:
     """The candidate table of the round at ``now`` in the generated table's form
     (:func:`solaris_feast.precompute.candidates.validate_candidate_table`), each user's best
-    ``candidates_per_user`` rows; ids must lie in the log's id spaces.
+    ``candidates_per_user`` rows; with ``num_users`` / ``num_items`` (a dense id space) ids must
+    lie in them, else they are Int64 or String ids of any value.
 
     Raises:
         ConfigError: the table does not exist or is not parquet.
@@ -438,7 +477,8 @@ def read_candidate_table(
     where = f"candidate table {location}"
     dataset = open_parquet(location, "candidate table")
     roles = {"user": config.user_column, "item": config.item_column}
-    kinds = {"user": "integer", "item": "integer"}
+    id_kind = "id" if num_users is None else "integer"
+    kinds = {"user": id_kind, "item": id_kind}
     if config.score_column:
         roles["score"] = config.score_column
         kinds["score"] = "float"
@@ -449,7 +489,7 @@ def read_candidate_table(
         | ({config.score_column: CANDIDATE_SCORE} if config.score_column else {})
     )
     users = renamed[USER_ID].to_numpy() if len(renamed) else None
-    if users is not None and users.max() >= num_users:
+    if num_users is not None and users is not None and users.max() >= num_users:
         raise SchemaError(
             where, config.user_column, f"has user ids beyond the log's 0..{num_users - 1}"
         )

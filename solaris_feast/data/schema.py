@@ -1,8 +1,11 @@
 """The one schema every interaction log follows, and the time split.
 
-An interaction log has ``user_id`` (int64), ``item_id`` (int64), ``event_timestamp`` (UTC) and one
-or more binary label columns. User and item attribute tables are keyed by ``user_id`` / ``item_id``
-and carry categorical columns (small non-negative ints) and dense columns (floats).
+An interaction log has ``user_id``, ``item_id``, ``event_timestamp`` (UTC) and one or more binary
+label columns. Ids are dense int64 ``0..N-1`` (the built-in data sets, whose ids index the reference
+models' tables directly) or, with ``dense_ids=False``, the ids of the user's own systems: sparse
+int64 up to 2**63-1 or strings, which the reference models map through a vocabulary
+(:mod:`solaris_feast.models.vocabulary`). User and item attribute tables are keyed by ``user_id`` /
+``item_id`` and carry categorical columns (small non-negative ints) and dense columns (floats).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import pandas as pd
 
 from solaris_feast.columns import EVENT_TIMESTAMP, ITEM_ID, USER_ID
 from solaris_feast.errors import SchemaError
+from solaris_feast.store.ids import IdType, check_ids
 
 
 @dataclass(frozen=True)
@@ -30,8 +34,11 @@ class InteractionDataset:
         item_categorical: Categorical item attributes, each coded ``0..cardinality-1``.
         user_dense: Float user attributes.
         item_dense: Float item attributes (for instance multi-hot genres).
-        num_users: ``user_id`` values lie in ``0..num_users-1``.
-        num_items: ``item_id`` values lie in ``0..num_items-1``.
+        num_users: ``user_id`` values lie in ``0..num_users-1`` (with ``dense_ids=False``: the
+            number of distinct users, for reports only).
+        num_items: ``item_id`` values lie in ``0..num_items-1`` (likewise).
+        dense_ids: ids are dense ``0..N-1``; False: any Int64 or String ids (a vocabulary maps
+            them for the reference models).
     """
 
     name: str
@@ -46,11 +53,14 @@ class InteractionDataset:
     user_dense: tuple[str, ...] = ()
     item_dense: tuple[str, ...] = ()
     metadata: dict[str, object] = field(default_factory=dict)
+    dense_ids: bool = True
 
     def __post_init__(self) -> None:
-        validate_interactions(self.interactions, self.label_columns)
+        validate_interactions(self.interactions, self.label_columns, self.dense_ids)
         _validate_attributes("users", self.users, USER_ID, self.user_categorical, self.user_dense)
         _validate_attributes("items", self.items, ITEM_ID, self.item_categorical, self.item_dense)
+        if not self.dense_ids:
+            return
         for table, column, bound in (
             ("interactions", USER_ID, self.num_users),
             ("interactions", ITEM_ID, self.num_items),
@@ -79,6 +89,7 @@ class InteractionDataset:
             user_dense=self.user_dense,
             item_dense=self.item_dense,
             metadata=self.metadata,
+            dense_ids=self.dense_ids,
         )
 
 
@@ -100,8 +111,14 @@ def as_utc(ts: object, what: str = "timestamp") -> pd.Timestamp:
     return stamp.tz_convert("UTC")
 
 
-def validate_interactions(frame: pd.DataFrame, label_columns: tuple[str, ...]) -> None:
-    """Raise :class:`SchemaError` naming the first column that breaks the schema."""
+def validate_interactions(
+    frame: pd.DataFrame, label_columns: tuple[str, ...], dense_ids: bool = True
+) -> None:
+    """Raise :class:`SchemaError` naming the first column that breaks the schema.
+
+    With ``dense_ids`` the id columns must be integers; otherwise Int64 or String ids
+    (:func:`solaris_feast.store.ids.check_ids`, the one check of a column of ids).
+    """
     table = "interactions"
     if not label_columns:
         raise SchemaError(table, "<labels>", "is empty: at least one binary label is required")
@@ -109,8 +126,10 @@ def validate_interactions(frame: pd.DataFrame, label_columns: tuple[str, ...]) -
         if column not in frame.columns:
             raise SchemaError(table, column, f"is missing (columns present: {list(frame.columns)})")
     for column in (USER_ID, ITEM_ID):
-        if not pd.api.types.is_integer_dtype(frame[column]):
+        if dense_ids and not pd.api.types.is_integer_dtype(frame[column]):
             raise SchemaError(table, column, f"must be an integer type, got {frame[column].dtype}")
+        if not dense_ids:
+            _check_raw_ids(frame[column], table, column)
     ts = frame[EVENT_TIMESTAMP]
     if not isinstance(ts.dtype, pd.DatetimeTZDtype) or str(ts.dt.tz) != "UTC":
         raise SchemaError(
@@ -124,6 +143,18 @@ def validate_interactions(frame: pd.DataFrame, label_columns: tuple[str, ...]) -
             raise SchemaError(table, column, f"has {int(values.isna().sum())} NaN labels")
         if not np.isin(values.to_numpy(), (0, 1)).all():
             raise SchemaError(table, column, "must hold binary labels (0 or 1)")
+
+
+def id_type_of(values: pd.Series) -> IdType:
+    """``int64`` or ``string``: how a column of ids is typed (strings are object columns)."""
+    return "int64" if pd.api.types.is_integer_dtype(values) else "string"
+
+
+def _check_raw_ids(values: pd.Series, table: str, column: str) -> None:
+    try:
+        check_ids(values, id_type_of(values), column)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(table, column, f"must hold Int64 or String ids: {exc}") from exc
 
 
 def _validate_attributes(

@@ -104,7 +104,7 @@ _TuningRows = tuple["PairBatch", np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass
-class _Step:
+class ReplayStep:
     """Everything one step shares between planners."""
 
     index: int
@@ -124,7 +124,7 @@ class _Step:
 
 
 @dataclass
-class _Replay:
+class ReplayRun:
     """What every step of one :func:`simulate` call reads and adds to."""
 
     cfg: SimulationConfig
@@ -201,7 +201,7 @@ def simulate(
     try:
         for k in range(run.total_steps):
             the_step = _prepare_step(run, k, first + k * step)
-            _precompute_step(run, the_step)
+            precompute_step(run, the_step)
             if observer is not None:
                 exact = {s.name: s.exact.as_pair_embeddings(run.version) for s in run.states}
                 observer(k, the_step.start, exact)
@@ -231,7 +231,7 @@ def simulate(
 
 def _start_replay(
     cfg: SimulationConfig, ds: InteractionDataset, bundle: ModelBundle, first: pd.Timestamp
-) -> _Replay:
+) -> ReplayRun:
     """The replay's settings resolved against the data set, its step range and empty states."""
     from solaris_feast.models.features import PairFeaturizer
 
@@ -255,7 +255,7 @@ def _start_replay(
         near_ten = min(cfg.budgets, key=lambda b: abs(b - 0.1))
         other = "aggregate" if cfg.similarity_space == "fm_user" else "fm_user"
         states.append(PlannerState("verifier", near_ten, other, dim))
-    return _Replay(
+    return ReplayRun(
         cfg=cfg,
         ds=ds,
         bundle=bundle,
@@ -281,7 +281,7 @@ def _candidate_config(cfg: SimulationConfig, ds: InteractionDataset) -> Candidat
     return candidate_cfg
 
 
-def _prepare_step(run: _Replay, k: int, start: pd.Timestamp) -> _Step:
+def _prepare_step(run: ReplayRun, k: int, start: pd.Timestamp) -> ReplayStep:
     """Requests, candidates and the scored pool of step ``k``, from events before ``start``."""
     from solaris_feast.models.features import PairFeaturizer
 
@@ -294,8 +294,8 @@ def _prepare_step(run: _Replay, k: int, start: pd.Timestamp) -> _Step:
     featurizer = PairFeaturizer(run.ds.with_interactions(past), run.bundle.schema.history_len)
     candidates = generate_candidates(past, start, run.candidate_cfg, items=run.ds.items)
     t1 = time.perf_counter()
-    pool = _score_pool(candidates, run, requests, past, start, featurizer, k)
-    return _Step(
+    pool = score_pool(candidates, run, requests, past, start, featurizer, k)
+    return ReplayStep(
         index=k,
         start=start,
         scored=k >= run.first_scored,
@@ -358,9 +358,9 @@ def _category_column(ds: InteractionDataset) -> str | None:
     return ds.item_categorical[0] if ds.item_categorical else None
 
 
-def _score_pool(
+def score_pool(
     candidates: pd.DataFrame,
-    run: _Replay,
+    run: ReplayRun,
     requests: pd.DataFrame,
     past: pd.DataFrame,
     start: pd.Timestamp,
@@ -410,7 +410,7 @@ def _score_pool(
     return pool
 
 
-def _precompute_step(run: _Replay, the_step: _Step) -> None:
+def precompute_step(run: ReplayRun, the_step: ReplayStep) -> None:
     """Every replay plans its budget, the FM computes the planned pairs once, then each replay
     stores them and refreshes its user aggregate and similarity fill."""
     plans = [_plan(run.cfg, the_step, state) for state in run.states]
@@ -430,7 +430,7 @@ def _precompute_step(run: _Replay, the_step: _Step) -> None:
         _refresh_similar(run, the_step, state, plan, exact, index_space)
 
 
-def _plan(cfg: SimulationConfig, the_step: _Step, state: PlannerState) -> Any:
+def _plan(cfg: SimulationConfig, the_step: ReplayStep, state: PlannerState) -> Any:
     """This replay's :func:`plan_precompute` over the step's pool, by its planner's score."""
     t0 = time.perf_counter()
     score = the_step.pool[[USER_ID, ITEM_ID, state.planner]].rename(
@@ -471,10 +471,11 @@ def _plan(cfg: SimulationConfig, the_step: _Step, state: PlannerState) -> Any:
 
 
 def _compute_planned(
-    run: _Replay, the_step: _Step, plans: list[Any]
+    run: ReplayRun, the_step: ReplayStep, plans: list[Any]
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """``(sorted pair keys, z, FM pairs per second)`` of every distinct planned pair: the FM runs
     once per pair, so every replay gets the same z for a pair at ``t``."""
+    from solaris_feast.models.interface import ChainModels, PairsAsOf
     from solaris_feast.precompute.compute import compute_pair_embeddings
 
     planned = pd.concat([p.pairs[[USER_ID, ITEM_ID]] for p in plans], ignore_index=True)
@@ -482,7 +483,9 @@ def _compute_planned(
     users, items = planned[USER_ID].to_numpy(), planned[ITEM_ID].to_numpy()
     keys = pair_keys(users, items)
     t0 = time.perf_counter()
-    z, _, _ = compute_pair_embeddings(run.bundle, the_step.featurizer, users, items, the_step.start)
+    chain = ChainModels.reference(run.bundle, the_step.featurizer)
+    pairs = PairsAsOf.of(users, items, the_step.start, the_step.featurizer.dataset)
+    z, _, _ = compute_pair_embeddings(chain, pairs)
     fm_seconds = time.perf_counter() - t0
     if len(keys):
         run.fm_rate.append((len(keys), fm_seconds))
@@ -491,7 +494,7 @@ def _compute_planned(
 
 def _store_exact(
     cfg: SimulationConfig,
-    the_step: _Step,
+    the_step: ReplayStep,
     state: PlannerState,
     plan: Any,
     keys: np.ndarray,
@@ -510,7 +513,7 @@ def _store_exact(
 
 
 def _refresh_user_aggregate(
-    run: _Replay, the_step: _Step, state: PlannerState, exact: PairEmbeddings
+    run: ReplayRun, the_step: ReplayStep, state: PlannerState, exact: PairEmbeddings
 ) -> None:
     t0 = time.perf_counter()
     user_rows = aggregate_user_embeddings(exact, the_step.start, run.version, run.cfg.aggregate)
@@ -525,8 +528,8 @@ def _refresh_user_aggregate(
 
 
 def _refresh_similar(
-    run: _Replay,
-    the_step: _Step,
+    run: ReplayRun,
+    the_step: ReplayStep,
     state: PlannerState,
     plan: Any,
     exact: PairEmbeddings,
@@ -586,7 +589,7 @@ def _fm_user_vectors(
 
 
 def _served(
-    the_step: _Step,
+    the_step: ReplayStep,
     state: PlannerState,
     cfg: SimulationConfig,
     names: tuple[str, ...] = ABLATION_STEPS,
@@ -607,13 +610,13 @@ def _served(
     }
 
 
-def _misses(the_step: _Step, served: Resolution) -> pd.DataFrame:
+def _misses(the_step: ReplayStep, served: Resolution) -> pd.DataFrame:
     """Served pairs without a fresh exact embedding: the miss queue of the next step."""
     missed = the_step.requests.loc[served.tiers != int(Tier.EXACT), [USER_ID, ITEM_ID]]
     return missed.drop_duplicates().reset_index(drop=True)
 
 
-def _serve_step(run: _Replay, the_step: _Step) -> None:
+def _serve_step(run: ReplayRun, the_step: ReplayStep) -> None:
     """Serve the step's requests in every replay: tuning rows during the tuning steps, NE and
     coverage once scoring starts, only the miss queue before."""
     k = the_step.index
@@ -631,7 +634,7 @@ def _serve_step(run: _Replay, the_step: _Step) -> None:
         run.tuning = []
 
 
-def _collect_tuning_rows(run: _Replay, the_step: _Step) -> None:
+def _collect_tuning_rows(run: ReplayRun, the_step: ReplayStep) -> None:
     requests = the_step.requests
     served: list[Resolution] = []
     for state in run.states:
@@ -649,7 +652,7 @@ def _collect_tuning_rows(run: _Replay, the_step: _Step) -> None:
     run.tuning.append((run.serve_featurizer.for_log(requests), z, tiers, labels))
 
 
-def _score_served(run: _Replay, the_step: _Step) -> None:
+def _score_served(run: ReplayRun, the_step: ReplayStep) -> None:
     """NE of the VM on what each replay serves, per ablation step, beside the VM without
     embedding and the FM; and one step through Feast, half way through the scored steps."""
     import torch
@@ -766,7 +769,7 @@ def _fm_main(bundle: ModelBundle, batch: Any) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def _parse_floats(text: str) -> tuple[float, ...]:
+def parse_floats(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError as exc:
@@ -847,7 +850,7 @@ def simulate_command(
     config = SimulationConfig(
         dataset=dataset,
         size=size,
-        budgets=_parse_floats(budget),
+        budgets=parse_floats(budget),
         budget_basis=budget_basis,
         planners=_parse_planners(planner),
         max_steps=steps,

@@ -121,6 +121,9 @@ class ProtocolConfig(BaseModel):
     """Last share of each training window that chooses the previous-window cut ``f``."""
     prev_fm_fractions: tuple[float, ...] = (0.5, 0.75)
     """Candidate cuts ``f``: the previous-window FM trains on the earliest ``f`` of the window."""
+    soft_label_weights: tuple[float, ...] = (0.25, 0.5, 0.75)
+    """Candidate weights of the soft target, chosen per split on the validation window for the
+    KD student and, apart, for the label-smoothing control (the same grid for both)."""
     round_seconds: int = Field(3600, gt=0)
     """Precompute schedule: ``tr_served`` serves ``z`` from rounds this far apart."""
     staleness_seconds: tuple[int, ...] = (0, 3600)
@@ -148,6 +151,9 @@ class _SplitRows:
     test_end: str
     prev_fm_fraction: float
     validation_ne: dict[str, float]
+    kd_weight: float
+    label_smoothing_weight: float
+    validation_ne_soft: dict[str, dict[str, float]]
     users: np.ndarray
     labels: np.ndarray
     warm: np.ndarray
@@ -187,6 +193,7 @@ def run_protocol(
         for k, end in enumerate(cfg.train_ends):
             train_rows, test_rows = _split(dataset.interactions, end, cfg.test_span)
             fraction, val_ne = _choose_prev_fraction(world, train_rows, seeds[0], mc, cfg)
+            weights, val_soft = _choose_soft_label_weights(world, train_rows, seeds[0], mc, cfg)
             log = dataset.interactions
             test_log = log.loc[test_rows]
             users = test_log[USER_ID].to_numpy(np.int64)
@@ -199,6 +206,9 @@ def run_protocol(
                 test_end=str(log.loc[test_rows, EVENT_TIMESTAMP].max()),
                 prev_fm_fraction=fraction,
                 validation_ne=val_ne,
+                kd_weight=weights["kd"],
+                label_smoothing_weight=weights["label_smoothing"],
+                validation_ne_soft=val_soft,
                 users=users,
                 labels=labels_of(test_log, dataset.label_columns).numpy(),
                 warm=before[users] >= cfg.warm_min_events,
@@ -208,7 +218,7 @@ def run_protocol(
                     done = k * len(seeds) + len(split.probabilities)
                     progress("protocol: splits x seeds", done, len(cfg.train_ends) * len(seeds))
                 split.probabilities.append(
-                    _contenders(world, train_rows, test_rows, fraction, seed, mc, cfg)
+                    _contenders(world, train_rows, test_rows, fraction, weights, seed, mc, cfg)
                 )
                 logger.info("split %s seed %s done", k, seed)
             splits.append(split)
@@ -417,11 +427,13 @@ def _contenders(
     train_rows: np.ndarray,
     test_rows: np.ndarray,
     prev_fraction: float,
+    soft_weights: dict[str, float],
     seed: int,
     mc: TransferConfig,
     cfg: ProtocolConfig,
 ) -> dict[str, np.ndarray]:
-    """Test probabilities of every contender for one split and seed."""
+    """Test probabilities of every contender for one split and seed (the soft-target weights
+    as chosen on the split's validation window)."""
     log = world.dataset.interactions
     train_log = log.loc[train_rows].reset_index(drop=True)
     test_log = log.loc[test_rows].reset_index(drop=True)
@@ -433,13 +445,13 @@ def _contenders(
     out = {"fm": p_test.numpy()}
     vm = _fit_vm(world, train_batch, y_train, seed, mc)
     out["vm"] = vertical_probabilities(vm, test_batch).numpy()
-    w = mc.distillation_weight
-    kd = _fit_vm(world, train_batch, y_train, seed, mc, soft_labels=p_train, weight=w)
+    w_kd, w_ls = soft_weights["kd"], soft_weights["label_smoothing"]
+    kd = _fit_vm(world, train_batch, y_train, seed, mc, soft_labels=p_train, weight=w_kd)
     out["vm_kd"] = vertical_probabilities(kd, test_batch).numpy()
     # The control: the same target mixing with the base rate in place of the FM. What KD gains
     # over it is the FM's; what both gain over the VM is regularisation.
     base = y_train.mean(dim=0, keepdim=True).expand_as(y_train)
-    ls = _fit_vm(world, train_batch, y_train, seed, mc, soft_labels=base, weight=w)
+    ls = _fit_vm(world, train_batch, y_train, seed, mc, soft_labels=base, weight=w_ls)
     out["vm_label_smoothing"] = vertical_probabilities(ls, test_batch).numpy()
     modes: list[int | str] = sorted({cfg.round_seconds, *cfg.staleness_seconds})
     modes.append(TIER_MIX_MODE)
@@ -474,6 +486,43 @@ def _choose_prev_fraction(
         scores[str(fraction)] = normalized_entropy(probs[f"vm_z@{cfg.round_seconds}"], y_val)[0]
     best = min(cfg.prev_fm_fractions, key=lambda f: scores[str(f)])
     return best, scores
+
+
+def _choose_soft_label_weights(
+    world: _World,
+    train_rows: np.ndarray,
+    seed: int,
+    mc: TransferConfig,
+    cfg: ProtocolConfig,
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The soft-target weight of the KD student and, apart, of the label-smoothing control with
+    the lowest main-task NE on the validation window (models fitted on the part before it, the
+    FM teacher too): neither is tuned on a test window, and the control gets the same search."""
+    log = world.dataset.interactions
+    window = log.loc[train_rows].reset_index(drop=True)
+    fit_rows = earliest_rows(window, 1.0 - cfg.validation_span)
+    fit_log = window.loc[fit_rows].reset_index(drop=True)
+    val_log = window.loc[~fit_rows].reset_index(drop=True)
+    y_fit, y_val = labels_of(fit_log, world.tasks), labels_of(val_log, world.tasks)
+    fit_batch, val_batch = world.vm_inputs(fit_log), world.vm_inputs(val_log)
+    _, teacher = foundation_outputs(
+        _fit_fm(world, fit_log, seed, mc), world.fm_featurizer.for_log(fit_log)
+    )
+    targets = {
+        "kd": teacher,
+        "label_smoothing": y_fit.mean(dim=0, keepdim=True).expand_as(y_fit),
+    }
+    scores: dict[str, dict[str, float]] = {}
+    chosen: dict[str, float] = {}
+    for name, soft in targets.items():
+        scores[name] = {}
+        for weight in cfg.soft_label_weights:
+            vm = _fit_vm(world, fit_batch, y_fit, seed, mc, soft_labels=soft, weight=weight)
+            probs = vertical_probabilities(vm, val_batch).numpy()
+            scores[name][str(weight)] = normalized_entropy(probs, y_val)[0]
+        ne_of = scores[name]
+        chosen[name] = min(cfg.soft_label_weights, key=lambda w: ne_of[str(w)])
+    return chosen, scores
 
 
 def _summarise(
@@ -560,6 +609,8 @@ def _summarise(
             "split": s.index,
             "test_window": [s.train_end, s.test_end],
             "prev_fm_fraction": s.prev_fm_fraction,
+            "kd_weight": s.kd_weight,
+            "label_smoothing_weight": s.label_smoothing_weight,
             **block([s.index], 0, everyone),
             "per_task": {task: block([s.index], t, everyone) for t, task in enumerate(tasks)},
         }
@@ -608,6 +659,7 @@ def _summarise(
         "ne_mean": ne_means,
         "scheme": "previous-window FM (cut f chosen per split on a validation window)",
         "validation_ne": [s.validation_ne for s in splits],
+        "validation_ne_soft_label_weights": [s.validation_ne_soft for s in splits],
         "seeds": [int(s) for s in seeds],
         "splits": list(cfg.train_ends),
         "torch_threads": cfg.torch_threads,

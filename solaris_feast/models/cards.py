@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -124,6 +124,45 @@ def write_card(card: ModelCard, models_dir: Path) -> Path:
     staging.write_text(card.model_dump_json(indent=2), encoding="utf-8")
     staging.replace(path)
     return path
+
+
+def register_artifact(
+    write: Callable[[Path], object],
+    suffix: str,
+    kind: ModelKind,
+    models_dir: Path,
+    *,
+    parents: tuple[str, ...] = (),
+    config: dict[str, object],
+    **card_fields: Any,
+) -> ModelCard:
+    """Write an artifact with ``write(path)`` into ``models_dir`` and register its card.
+
+    The version is ``{kind}-{UTC time}-{first 8 hex of the artifact's sha256}`` and the artifact
+    is named ``<version><suffix>``: safetensors weights (:func:`.registry.save_model`) or the
+    spec of a model of the deployment's own (:mod:`.interface`).
+    """
+    models_dir.mkdir(parents=True, exist_ok=True)
+    created = datetime.now(UTC)
+    staging = models_dir / f".{kind}-{created.strftime('%Y%m%dT%H%M%S%f')}{suffix}.tmp"
+    write(staging)
+    digest = sha256_of(staging)
+    version = f"{kind}-{created.strftime('%Y%m%dT%H%M%S')}-{digest[:8]}"
+    artifact = models_dir / f"{version}{suffix}"
+    staging.replace(artifact)
+    card = ModelCard(
+        version=version,
+        kind=kind,
+        parents=parents,
+        created_at=created,
+        config=config,
+        weights_file=artifact.name,
+        weights_sha256=digest,
+        **card_fields,
+    )
+    # Card last: a card on disk always points at a complete artifact.
+    write_card(card, models_dir)
+    return card
 
 
 def read_card(path: Path) -> ModelCard:
@@ -428,8 +467,10 @@ def versioned_feast_config(
     models_dir: Path, environ: Mapping[str, str] | None = None
 ) -> SolarisFeastConfig:
     """The SOLARIS view config of a feature repo: lineage tags and the embedding dimension from
-    the serving chain in ``models_dir`` (:func:`serving_chain`), TTLs and the schedule tag from
-    the environment.
+    the serving chain in ``models_dir`` (:func:`serving_chain`), TTLs from the environment and
+    the entities' id types from the chain's vocabulary (Int64 or String, when it has one), and
+    the schedule tag from the precompute DAG's schedule (:func:`solaris_feast.config.schedule_of`:
+    ``SOLARIS_PRECOMPUTE_SCHEDULE``, else the ``solaris.yaml`` that ``SOLARIS_CONFIG`` names).
 
     Without cards the versions are ``"unversioned"`` and the dimension is the default. The
     variables: ``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS``,
@@ -444,7 +485,9 @@ def versioned_feast_config(
     """
     env = os.environ if environ is None else environ
     chain = serving_chain(models_dir)
-    schedule = env.get(SCHEDULE_ENV, "").strip() or "@hourly"
+    from solaris_feast.config import NO_SCHEDULE, schedule_of
+
+    schedule = schedule_of("precompute", "@hourly", env) or NO_SCHEDULE
     settings: dict[str, Any] = {
         "pair_ttl_seconds": _env_seconds(env, PAIR_TTL_ENV, DEFAULT_PAIR_TTL_SECONDS),
         "user_ttl_seconds": _env_seconds(env, USER_TTL_ENV, DEFAULT_USER_TTL_SECONDS),
@@ -455,6 +498,14 @@ def versioned_feast_config(
         "embedding_codec": _embedding_codec(env),
     }
     if chain is not None:
+        # The entities take the ids the chain was trained on: a log with String items makes
+        # String item keys, without editing the repo.
+        from solaris_feast.models.vocabulary import Vocabulary
+
+        vocabulary = Vocabulary.load(models_dir, chain.fm.version)
+        if vocabulary is not None:
+            settings["user_id_type"] = vocabulary.users.id_type
+            settings["item_id_type"] = vocabulary.items.id_type
         settings["fm_version"] = chain.fm.version
         settings["compressor_version"] = chain.compressor.version
         settings["verifier_version"] = chain.vm.version if chain.vm is not None else UNVERSIONED

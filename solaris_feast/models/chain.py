@@ -1,5 +1,12 @@
 """Stage 1 of the journey: train the FM, its compressor and the VM on a window, and register them.
 
+The FM and the verifier are the project's reference models or a deployment's own
+(:mod:`solaris_feast.models.interface`, named in ``TrainingConfig.fm`` / ``.verifier``): a model
+of one's own is registered, not trained, and the compressor is always trained here, on the
+representations of whichever FM the chain has. A log with sparse or String ids gets a vocabulary
+(:mod:`solaris_feast.models.vocabulary`), saved beside the FM's card, that the reference models
+map ids through.
+
 The registered VM is the one serving uses, so it is trained on the tier mix serving produces:
 exact embeddings on part of the rows, the user's aggregate on others, a similarity-style fill
 (other users' embeddings of the same item) on others, and nothing on the rest. With the tier
@@ -11,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -29,9 +37,24 @@ from solaris_feast.data.schema import (
 )
 from solaris_feast.errors import ConfigError
 from solaris_feast.evaluation.transfer import TransferConfig
+from solaris_feast.keys import id_array
 from solaris_feast.models.compressor import PCA, EmbeddingCompressor
 from solaris_feast.models.features import PairBatch, PairFeaturizer, labels_of
 from solaris_feast.models.foundation import FoundationModel
+from solaris_feast.models.interface import (
+    ModelChoice,
+    ModelSpec,
+    OwnModel,
+    PairsAsOf,
+    ReferenceEncoder,
+    build_model,
+    checked_representation,
+    checked_scores,
+    describe,
+    encode_in_chunks,
+    load_encoder,
+    register_interface_model,
+)
 from solaris_feast.models.registry import (
     ModelBundle,
     ModelCard,
@@ -53,6 +76,7 @@ from solaris_feast.models.training import (
     vertical_probabilities,
 )
 from solaris_feast.models.vertical import VerticalModel
+from solaris_feast.models.vocabulary import Vocabulary, VocabularyFeaturizer, featurizer_for
 from solaris_feast.progress import StageProgress
 from solaris_feast.tiers import Tier
 
@@ -77,6 +101,10 @@ class TrainingConfig(BaseModel):
 
     models: TransferConfig = TransferConfig()
     tier_mix: TierMix = TierMix()
+    fm: ModelChoice = "reference"
+    """The FM: ``reference`` (trained here) or a deployment's own (registered, not trained)."""
+    verifier: ModelChoice = "reference"
+    """The verifier: ``reference`` (the VM, trained here on the tier mix) or one's own."""
     precompute_interval_seconds: int = Field(3600, ge=0)
     """How often the precompute runs (the DAG's schedule). The serving VM is trained on ``z``
     computed as of the last round before each impression, as stale as serving will see it;
@@ -91,23 +119,38 @@ class TrainingData:
     Attributes:
         dataset: The whole log; history of every row is read from it, cut before the row's time.
         log: The rows to fit on (the training window).
-        featurizer: Built over ``dataset``.
-        batch: Inputs of ``log``'s rows.
+        featurizer: Built over ``dataset`` (through ``vocabulary`` when there is one).
         labels: ``(N, T)`` labels of ``log``'s rows.
         fm_rows: ``(N,)`` bool, the earliest rows, which the FM and compressor train on; the VM
             sees ``z`` only on the rest, where the FM is out of sample.
+        vocabulary: The id vocabulary of a log with sparse or String ids; None for dense ids.
     """
 
     dataset: InteractionDataset
     log: pd.DataFrame
-    featurizer: PairFeaturizer
-    batch: PairBatch
+    featurizer: PairFeaturizer | VocabularyFeaturizer
     labels: torch.Tensor
     fm_rows: np.ndarray
+    vocabulary: Vocabulary | None = None
+
+    @cached_property
+    def batch(self) -> PairBatch:
+        """Reference-model inputs of ``log``'s rows (built on first use: a chain of the
+        deployment's own models never needs them)."""
+        return self.featurizer.for_log(self.log)
 
     @property
     def fm_index(self) -> torch.Tensor:
         return torch.from_numpy(np.flatnonzero(self.fm_rows))
+
+    def pairs(self, rows: np.ndarray | None = None, round_seconds: int = 0) -> PairsAsOf:
+        """The pairs of ``log``'s rows (all, or the ``rows`` mask), each as of its own time or,
+        with ``round_seconds``, as of the last precompute round before it."""
+        log = self.log if rows is None else self.log.loc[rows]
+        times = log[EVENT_TIMESTAMP]
+        if round_seconds > 0:
+            times = times.dt.floor(f"{round_seconds}s")
+        return PairsAsOf.of(log[USER_ID], log[ITEM_ID], times, self.dataset)
 
     @classmethod
     def build(
@@ -117,8 +160,15 @@ class TrainingData:
         window_start: pd.Timestamp | None = None,
         window_end: pd.Timestamp | None = None,
         fm_fraction: float = 0.75,
+        vocabulary: Vocabulary | None = None,
     ) -> TrainingData:
-        """Inputs for the rows of ``dataset`` in ``[window_start, window_end)``."""
+        """Inputs for the rows of ``dataset`` in ``[window_start, window_end)``.
+
+        A log with sparse or String ids is featurized through ``vocabulary`` (the chain's FM's,
+        for the stages after the FM), else a new one over the window's rows: ids seen at least
+        twice get a row, the rest share the out-of-vocabulary row, which so learns what an id
+        seen once looks like (serving's new users and items).
+        """
         log = dataset.interactions
         keep = np.ones(len(log), dtype=bool)
         if window_start is not None:
@@ -131,14 +181,15 @@ class TrainingData:
                 f"no interactions in the training window [{window_start}, {window_end}): "
                 "widen the window or check the log source"
             )
-        featurizer = PairFeaturizer(dataset, history_len)
+        if vocabulary is None and not dataset.dense_ids:
+            vocabulary = Vocabulary.from_log(rows, min_count=2)
         return cls(
             dataset=dataset,
             log=rows,
-            featurizer=featurizer,
-            batch=featurizer.for_log(rows),
+            featurizer=featurizer_for(vocabulary, dataset, history_len),
             labels=labels_of(rows, dataset.label_columns),
             fm_rows=earliest_rows(rows, fm_fraction),
+            vocabulary=vocabulary,
         )
 
     def card_fields(self) -> dict[str, Any]:
@@ -162,7 +213,70 @@ Progress = Callable[[int, int], None] | None
 def fit_foundation(
     data: TrainingData, models_dir: Path, config: TrainingConfig, progress: Progress = None
 ) -> ModelCard:
-    """Train the FM on ``data`` and register it."""
+    """Train the reference FM on ``data`` and register it, or register the deployment's own
+    (``config.fm``); the vocabulary of ``data``, if any, is saved beside the card."""
+    if not isinstance(config.fm, str):
+        card = register_foundation(config.fm, data, models_dir)
+    else:
+        card = _train_foundation(data, models_dir, config, progress)
+    if data.vocabulary is not None:
+        data.vocabulary.save(models_dir, card.version)
+    return card
+
+
+PROBE_PAIRS = 64
+"""Rows a model of the deployment's own is tried on before it is registered."""
+
+
+def register_foundation(spec: OwnModel, data: TrainingData, models_dir: Path) -> ModelCard:
+    """Register the deployment's FM after trying it on the window's first rows: its width is
+    recorded, and a wrong shape, dtype or a NaN is refused before anything is written."""
+    encoder = build_model(spec, "fm")
+    probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
+    where = f"models.fm {_named(spec)}"
+    dim = int(encoder.representation_dim)
+    checked_representation(encoder.encode(probe), len(probe), dim, where)
+    return register_interface_model(
+        spec, "fm", models_dir, extra_config={"representation_dim": dim}, **data.card_fields()
+    )
+
+
+def register_verifier(
+    spec: OwnModel, data: TrainingData, models_dir: Path, compressor_card: ModelCard
+) -> ModelCard:
+    """Register the deployment's verifier as the compressor's child, after trying it."""
+    verifier = build_model(spec, "verifier")
+    probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
+    where = f"models.verifier {_named(spec)}"
+    checked_scores(verifier.score(probe), len(probe), where)
+    return register_interface_model(
+        spec, "vm", models_dir, parents=(compressor_card.version,), **data.card_fields()
+    )
+
+
+def _named(spec: OwnModel) -> str:
+    if isinstance(spec, ModelSpec):
+        return f"entry point {spec.entry_point!r}"
+    return f"artifact {spec.artifact}"
+
+
+def _encoder(
+    data: TrainingData, fm_card: ModelCard, models_dir: Path, config: TrainingConfig
+) -> ReferenceEncoder | Any:
+    """The chain's FM as an encoder, on the FM's training device; the reference FM reads
+    ``data``'s featurizer."""
+    encoder = load_encoder(fm_card, models_dir, data.vocabulary)
+    if isinstance(encoder, ReferenceEncoder):
+        placed = config.models.fm_training
+        return ReferenceEncoder(
+            encoder.fm, data.vocabulary, data.featurizer, placed.device, placed.precision
+        )
+    return encoder
+
+
+def _train_foundation(
+    data: TrainingData, models_dir: Path, config: TrainingConfig, progress: Progress
+) -> ModelCard:
     mc = config.models
     with seeded_torch(config.seed):  # initialisation draws from torch's global generator
         fm = FoundationModel(data.featurizer.schema, len(data.dataset.label_columns), mc.foundation)
@@ -193,11 +307,17 @@ def fit_compressor(
     config: TrainingConfig,
     progress: Progress = None,
 ) -> ModelCard:
-    """Train the compressor, PCA-initialised, on the registered FM's representations of ``data``."""
+    """Train the compressor, PCA-initialised, on the registered FM's representations of
+    ``data``'s FM rows (the reference FM's or the deployment's own, through the same protocol)."""
     mc = config.models
-    h, _ = foundation_outputs(
-        _load(fm_card, models_dir, FoundationModel), data.batch.select(data.fm_index)
-    )
+    encoder = _encoder(data, fm_card, models_dir, config)
+    h = torch.from_numpy(encode_in_chunks(encoder, data.pairs(data.fm_rows), describe(fm_card)))
+    if h.shape[1] < mc.compressor.code_dim:
+        raise ConfigError(
+            f"{describe(fm_card)} gives {h.shape[1]}-dim representations, narrower than the "
+            f"compressor's code_dim {mc.compressor.code_dim}: set training.code_dim (and the "
+            "views' embedding_dim) to at most the FM's width"
+        )
     pca = PCA(h, mc.compressor.code_dim)
     comp_cfg = mc.compressor.model_copy(update={"input_dim": h.shape[1]})
     with seeded_torch(config.seed):
@@ -226,13 +346,17 @@ def fit_vertical(
     config: TrainingConfig,
     progress: Progress = None,
 ) -> ModelCard:
-    """Train the serving VM (the verifier) on the tier mix of the registered compressor's ``z``."""
+    """Train the serving VM (the verifier) on the tier mix of the registered compressor's ``z``,
+    or register the deployment's own verifier (``config.verifier``)."""
+    if not isinstance(config.verifier, str):
+        return register_verifier(config.verifier, data, models_dir, compressor_card)
     mc = config.models
     cards = {c.version: c for c in list_cards(models_dir)}
     fm_card = parent_card(cards, compressor_card, "fm")
-    h, _ = foundation_outputs(
-        _load(fm_card, models_dir, FoundationModel), _as_of_rounds(data, config)
-    )
+    encoder = _encoder(data, fm_card, models_dir, config)
+    # z as the serving VM will see it: computed at the last precompute round before each row.
+    pairs = data.pairs(round_seconds=config.precompute_interval_seconds)
+    h = torch.from_numpy(encode_in_chunks(encoder, pairs, describe(fm_card)))
     z = encode(_load(compressor_card, models_dir, EmbeddingCompressor), h)
     tier, z_mixed = tier_mix_inputs(
         data.log,
@@ -287,6 +411,11 @@ def train_and_register(
         return None if progress is None else (lambda done, total: progress(stage, done, total))
 
     data = TrainingData.build(dataset, cfg.models.history_len, fm_fraction=cfg.models.fm_fraction)
+    if not isinstance(cfg.verifier, str):
+        raise ConfigError(
+            "train_and_register trains the reference VM; register your own verifier "
+            "with solaris train --config"
+        )
     fm_card = fit_foundation(data, models_dir, cfg, hook("train FM"))
     compressor_card = fit_compressor(data, models_dir, fm_card, cfg, hook("train compressor"))
     vm_card = fit_vertical(data, models_dir, compressor_card, cfg, hook("train VM"))
@@ -294,17 +423,6 @@ def train_and_register(
         "registered %s <- %s <- %s", vm_card.version, compressor_card.version, fm_card.version
     )
     return load_bundle(models_dir, vm_card.version)
-
-
-def _as_of_rounds(data: TrainingData, config: TrainingConfig) -> PairBatch:
-    """Inputs of ``data``'s rows as of the last precompute round before each row."""
-    interval = config.precompute_interval_seconds
-    if interval == 0:
-        return data.batch
-    times = data.log[EVENT_TIMESTAMP].dt.floor(f"{interval}s")
-    return data.featurizer.batch(
-        data.log[USER_ID].to_numpy(np.int64), data.log[ITEM_ID].to_numpy(np.int64), times
-    )
 
 
 ModuleT = TypeVar("ModuleT", bound=nn.Module)
@@ -360,8 +478,9 @@ def tier_mix_inputs(
     if round_seconds > 0:
         step = round_seconds * 1_000_000_000  # event times are in nanoseconds
         cutoff = seconds - np.mod(seconds, step)
-    users = log[USER_ID].to_numpy(np.int64)
-    items = log[ITEM_ID].to_numpy(np.int64)
+    # Dense codes of any ids (sparse int64, String), so a pair packs into one int64 key.
+    users = pd.factorize(id_array(log[USER_ID]), sort=True)[0].astype(np.int64)
+    items = pd.factorize(id_array(log[ITEM_ID]), sort=True)[0].astype(np.int64)
     user_sums, user_counts = _sums_of_earlier_rows(users, seconds, zn, usable, cutoff)
     item_sums, item_counts = _sums_of_earlier_rows(items, seconds, zn, usable, cutoff)
     # A neighbour fill averages *other* users' vectors of the item: drop the user's own rows.

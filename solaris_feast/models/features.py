@@ -20,6 +20,7 @@ from solaris_feast.data.schema import (
     InteractionDataset,
     as_utc,
 )
+from solaris_feast.errors import ConfigError
 
 DEFAULT_HISTORY_LEN = 32
 _TS_BITS = 32
@@ -123,6 +124,11 @@ class PairFeaturizer:
     ) -> None:
         if history_len <= 0:
             raise ValueError(f"history_len must be positive, got {history_len}")
+        if not dataset.dense_ids:
+            raise ConfigError(
+                f"log {dataset.name!r} has sparse or String ids: featurize it through the "
+                "FM's vocabulary (models.vocabulary.featurizer_for)"
+            )
         # Embedding row of each dataset id (an id vocabulary's rows, see models/vocabulary.py);
         # by default the id itself. Histories and attributes stay keyed by the dataset's ids.
         self._user_rows = None if user_rows is None else np.asarray(user_rows, dtype=np.int64)
@@ -238,7 +244,8 @@ def labels_of(log: pd.DataFrame, label_columns: tuple[str, ...]) -> torch.Tensor
 
 
 def _to_seconds(ts: pd.Series) -> np.ndarray:
-    values = pd.to_datetime(ts, utc=True)
+    # In nanoseconds whatever unit the column has (pandas 2 keeps a Timestamp's own unit: s, us).
+    values = pd.to_datetime(ts, utc=True).dt.as_unit("ns")
     return (values.astype("int64").to_numpy() // 1_000_000_000).astype(np.int64)
 
 

@@ -9,7 +9,6 @@ and weights are read with safetensors: nothing is unpickled.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,15 @@ from solaris_feast.models.cards import (
     list_cards,
     parent_card,
     read_card,
+    register_artifact,
     select_chain,
     sha256_of,
     verify_weights,
-    write_card,
 )
 from solaris_feast.models.compressor import CompressorConfig, EmbeddingCompressor
 from solaris_feast.models.features import FeatureSchema
 from solaris_feast.models.foundation import FoundationConfig, FoundationModel
+from solaris_feast.models.interface import INTERFACE_CONFIG
 from solaris_feast.models.vertical import VerticalConfig, VerticalModel
 from solaris_feast.models.vocabulary import Vocabulary
 
@@ -67,28 +67,16 @@ def save_model(
     **card_fields: Any,
 ) -> ModelCard:
     """Write ``module``'s weights and its card into ``models_dir``; return the card."""
-    models_dir.mkdir(parents=True, exist_ok=True)
-    created = datetime.now(UTC)
-    staging = models_dir / f".{kind}-{created.strftime('%Y%m%dT%H%M%S%f')}.safetensors.tmp"
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    save_file(state, str(staging))
-    digest = sha256_of(staging)
-    version = f"{kind}-{created.strftime('%Y%m%dT%H%M%S')}-{digest[:8]}"
-    weights = models_dir / f"{version}.safetensors"
-    staging.replace(weights)
-    card = ModelCard(
-        version=version,
-        kind=kind,
+    return register_artifact(
+        lambda path: save_file(state, str(path)),
+        ".safetensors",
+        kind,
+        models_dir,
         parents=parents,
-        created_at=created,
         config=config,
-        weights_file=weights.name,
-        weights_sha256=digest,
         **card_fields,
     )
-    # Card last: a card on disk always points at complete weights.
-    write_card(card, models_dir)
-    return card
 
 
 def verified_weights(card: ModelCard, models_dir: Path) -> dict[str, torch.Tensor]:
@@ -126,6 +114,11 @@ def load_model(card: ModelCard, models_dir: Path) -> nn.Module:
 
     FM and VM cards carry the feature schema their embedding tables were sized for.
     """
+    if INTERFACE_CONFIG in card.config:
+        raise ConfigError(
+            f"model card {card.version} is a model of the deployment's own (an entry point), "
+            "not trained weights: load it with models.interface.load_chain_models"
+        )
     model = _dict(card.config, "model")
     module: nn.Module
     if card.kind == "fm":

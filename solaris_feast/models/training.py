@@ -3,6 +3,11 @@
 Each loop takes whole-period tensors and walks them in shuffled mini-batches; the models stay
 unaware of how they are trained. Inference runs under ``torch.inference_mode()`` after ``.eval()``.
 
+Devices: a loop trains on ``TrainConfig.device`` (``cpu``, ``cuda``, ``cuda:N`` or ``auto``, see
+:func:`resolve_device`), optionally under bf16 autocast (``precision``: weights and optimizer
+state stay float32), moving each mini-batch there, and hands the model back on the CPU, so
+callers never see the device. On CUDA, kernels are not bit-for-bit repeatable.
+
 Randomness: shuffling draws from a local ``torch.Generator``; module initialisation and dropout
 draw from torch's global generator (torch gives them no generator argument), so they run inside
 :func:`seeded_torch`, which seeds that generator for its block and restores the caller's state
@@ -14,7 +19,8 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Literal
 
 import numpy as np
 import torch
@@ -22,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
+
+from solaris_feast.errors import ConfigError
 
 # NE and TR are defined once, in evaluation.metrics; re-exported for the callers of this module.
 from solaris_feast.evaluation.metrics import normalized_entropy as normalized_entropy
@@ -37,6 +45,41 @@ ProgressCallback = Callable[[int, int], None]
 """Called with ``(steps done, steps total)`` after every optimizer step."""
 
 INFERENCE_CHUNK = 8192
+
+Precision = Literal["fp32", "bf16"]
+"""fp32, or bf16 autocast of the forward passes (float32 weights and optimizer state)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the first CUDA device when torch sees one, else the CPU; ``cpu``, ``cuda`` or
+    ``cuda:N`` as given.
+
+    Raises:
+        ConfigError: a CUDA device that this process cannot see, or a name torch does not know.
+    """
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise ConfigError(
+            f"device {name!r} is not a torch device (cpu, cuda, cuda:N, auto)"
+        ) from exc
+    if device.type == "cuda" and (
+        not torch.cuda.is_available()
+        or (device.index is not None and device.index >= torch.cuda.device_count())
+    ):
+        raise ConfigError(f"device {name!r}: this process sees no such CUDA device (use auto)")
+    if device.type not in {"cpu", "cuda"}:
+        raise ConfigError(f"device {name!r}: only cpu and cuda are supported")
+    return device
+
+
+def autocast(device: torch.device, precision: Precision) -> AbstractContextManager[object]:
+    """bf16 autocast on ``device`` when asked, else nothing."""
+    if precision == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
 
 
 class TrainConfig(BaseModel):
@@ -54,6 +97,10 @@ class TrainConfig(BaseModel):
     """Decoupled weight decay (AdamW)."""
     seed: int = 0
     """Seeds shuffling, initialisation and dropout."""
+    device: str = "cpu"
+    """Where the model trains: cpu, cuda, cuda:N or auto (CUDA when present)."""
+    precision: Precision = "fp32"
+    """fp32, or bf16 autocast of the forward passes."""
 
 
 @contextmanager
@@ -75,14 +122,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+LossOf = Callable[[torch.Tensor, torch.device], torch.Tensor]
+"""``loss_of(index, device)``: the loss of the rows ``index``, their inputs moved to ``device``."""
+
+
 def _fit(
     model: nn.Module,
     num_rows: int,
-    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    loss_of: LossOf,
     cfg: TrainConfig,
     progress: ProgressCallback | None,
 ) -> list[float]:
-    """Mini-batch AdamW over ``num_rows``; ``loss_of(index)`` returns the batch loss.
+    """Mini-batch AdamW over ``num_rows`` on ``cfg.device``; ``loss_of(index, device)`` returns
+    the batch loss. The model comes back on the CPU.
 
     Dropout draws from torch's global generator, seeded with ``cfg.seed`` for the loop only
     (:func:`seeded_torch`); the shuffling has its own generator.
@@ -96,10 +148,12 @@ def _fit(
 def _fit_loop(
     model: nn.Module,
     num_rows: int,
-    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    loss_of: LossOf,
     cfg: TrainConfig,
     progress: ProgressCallback | None,
 ) -> list[float]:
+    device = resolve_device(cfg.device)
+    model.to(device)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay
     )
@@ -114,7 +168,8 @@ def _fit_loop(
         running = 0.0
         for start in range(0, num_rows, cfg.batch_size):
             index = order[start : start + cfg.batch_size]
-            loss = loss_of(index)
+            with autocast(device, cfg.precision):
+                loss = loss_of(index, device)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -125,6 +180,7 @@ def _fit_loop(
         losses.append(running / steps_per_epoch)
         logger.debug("epoch %s loss %.5f", epoch, losses[-1])
     model.eval()
+    model.to("cpu")
     return losses
 
 
@@ -140,8 +196,12 @@ def train_foundation(
     return _fit(
         fm,
         len(batch),
-        lambda idx: (
-            F.binary_cross_entropy_with_logits(fm(batch.select(idx)), labels[idx], reduction="none")
+        lambda idx, device: (
+            F.binary_cross_entropy_with_logits(
+                fm(batch.select(idx).to(device)).float(),
+                labels[idx].to(device),
+                reduction="none",
+            )
             .sum(-1)
             .mean()
         ),
@@ -158,9 +218,12 @@ def train_compressor(
 ) -> list[float]:
     """Fit the autoencoder on FM representations ``(N, D)`` by reconstruction MSE."""
     h = representations.detach()
-    return _fit(
-        compressor, len(h), lambda idx: F.mse_loss(compressor(h[idx]), h[idx]), cfg, progress
-    )
+
+    def loss_of(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
+        rows = h[idx].to(device)
+        return F.mse_loss(compressor(rows).float(), rows)
+
+    return _fit(compressor, len(h), loss_of, cfg, progress)
 
 
 def train_vertical(
@@ -188,13 +251,14 @@ def train_vertical(
             )
         target = (1.0 - distillation_weight) * labels + distillation_weight * soft_labels
 
-    def loss_of(idx: torch.Tensor) -> torch.Tensor:
+    def loss_of(idx: torch.Tensor, device: torch.device) -> torch.Tensor:
         logits = vm(
-            batch.select(idx), None if z is None else z[idx], None if tier is None else tier[idx]
-        )
-        return (
-            F.binary_cross_entropy_with_logits(logits, target[idx], reduction="none").sum(-1).mean()
-        )
+            batch.select(idx).to(device),
+            None if z is None else z[idx].to(device),
+            None if tier is None else tier[idx].to(device),
+        ).float()
+        rows = target[idx].to(device)
+        return F.binary_cross_entropy_with_logits(logits, rows, reduction="none").sum(-1).mean()
 
     return _fit(vm, len(batch), loss_of, cfg, progress)
 

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from feast import FeatureStore
 
     from solaris_feast.data.schema import InteractionDataset
-    from solaris_feast.models.registry import ModelBundle
+    from solaris_feast.models.interface import ChainModels
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     dataset = load_log(cfg, now)  # a log that breaks the schema is refused here, by name
     if cfg.candidates is not None:
         _candidate_table(cfg, dataset, now)
-    problems = chain_mismatches(chain, dataset)
+    problems = chain_mismatches(chain, dataset, models_dir)
     view_dim = store.get_feature_view(PAIR_VIEW).tags.get(TAG_EMBEDDING_DIM, "")
     dim_problem = embedding_dim_mismatch(
         chain, int(view_dim) if view_dim.isdigit() else None, PAIR_VIEW
@@ -135,8 +135,13 @@ def _candidate_table(
 
     if cfg.candidates is None:
         raise ValueError("no candidate table configured")
+    dense = dataset.dense_ids
     return read_candidate_table(
-        cfg.candidates, now, dataset.num_users, dataset.num_items, cfg.candidates_per_user
+        cfg.candidates,
+        now,
+        dataset.num_users if dense else None,
+        dataset.num_items if dense else None,
+        cfg.candidates_per_user,
     )
 
 
@@ -220,40 +225,31 @@ def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
     return {"candidates": len(candidates), "users": users, "reused": False}
 
 
-def _bundle(spec: PrecomputeRun) -> ModelBundle:
-    from solaris_feast.models.registry import load_bundle
+def _chain(spec: PrecomputeRun) -> ChainModels:
+    from solaris_feast.models.interface import load_chain_models
 
-    return load_bundle(Path(spec.settings.models_dir), spec.vm_version)
+    cfg = spec.settings
+    return load_chain_models(Path(cfg.models_dir), spec.vm_version, cfg.device, cfg.precision)
 
 
 def _verifier_scores(
-    bundle: ModelBundle, dataset: InteractionDataset, pairs: pd.DataFrame, now: datetime
+    chain: ChainModels, dataset: InteractionDataset, pairs: pd.DataFrame, now: datetime
 ) -> pd.DataFrame:
-    """``user_id``, ``item_id``, ``verifier_score``: the VM's main-task probability with no
-    embedding (the verifier), as of ``now``."""
-    import numpy as np
+    """``user_id``, ``item_id``, ``verifier_score``: the chain's verifier (for the reference VM,
+    its main-task probability with no embedding), as of ``now``."""
     import pandas as pd
-    import torch
 
-    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.keys import id_array
+    from solaris_feast.models.interface import PairsAsOf
     from solaris_feast.precompute.plan import VERIFIER_SCORE
 
-    users = pairs[USER_ID].to_numpy(dtype=np.int64)
-    items = pairs[ITEM_ID].to_numpy(dtype=np.int64)
-    scores = np.zeros(len(pairs), dtype=np.float64)
-    featurizer = PairFeaturizer(dataset, bundle.schema.history_len)
-    at = pd.Timestamp(now)
-    bundle.vm.eval()
-    with torch.inference_mode():
-        for lo in range(0, len(pairs), 8192):
-            hi = min(lo + 8192, len(pairs))
-            batch = featurizer.batch(users[lo:hi], items[lo:hi], at)
-            scores[lo:hi] = bundle.vm.verifier_score(batch).numpy()
+    users, items = id_array(pairs[USER_ID]), id_array(pairs[ITEM_ID])
+    scores = chain.verifier_scores(PairsAsOf.of(users, items, pd.Timestamp(now), dataset))
     return pd.DataFrame({USER_ID: users, ITEM_ID: items, VERIFIER_SCORE: scores})
 
 
 def planning_scores(
-    bundle: ModelBundle,
+    chain: ChainModels,
     dataset: InteractionDataset,
     candidates: pd.DataFrame,
     now: datetime,
@@ -266,7 +262,7 @@ def planning_scores(
     from solaris_feast.precompute.candidates import CANDIDATE_SCORE
     from solaris_feast.precompute.plan import VERIFIER_SCORE, request_score
 
-    scored = _verifier_scores(bundle, dataset, candidates, now)
+    scored = _verifier_scores(chain, dataset, candidates, now)
     if CANDIDATE_SCORE in candidates.columns:
         scored[VERIFIER_SCORE] = request_score(
             scored[USER_ID].to_numpy(),
@@ -295,14 +291,15 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         plan = read_plan(plan_dir)
         return {"shard_indexes": shard_indexes, "planned": len(plan), "reused": True}
     dataset = load_log(cfg, spec.now)
-    bundle = _bundle(spec)
+    chain = _chain(spec)
     candidates = pd.read_parquet(Path(spec.run_dir) / "candidates.parquet")
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
-    # Only misses of users and items the models know can be scored.
-    known = (misses[USER_ID] < dataset.num_users) & (misses[ITEM_ID] < dataset.num_items)
-    misses = misses.loc[known, [USER_ID, ITEM_ID]].drop_duplicates()
-    scored_candidates = planning_scores(bundle, dataset, candidates, spec.now, cfg.retrieval_weight)
-    scored_misses = _verifier_scores(bundle, dataset, misses, spec.now) if len(misses) else None
+    if dataset.dense_ids:  # ids beyond dense tables cannot be scored; a vocabulary maps any id
+        known = (misses[USER_ID] < dataset.num_users) & (misses[ITEM_ID] < dataset.num_items)
+        misses = misses.loc[known]
+    misses = misses[[USER_ID, ITEM_ID]].drop_duplicates()
+    scored_candidates = planning_scores(chain, dataset, candidates, spec.now, cfg.retrieval_weight)
+    scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
     store = open_run_store(cfg)
     ttl = pair_ttl_seconds(spec, store)
     fresh = read_offline_rows(
@@ -369,20 +366,18 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
     Idempotent: vectors are computed as of the plan's time and stored with it as
     ``computed_at``, so a retry writes the same rows (same offline file, same online value).
     """
-    from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.precompute.compute import run_precompute
     from solaris_feast.precompute.plan import read_plan, shard
     from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     part = shard(read_plan(Path(spec.run_dir) / "plan"), shard_index, shard_count)
-    bundle = _bundle(spec)
+    chain = _chain(spec)
     dataset = load_log(spec.settings, spec.now)
-    featurizer = PairFeaturizer(dataset, bundle.schema.history_len)
     store = open_run_store(spec.settings)
     writer = EmbeddingWriter(store, PAIR_VIEW)
     try:
-        stats = run_precompute(part, bundle, featurizer, writer, spec.settings.batch_size)
+        stats = run_precompute(part, chain, dataset, writer, spec.settings.batch_size)
     finally:
         writer.close()
     report = {"shard": shard_index, "of": shard_count, **stats.as_dict()}
@@ -434,6 +429,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     import numpy as np
     import pandas as pd
 
+    from solaris_feast.keys import id_array
     from solaris_feast.precompute.aggregate import PairEmbeddings
     from solaris_feast.precompute.plan import read_plan
     from solaris_feast.precompute.similarity import (
@@ -465,7 +461,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         return {"targets": len(targets), "filled": 0}
     similarity = SimilarityConfig(neighbours=cfg.similar_neighbours)
     index = build_user_index(
-        user_rows[USER_ID].to_numpy(dtype=np.int64),
+        id_array(user_rows[USER_ID]),
         np.stack(user_rows[EMBEDDING].to_list()).astype(np.float32),
         similarity,
     )

@@ -34,10 +34,22 @@ if TYPE_CHECKING:
     from solaris_feast.data.schema import InteractionDataset
 
 
-def chain_mismatches(chain: ModelChain, dataset: InteractionDataset) -> list[str]:
-    """What in ``dataset`` the chain's FM and VM were not built for: the label set, ids beyond
-    their embedding tables, attribute codes beyond their tables, other attribute counts."""
+MIN_KNOWN_EVENT_SHARE = 0.05
+"""A chain whose vocabulary knows the user and item of fewer of the window's events than this
+was trained on another log (another id space), not on an earlier window of this one: a new user
+or item is normal, a log of strangers is not."""
+
+
+def chain_mismatches(
+    chain: ModelChain, dataset: InteractionDataset, models_dir: Path | None = None
+) -> list[str]:
+    """What in ``dataset`` the chain's FM and VM were not built for: the label set, a dense log
+    against a vocabulary or the reverse, ids of another type than the vocabulary's, a window
+    whose events the vocabulary hardly knows, ids beyond dense embedding tables, attribute codes
+    beyond their tables, other attribute counts."""
     problems: list[str] = []
+    if models_dir is not None:
+        problems += vocabulary_mismatches(chain, dataset, models_dir)
     for card in (chain.fm, chain.vm):
         if card is None:
             continue
@@ -50,8 +62,12 @@ def chain_mismatches(chain: ModelChain, dataset: InteractionDataset) -> list[str
         if not isinstance(schema, Mapping):
             continue
         for what, ids, size in (
-            ("user", dataset.num_users, schema.get("num_users")),
-            ("item", dataset.num_items, schema.get("num_items")),
+            ()
+            if not dataset.dense_ids
+            else (
+                ("user", dataset.num_users, schema.get("num_users")),
+                ("item", dataset.num_items, schema.get("num_items")),
+            )
         ):
             if isinstance(size, int) and ids > size:
                 problems.append(
@@ -95,6 +111,61 @@ def chain_mismatches(chain: ModelChain, dataset: InteractionDataset) -> list[str
                     f"has {len(dense)}"
                 )
     return problems
+
+
+def vocabulary_mismatches(
+    chain: ModelChain, dataset: InteractionDataset, models_dir: Path
+) -> list[str]:
+    """How the chain's id vocabulary (saved beside its FM card) fails ``dataset``'s ids."""
+    import numpy as np
+
+    from solaris_feast.columns import ITEM_ID, USER_ID
+    from solaris_feast.data.schema import id_type_of
+    from solaris_feast.models.vocabulary import OOV_INDEX, Vocabulary
+
+    vocabulary = Vocabulary.load(models_dir, chain.fm.version)
+    fm = chain.fm.version
+    if vocabulary is None:
+        if not dataset.dense_ids and _has_tables(chain):
+            return [
+                f"fm {fm} indexes dense ids 0..N-1 directly (no vocabulary), the log "
+                f"{dataset.name!r} has sparse or String ids (log.id_space: vocabulary)"
+            ]
+        return []
+    if dataset.dense_ids and _has_tables(chain):
+        return [f"fm {fm} maps ids through a vocabulary, the log uses dense ids (log.id_space)"]
+    log = dataset.interactions
+    problems = []
+    for what, column, known in (
+        ("user", USER_ID, vocabulary.users),
+        ("item", ITEM_ID, vocabulary.items),
+    ):
+        if len(log) and id_type_of(log[column]) != known.id_type:
+            problems.append(
+                f"fm {fm} knows {known.id_type} {what} ids, the log has "
+                f"{id_type_of(log[column])} ones"
+            )
+    if problems or not len(log):
+        return problems
+    both = (vocabulary.users.index(log[USER_ID]) != OOV_INDEX) & (
+        vocabulary.items.index(log[ITEM_ID]) != OOV_INDEX
+    )
+    share = float(np.mean(both))
+    if share < MIN_KNOWN_EVENT_SHARE:
+        problems.append(
+            f"fm {fm}'s vocabulary knows the user and item of {share:.1%} of the log's events "
+            f"(fewer than {MIN_KNOWN_EVENT_SHARE:.0%}): it was trained on another log"
+        )
+    return problems
+
+
+def _has_tables(chain: ModelChain) -> bool:
+    """Whether a model of the chain indexes embedding tables by id (a reference model)."""
+    return any(
+        isinstance(card.config.get("schema"), Mapping)
+        for card in (chain.fm, chain.vm)
+        if card is not None
+    )
 
 
 def embedding_dim_mismatch(chain: ModelChain, view_dim: int | None, view: str) -> str | None:

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.fields import FieldInfo
 
 from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
+from solaris_feast.models.spec import ModelChoice
 from solaris_feast.store.layout import DEFAULT_EMBEDDING_CODEC, EmbeddingCodecName
 
 PAIR_VIEW = "solaris_pair"
@@ -42,9 +43,11 @@ ENVIRONMENT_DEFAULTS: Mapping[str, str] = {
 }
 """Settings whose DAG default comes from an environment variable of the scheduler, when set."""
 
-NOT_DAG_PARAMS: frozenset[str] = frozenset({"holdout_fraction", "log", "candidates"})
+NOT_DAG_PARAMS: frozenset[str] = frozenset(
+    {"holdout_fraction", "log", "candidates", "fm", "verifier"}
+)
 """Settings that are not DAG params: the held-out tail of a log is the demo's replay, never a
-scheduled run's; the user's log and candidate tables come from the config file
+scheduled run's; the user's log, candidate tables and models come from the config file
 (:mod:`solaris_feast.config`), not from a trigger form."""
 
 # Field docstrings become descriptions, so the DAG's trigger form shows the same text.
@@ -85,6 +88,11 @@ class PrecomputeSettings(LogSource):
     serving_vm: str = ""
     """VM version of the serving chain; empty: the registry's serving alias (solaris promote),
     else the newest VM."""
+    device: str = Field("auto", min_length=1)
+    """Where the reference FM and VM run: auto (CUDA when the worker has it), cpu, cuda, cuda:N.
+    A model of your own places itself."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16 autocast of the reference models' forward passes (z is stored float32)."""
     feature_store_yaml: str = Field("feature_store.yaml", min_length=1)
     """Config file inside feature_repo; feature_store.redis.yaml for Redis (its connection comes
     from SOLARIS_REDIS_CONNECTION, else from REDIS_URL)."""
@@ -173,8 +181,20 @@ class TrainingSettings(LogSource):
     """Passes of the compressor over the window."""
     vm_epochs: int = Field(2, gt=0)
     """Passes of the VM over the window."""
+    device: str = Field("auto", min_length=1)
+    """Where the FM, compressor and VM train: auto (CUDA when the worker has it, else the CPU),
+    cpu, cuda or cuda:N."""
+    precision: Literal["fp32", "bf16"] = "fp32"
+    """fp32, or bf16 autocast of the forward passes (a GPU's fast path)."""
+    code_dim: int = Field(32, gt=0)
+    """Width of the compressed z the compressor writes: the pair views' embedding_dim, at most
+    the FM's representation width."""
     seed: int = 0
     """Seeds initialisation, shuffling and the tier mix."""
+    fm: ModelChoice = "reference"
+    """The FM: reference (trained) or the deployment's own entry point (registered)."""
+    verifier: ModelChoice = "reference"
+    """The verifier: reference (the VM, trained) or the deployment's own entry point."""
 
 
 class TrainingRun(BaseModel):

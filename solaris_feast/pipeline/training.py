@@ -66,21 +66,30 @@ def _card_summary(card: ModelCard) -> dict[str, Any]:
     }
 
 
-def _training_inputs(spec: TrainingRun) -> tuple[TrainingData, TrainingConfig]:
-    """The window's rows and model inputs, and the training config with the run's epochs."""
+def _training_inputs(
+    spec: TrainingRun, fm_version: str | None = None
+) -> tuple[TrainingData, TrainingConfig]:
+    """The window's rows and model inputs, and the training config with the run's epochs and
+    models; after the FM stage, through the vocabulary saved beside ``fm_version``'s card."""
     import pandas as pd
 
     from solaris_feast.models.chain import TrainingConfig, TrainingData
+    from solaris_feast.models.vocabulary import Vocabulary
 
     cfg = spec.settings
-    base = TrainingConfig(seed=cfg.seed)
+    models_dir = Path(cfg.models_dir)
+    base = TrainingConfig(seed=cfg.seed, fm=cfg.fm, verifier=cfg.verifier)
+    placed = {"device": cfg.device, "precision": cfg.precision}
+
+    def fit(train: Any, epochs: int) -> Any:
+        return train.model_copy(update={"epochs": epochs, **placed})
+
     models = base.models.model_copy(
         update={
-            "fm_training": base.models.fm_training.model_copy(update={"epochs": cfg.fm_epochs}),
-            "compressor_training": base.models.compressor_training.model_copy(
-                update={"epochs": cfg.compressor_epochs}
-            ),
-            "vm_training": base.models.vm_training.model_copy(update={"epochs": cfg.vm_epochs}),
+            "fm_training": fit(base.models.fm_training, cfg.fm_epochs),
+            "compressor": base.models.compressor.model_copy(update={"code_dim": cfg.code_dim}),
+            "compressor_training": fit(base.models.compressor_training, cfg.compressor_epochs),
+            "vm_training": fit(base.models.vm_training, cfg.vm_epochs),
         }
     )
     config = base.model_copy(update={"models": models})
@@ -90,6 +99,7 @@ def _training_inputs(spec: TrainingRun) -> tuple[TrainingData, TrainingConfig]:
         config.models.history_len,
         window_start=now - pd.Timedelta(hours=cfg.train_window_hours),
         window_end=now,
+        vocabulary=None if fm_version is None else Vocabulary.load(models_dir, fm_version),
     )
     return data, config
 
@@ -117,7 +127,7 @@ def train_compressor_stage(run: Mapping[str, Any], fm_version: str) -> dict[str,
     if earlier is not None:
         return _card_summary(earlier)
     models_dir = Path(spec.settings.models_dir)
-    data, config = _training_inputs(spec)
+    data, config = _training_inputs(spec, fm_version)
     card = fit_compressor(data, models_dir, card_by_version(models_dir, fm_version), config)
     return _remember(spec, "compressor", card)
 
@@ -132,6 +142,7 @@ def train_vertical_stage(run: Mapping[str, Any], compressor_version: str) -> dic
     if earlier is not None:
         return _card_summary(earlier)
     models_dir = Path(spec.settings.models_dir)
-    data, config = _training_inputs(spec)
-    card = fit_vertical(data, models_dir, card_by_version(models_dir, compressor_version), config)
+    compressor = card_by_version(models_dir, compressor_version)
+    data, config = _training_inputs(spec, compressor.parents[0] if compressor.parents else None)
+    card = fit_vertical(data, models_dir, compressor, config)
     return _remember(spec, "vm", card)

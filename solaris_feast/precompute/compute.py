@@ -6,10 +6,9 @@ share a run. Every pair is featurized as of the plan's ``planned_at`` (history s
 it) and stored with ``computed_at = planned_at``: a retried shard writes the same rows, which the
 writer's newest-wins rule and content-hashed offline files make idempotent.
 
-A user's history is encoded once per batch and reused across that user's planned items
-(``FoundationModel.encode_history`` + ``encode_pairs_with_history``; the target attention stays
-per pair), and a shard's pairs are batched in user order so a user's items share a batch. An FM
-without those methods is run per pair (``representation``).
+A shard's pairs are batched in user order, so a user's planned items share a batch and an FM
+that encodes a user's history once per call (the reference FM does, see
+:class:`~solaris_feast.models.interface.ReferenceEncoder`) reuses it across them.
 
 Batches run under ``torch.inference_mode()`` with the models in ``eval()``. The stats split the
 wall time into featurizing, FM + compressor forward, building the rows and writing, so the share
@@ -33,9 +32,8 @@ from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, Plan
 from solaris_feast.store.write import DEFAULT_ATOMIC_ROWS
 
 if TYPE_CHECKING:
-    from solaris_feast.models.features import PairFeaturizer
-    from solaris_feast.models.registry import ModelBundle
-    from solaris_feast.models.vocabulary import VocabularyFeaturizer
+    from solaris_feast.data.schema import InteractionDataset
+    from solaris_feast.models.interface import ChainModels, PairsAsOf
 
 
 logger = logging.getLogger(__name__)
@@ -101,80 +99,60 @@ class PrecomputeStats:
 
 
 def compute_pair_embeddings(
-    bundle: ModelBundle,
-    featurizer: PairFeaturizer | VocabularyFeaturizer,
-    user_ids: np.ndarray,
-    item_ids: np.ndarray,
-    at: pd.Timestamp,
+    chain: ChainModels,
+    pairs: PairsAsOf,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    reuse_history: bool = True,
 ) -> tuple[np.ndarray, float, float]:
-    """``z(u, i)`` ``(N, d)`` float32 for the pairs as of ``at``, in batches.
+    """``z(u, i)`` ``(N, d)`` float32 for ``pairs``, through the chain's FM encoder (checked
+    :func:`~solaris_feast.models.interface.checked_representation`) and its compressor, in
+    batches.
 
-    With ``reuse_history`` (and an FM that has ``encode_history``) each user's history is
-    encoded once per batch, not once per pair; pairs of one user should then be adjacent.
-    Returns the vectors, the featurizing seconds and the FM + compressor seconds.
+    Returns the vectors, the featurizing seconds (the reference FM's input building; 0 for an FM
+    of the deployment's own, whose whole call counts as FM time) and the FM + compressor seconds.
     """
     import torch
 
+    from solaris_feast.models.interface import describe, encode_in_chunks
+
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
-    # Ids as they are (int64, or str through a VocabularyFeaturizer): the featurizer maps them.
-    users, items = id_array(user_ids), id_array(item_ids)
-    code_dim = int(bundle.compressor.config.code_dim)
-    out = np.zeros((len(users), code_dim), dtype=np.float32)
-    featurize_s = fm_s = 0.0
-    fm = bundle.fm
-    reuse = reuse_history and hasattr(fm, "encode_history")
-    fm.eval()
-    bundle.compressor.eval()
+    out = np.zeros((len(pairs), chain.code_dim), dtype=np.float32)
+    featurized_before = getattr(chain.encoder, "featurize_seconds", 0.0)
+    started = time.perf_counter()
+    chain.compressor.eval()
+    where = describe(chain.fm_card)
     with torch.inference_mode():
-        for lo in range(0, len(users), batch_size):
-            hi = min(lo + batch_size, len(users))
-            started = time.perf_counter()
-            batch = featurizer.batch(users[lo:hi], items[lo:hi], at)
-            if reuse:
-                # One time for the whole batch, so a user's history is the same for every item.
-                _, first, inverse = np.unique(users[lo:hi], return_index=True, return_inverse=True)
-                first_rows = torch.from_numpy(first)
-                user_index = torch.from_numpy(inverse.reshape(-1).astype(np.int64))
-            featured = time.perf_counter()
-            if reuse:
-                history = fm.encode_history(batch.select(first_rows))
-                h = fm.encode_pairs_with_history(batch, history, user_index)
-            else:
-                h = fm.representation(batch)
-            z = bundle.compressor.encode(h)
-            out[lo:hi] = z.numpy()
-            featurize_s += featured - started
-            fm_s += time.perf_counter() - featured
-    return out, featurize_s, fm_s
+        for lo in range(0, len(pairs), batch_size):
+            hi = min(lo + batch_size, len(pairs))
+            h = encode_in_chunks(chain.encoder, pairs.part(lo, hi), where, chunk=hi - lo)
+            out[lo:hi] = chain.compressor.encode(torch.from_numpy(h)).numpy()
+    featurize_s = getattr(chain.encoder, "featurize_seconds", 0.0) - featurized_before
+    return out, featurize_s, time.perf_counter() - started - featurize_s
 
 
 def run_precompute(
     plan_shard: Plan,
-    bundle: ModelBundle,
-    featurizer: PairFeaturizer | VocabularyFeaturizer,
+    chain: ChainModels,
+    log: InteractionDataset,
     writer: EmbeddingSink,
     batch_size: int = DEFAULT_BATCH_SIZE,
-    reuse_history: bool = True,
 ) -> PrecomputeStats:
     """Compute and write ``z(u, i)`` for every pair of ``plan_shard``.
 
     Args:
         plan_shard: A plan or one shard of it; pairs are computed as of its ``planned_at``.
-        bundle: FM, compressor (and VM); ``bundle.embedding_version`` is the stored version.
-        featurizer: Builds model inputs over a log that holds the history before
-            ``planned_at``.
+        chain: FM encoder and compressor (:class:`~solaris_feast.models.interface.ChainModels`);
+            ``chain.embedding_version`` is the stored version.
+        log: The log window whose events before ``planned_at`` are the pairs' history.
         writer: The pair view's writer (or any :class:`EmbeddingSink`); one ``write`` per batch,
             so a failure loses at most the batch in flight and a retry rewrites the same rows.
         batch_size: Pairs per forward pass and per write.
-        reuse_history: encode each user's history once per batch (see
-            :func:`compute_pair_embeddings`); False runs the FM per pair.
 
     Returns:
         :class:`PrecomputeStats` with pairs/s and the split of wall time.
     """
+    from solaris_feast.models.interface import PairsAsOf
+
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     started = time.perf_counter()
@@ -186,7 +164,8 @@ def run_precompute(
     # share a batch and its history is encoded once.
     order = np.argsort(users, kind="stable")
     users, items = users[order], items[order]
-    version = bundle.embedding_version
+    pairs = PairsAsOf.of(users, items, at, log)
+    version = chain.embedding_version
     computed_at = at.tz_convert("UTC")
     featurize_s = fm_s = write_s = 0.0
     batches = 0
@@ -194,13 +173,7 @@ def run_precompute(
         hi = min(lo + batch_size, len(users))
         # One forward batch, then its write: a failure loses at most the batch in flight.
         z, batch_featurize_s, batch_fm_s = compute_pair_embeddings(
-            bundle,
-            featurizer,
-            users[lo:hi],
-            items[lo:hi],
-            at,
-            batch_size=hi - lo,
-            reuse_history=reuse_history,
+            chain, pairs.part(lo, hi), batch_size=hi - lo
         )
         t0 = time.perf_counter()
         writer.write(

@@ -175,8 +175,8 @@ class SolarisRetriever:
 
     The Redis connection pool is shared safely between threads; the counters in ``stats`` and
     the memory of queued misses are not locked, so give each serving thread its own retriever.
-    With ``redis_type: redis_cluster`` the same commands go through redis-py's cluster pipeline
-    (one round trip per node holding some of the keys); ``redis_sentinel`` is refused.
+    With ``redis_type: redis_cluster`` the same commands go to each node holding some of the keys
+    (one round trip per node, all within the deadline); ``redis_sentinel`` is refused.
     """
 
     def __init__(

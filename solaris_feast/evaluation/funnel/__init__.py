@@ -61,9 +61,9 @@ def run_funnel_command(
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer
 
-    from solaris_feast.evaluation.replay import _parse_floats
+    from solaris_feast.evaluation.replay import parse_floats
 
-    budgets = _parse_floats(budget)
+    budgets = parse_floats(budget)
     planners = tuple(p.strip() for p in planner.split(",") if p.strip())
     unknown = [p for p in planners if p not in FUNNEL_PLANNERS]
     if unknown or not planners:

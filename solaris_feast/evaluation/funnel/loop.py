@@ -21,10 +21,10 @@ probabilities of its top k), and labels drawn with common random numbers per (re
 position) for NE. The FM ranking the same K is the ceiling.
 
 Per hour, before the hour's traffic: the precompute round of the replay
-(:func:`~solaris_feast.evaluation.replay._precompute_step`: the product's
+(:func:`~solaris_feast.evaluation.replay.precompute_step`: the product's
 :func:`~solaris_feast.precompute.plan.plan_precompute` per arm, the FM once per planned pair,
 the user aggregate and the similarity fill) over the pool the replay builds
-(``_score_pool``: candidates for every user active in the last week plus the arm's miss queue),
+(``score_pool``: candidates for every user active in the last week plus the arm's miss queue),
 with the early-stage score added as a planner. Only the oracle reads the hour's final-stage sets.
 The chain (FM, compressor, VM) is trained on the log at the end of the warm-up and retrained
 every ``chain_retrain_hours``; a retrain changes the embedding space, so every store restarts
@@ -47,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
 from solaris_feast.evaluation.funnel.early_stage import TwoTower, train_two_tower
 from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
-from solaris_feast.evaluation.replay import _precompute_step, _Replay, _score_pool, _Step
+from solaris_feast.evaluation.replay import ReplayRun, ReplayStep, precompute_step, score_pool
 from solaris_feast.evaluation.replay_config import (
     ABLATION_STEPS,
     ABLATION_TIERS,
@@ -164,6 +164,8 @@ class SeedOutcome:
     conversions_fm: float = 0.0
     early_vm_agreement: list[float] = field(default_factory=list)
     """Per scored slice: share of the VM's top k (over the N retrieved) the early stage kept."""
+    chain_trainings: list[tuple[int, str]] = field(default_factory=list)
+    """``(hour, embedding version)`` of every chain training on the world's own traffic."""
 
 
 @dataclass
@@ -206,7 +208,7 @@ def run_seed(
     log_parts: list[pd.DataFrame] = []
     last_click = np.full(cfg.world.num_users, -1, dtype=np.int64)
     two_tower: TwoTower | None = None
-    run: _Replay | None = None
+    run: ReplayRun | None = None
     grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
     torch.set_grad_enabled(False)
     # The loop's tensors are small (tens to thousands of rows): with intra-op threads on a
@@ -240,6 +242,7 @@ def run_seed(
                 and (hour - cfg.warmup_hours) % cfg.chain_retrain_hours == 0
             ):
                 bundle = _train_chain(_dataset(world, log), cfg, seed)
+                outcome.chain_trainings.append((hour, bundle.embedding_version))
                 run = _new_run(cfg, pcfg, world, log, bundle, candidate_cfg, outcome, hour)
             scored = hour >= cfg.first_scored_hour()
             if scored and not outcome.arms:
@@ -269,7 +272,7 @@ def run_seed(
             if run is None or pool_candidates is None:
                 continue
             step = _round(run, hour, start, past, pool_candidates, records, two_tower)
-            _precompute_step(run, step)
+            precompute_step(run, step)
             if observer is not None:
                 observer(hour, step, run.states)
             _serve_arms(run, records, outcome, scored, cfg.shown)
@@ -338,7 +341,7 @@ def _new_run(
     candidate_cfg: CandidateConfig,
     outcome: SeedOutcome,
     hour: int,
-) -> _Replay:
+) -> ReplayRun:
     """Fresh stores for every arm under a new chain (its embedding space is new); the counters
     of an arm carry over."""
     from solaris_feast.models.features import PairFeaturizer
@@ -354,7 +357,7 @@ def _new_run(
                 state.fm_pairs = outcome.states[name].fm_pairs
             outcome.states[name] = state
             states.append(state)
-    return _Replay(
+    return ReplayRun(
         cfg=pcfg,
         ds=ds,
         bundle=bundle,
@@ -432,7 +435,7 @@ def _simulate_hour(
     log_parts: list[pd.DataFrame],
     last_click: np.ndarray,
     two_tower: TwoTower | None,
-    run: _Replay | None,
+    run: ReplayRun | None,
     candidate_cfg: CandidateConfig,
     outcome: SeedOutcome,
     scored: bool,
@@ -514,7 +517,7 @@ def _agreement(
     cu: np.ndarray,
     ci: np.ndarray,
     early: np.ndarray,
-    run: _Replay,
+    run: ReplayRun,
     featurizer: Any,
     now: pd.Timestamp,
     k_final: int,
@@ -536,14 +539,14 @@ def _fm_scores(bundle: ModelBundle, batch: Any) -> np.ndarray:
 
 
 def _round(
-    run: _Replay,
+    run: ReplayRun,
     hour: int,
     start: pd.Timestamp,
     past: pd.DataFrame,
     candidates: pd.DataFrame,
     records: list[_SliceRecord],
     two_tower: TwoTower | None,
-) -> _Step:
+) -> ReplayStep:
     """The hour's precompute round over the replay's pool, cut at ``start``; the oracle alone
     reads the hour's final-stage pairs."""
     from solaris_feast.models.features import PairFeaturizer
@@ -565,8 +568,8 @@ def _round(
             return {"early_stage": np.zeros(len(users))}
         return {"early_stage": two_tower.score(users, items)}
 
-    pool = _score_pool(candidates, run, requests, past, start, featurizer, hour, early_stage)
-    return _Step(
+    pool = score_pool(candidates, run, requests, past, start, featurizer, hour, early_stage)
+    return ReplayStep(
         index=hour,
         start=start,
         scored=True,
@@ -580,7 +583,7 @@ def _round(
 
 
 def _serve_arms(
-    run: _Replay,
+    run: ReplayRun,
     records: list[_SliceRecord],
     outcome: SeedOutcome,
     scored: bool,

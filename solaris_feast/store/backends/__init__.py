@@ -7,8 +7,9 @@ they call an :class:`OnlineBackend` that :func:`backend_for` picks by the Feast 
 config.
 
 - :mod:`.redis`: one Redis; every operation is one round trip (hand-packed where measured to pay).
-- :mod:`.redis_cluster`: the same layout through redis-py's cluster client (one round trip per
-  node; a batch is atomic per row only, since a cluster cannot run one transaction over slots).
+- :mod:`.redis_cluster`: the same layout over a cluster's slots (one round trip per node; a
+  batch is atomic per row only, since a cluster cannot run one transaction over slots, and a
+  write is done when a replica has it).
 - :mod:`.sqlite`: Feast's SQLite tables, the embedded default.
 
 Errors: a backend raises what its client raises, or one of :mod:`solaris_feast.errors`; a read

@@ -1,33 +1,59 @@
 """Redis Cluster (``redis_type: redis_cluster``): Feast's layout, spread over the cluster's slots.
 
 Keys live on many nodes, so no single connection can take the packed pipeline of
-:mod:`.redis`: reads and writes go through redis-py's cluster pipeline, which groups commands by
-node (one round trip per node holding some of the keys). Each receive is bounded by the client's
-socket timeout (the reader's deadline) and the whole read is checked against the deadline after.
+:mod:`.redis`. Commands are grouped by the node that serves their slot (redis-py's slot map),
+and each node gets one round trip on a plain connection to it; none of redis-py's cluster
+retries run (they re-send failed commands one by one, each refreshing the slot map and some
+sleeping 250 ms, which no deadline survives). Any error fails the call at once, as the
+retryable or final error it is (a MOVED or CLUSTERDOWN during a failover is retryable), and
+refreshes the slot map: in the background for a read, before the error is raised for a write.
+
+Reads: the packed HMGETs of :mod:`.redis` per node, each on a deadline connection whose connect,
+send and receives get only what is left of the deadline.
 
 Writes: one script call per key, since a cluster runs a script on one slot and keys spread over
-all of them. Each row stays atomic (no torn row); a batch is not atomic on a cluster.
+all of them. Each row stays atomic (no torn row); a batch is not atomic on a cluster. Each node's
+round trip loads the script first (a promoted replica has no script cache: Redis does not
+replicate ``SCRIPT LOAD``) and ends with ``WAIT``: where the slot map knows a replica, a write
+counts as done only when one replica has it. Replication is asynchronous, so without it a primary
+that dies right after acknowledging loses the rows at failover, and nobody writes them again; a
+``WAIT`` that times out raises a retryable error and the rewrite is idempotent.
 
 The miss queue's keys share the hash tag ``{project}``, so they sit on one slot and its scripts
-run as on one Redis; the status scan visits every primary.
+run as on one Redis (through redis-py's cluster client); the status scan visits every primary.
 """
 
 from __future__ import annotations
 
-import time
+import hashlib
+import logging
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from solaris_feast.errors import DeadlineExceededError
+from solaris_feast.errors import RetryableStoreError, is_retryable
 from solaris_feast.store.backends import BackendKind, OnlineBatch, TierReads, split_tiers
-from solaris_feast.store.backends.redis import WRITE_SCRIPT, RedisBackend, connection_kwargs
+from solaris_feast.store.backends.redis import (
+    WRITE_SCRIPT,
+    DeadlineConnections,
+    RedisBackend,
+    _hmget_template,
+    bulk,
+    connection_kwargs,
+)
 from solaris_feast.store.ids import EntityId
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
     from feast import FeatureStore
+
+logger = logging.getLogger(__name__)
+
+REPLICA_ACK_TIMEOUT_MS = 1000
+"""How long a write waits for a replica to acknowledge it before it fails as retryable."""
+_WRITE_SHA = hashlib.sha1(WRITE_SCRIPT.encode()).hexdigest()
 
 
 def cluster_client(store: FeatureStore, timeout_seconds: float | None) -> Any:
@@ -48,9 +74,30 @@ def cluster_client(store: FeatureStore, timeout_seconds: float | None) -> Any:
 
 
 class RedisClusterBackend(RedisBackend):
-    """A Redis Cluster; the miss queue and the scan are the single-Redis ones."""
+    """A Redis Cluster; the miss queue and the scan are the single-Redis ones.
+
+    Args:
+        client: a redis-py ``RedisCluster``.
+        project: the Feast project.
+        serialization_version: Feast's ``entity_key_serialization_version``.
+        replica_ack_timeout_ms: how long a write waits for a replica (``WAIT``).
+    """
 
     kind: BackendKind = "redis_cluster"
+
+    def __init__(
+        self,
+        client: Any,
+        project: str,
+        serialization_version: int = 3,
+        *,
+        replica_ack_timeout_ms: int = REPLICA_ACK_TIMEOUT_MS,
+    ) -> None:
+        super().__init__(client, project, serialization_version)
+        self.replica_ack_timeout_ms = replica_ack_timeout_ms
+        self._node_reads: dict[str, DeadlineConnections] = {}
+        self._reads_lock = threading.Lock()
+        self._refreshing = threading.Event()
 
     @classmethod
     def for_store(cls, store: FeatureStore, timeout_seconds: float | None) -> RedisClusterBackend:
@@ -60,32 +107,147 @@ class RedisClusterBackend(RedisBackend):
             store.config.entity_key_serialization_version,
         )
 
+    # -- the slot map -------------------------------------------------------------------------
+
+    def _shard_of(self, key: bytes | str) -> tuple[Any, int]:
+        """The primary serving ``key``'s slot and how many replicas the slot map lists for it
+        (failed replicas are not listed)."""
+        from redis.exceptions import SlotNotCoveredError
+
+        slot = self.client.keyslot(key)
+        nodes = self.client.nodes_manager.slots_cache.get(slot)
+        if not nodes:
+            raise SlotNotCoveredError(f"slot {slot} is not covered by the cluster's slot map")
+        return nodes[0], len(nodes) - 1
+
+    def _refresh_slot_map(self) -> None:
+        try:
+            self.client.nodes_manager.initialize()
+        except Exception as exc:  # the next call fails and refreshes again
+            logger.warning("Redis Cluster slot map refresh failed: %r", exc)
+
+    def _refresh_in_background(self) -> None:
+        """One refresh at a time, off the request path: reads keep their deadline."""
+        if self._refreshing.is_set():
+            return
+        self._refreshing.set()
+
+        def run() -> None:
+            try:
+                self._refresh_slot_map()
+            finally:
+                self._refreshing.clear()
+
+        threading.Thread(target=run, name="solaris-cluster-slot-map", daemon=True).start()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _reads_on(self, node: Any) -> DeadlineConnections:
+        with self._reads_lock:
+            if node.name not in self._node_reads:
+                self._node_reads[node.name] = DeadlineConnections(
+                    self.client.get_redis_connection(node)
+                )
+            return self._node_reads[node.name]
+
     def read_tiers(
         self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
     ) -> TierReads:
-        started = time.perf_counter()
+        deadline_ms = self._deadline_ms(deadline_s)
         pair_fields, user_fields = self.read_fields(views)
-        project = self.project.encode()
-        pipe = self.client.pipeline()
-        for item in items.tolist():
-            pipe.execute_command("HMGET", self.pair_key.key(user, item) + project, *pair_fields)
-        pipe.execute_command("HMGET", self.user_key.key(user) + project, *user_fields)
-        pipe.execute_command("GET", self._round_key.encode())
-        replies = list(pipe.execute(raise_on_error=True))
-        if time.perf_counter() > deadline_s:
-            raise DeadlineExceededError("Redis Cluster read", (deadline_s - started) * 1000.0)
+        project = self._project_bytes
+        pair_head, pair_tail = _hmget_template(pair_fields)
+        user_head, user_tail = _hmget_template(user_fields)
+        commands = [
+            (self.pair_key.key(user, item) + project, pair_head, pair_tail)
+            for item in items.tolist()
+        ]
+        commands.append((self.user_key.key(user) + project, user_head, user_tail))
+        replies: list[Any] = [None] * (len(commands) + 1)
+        try:
+            by_node: dict[str, tuple[Any, list[int], list[bytes]]] = {}
+            for position, (key, head, tail) in enumerate(commands):
+                node, _ = self._shard_of(key)
+                entry = by_node.setdefault(node.name, (node, [], []))
+                entry[1].append(position)
+                entry[2].append(b"%s%s%s" % (head, bulk(key), tail))
+            round_node, _ = self._shard_of(self._round_key)
+            entry = by_node.setdefault(round_node.name, (round_node, [], []))
+            entry[1].append(len(commands))
+            entry[2].append(self._round_command)
+            for node, positions, parts in by_node.values():
+                answers = self._reads_on(node).round_trip(
+                    b"".join(parts), len(parts), deadline_s, deadline_ms
+                )
+                for position, answer in zip(positions, answers, strict=True):
+                    if isinstance(answer, Exception):
+                        raise answer
+                    replies[position] = answer
+        except Exception:
+            self._refresh_in_background()
+            raise
         return TierReads(split_tiers(replies[:-2], replies[-2], len(items)), replies[-1])
 
+    # -- writing ------------------------------------------------------------------------------
+
     def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
-        sha = self.client.script_load(WRITE_SCRIPT)  # on every primary
+        import redis
+
         head = self._write_head(batch)
-        project = self.project.encode()
+        project = self._project_bytes
         timestamps = self._timestamps(batch.event_ts_ns)
-        pipe = self.client.pipeline()
-        for i, key in enumerate(batch.keys):
-            # execute_command: redis-py blocks the evalsha method on cluster pipelines, not the
-            # command, which it routes by its one key.
-            pipe.execute_command(
-                "EVALSHA", sha, 1, key + project, *head, timestamps[i], *batch.values[i]
-            )
-        return sum(int(r) for r in pipe.execute(raise_on_error=True))
+        by_node: dict[str, tuple[Any, int, list[int]]] = {}
+        try:
+            for i, key in enumerate(batch.keys):
+                node, replicas = self._shard_of(key + project)
+                by_node.setdefault(node.name, (node, replicas, []))[2].append(i)
+        except redis.RedisError:
+            self._refresh_slot_map()
+            raise
+        applied = 0
+        for node, replicas, rows in by_node.values():
+            pipe = self.client.get_redis_connection(node).pipeline(transaction=False)
+            pipe.execute_command("SCRIPT", "LOAD", WRITE_SCRIPT)
+            for i in rows:
+                key = batch.keys[i] + project
+                pipe.execute_command(
+                    "EVALSHA", _WRITE_SHA, 1, key, *head, timestamps[i], *batch.values[i]
+                )
+            if replicas:
+                pipe.execute_command("WAIT", 1, self.replica_ack_timeout_ms)
+            where = f"{batch.view_name}: {len(rows)} of {len(batch.keys)} rows on {node.name}"
+            try:
+                answers = pipe.execute(raise_on_error=False)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if not is_retryable(exc):
+                    raise
+                self._refresh_slot_map()
+                raise RetryableStoreError(
+                    f"{where}: the node failed ({exc!r}); write the batch again "
+                    "(rewrites are idempotent)"
+                ) from exc
+            for answer in answers:
+                if isinstance(answer, Exception):
+                    if not is_retryable(answer):
+                        raise answer
+                    self._refresh_slot_map()
+                    raise RetryableStoreError(
+                        f"{where}: {answer!r} (the cluster is moving slots); write the batch "
+                        "again (rewrites are idempotent)"
+                    ) from answer
+            if replicas and int(answers[-1]) < 1:
+                self._refresh_slot_map()
+                raise RetryableStoreError(
+                    f"{where}: written on the primary, but no replica acknowledged them within "
+                    f"{self.replica_ack_timeout_ms} ms, so a failover could lose them; write "
+                    "the batch again (rewrites are idempotent)"
+                )
+            applied += sum(int(a) for a in answers[1 : 1 + len(rows)])
+        return applied
+
+    def close(self) -> None:
+        with self._reads_lock:
+            reads, self._node_reads = self._node_reads, {}
+        for connections in reads.values():
+            connections.close()
+        super().close()
