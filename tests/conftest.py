@@ -106,7 +106,9 @@ def feast_project() -> Iterator[str]:
     """A Feast project name of this test's own; its Redis keys are deleted afterwards."""
     import redis
 
-    name = f"solaris_test_{uuid.uuid4().hex[:10]}"
+    # A session sharing the Redis with others can pick its own prefix to tell its keys apart.
+    prefix = os.environ.get("SOLARIS_TEST_PROJECT_PREFIX", "solaris_test_")
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
     yield name
     client = redis.Redis.from_url(os.environ["REDIS_URL"])
     # Feast's Redis keys end with the project name; the miss queue and locks carry it too.

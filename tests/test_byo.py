@@ -125,6 +125,7 @@ def own_deployment(
     users: int = 60,
     items: int = 45,
     redis: bool = False,
+    embedding_codec: str = "float32",
     **sections: Any,
 ) -> Path:
     """A log, an item table, an applied Feast repo (SQLite, or Redis with its connection from
@@ -132,9 +133,11 @@ def own_deployment(
     end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     write_own_log(root / "log", users, items, end)
     write_item_table(root / "items.parquet", items)
-    make_feature_repo(root / "repo", project, redis=redis)
+    make_feature_repo(root / "repo", project, redis=redis, embedding_codec=embedding_codec)
     feast = {"repo": "repo", "feature_store_yaml": yaml_name(redis)}
-    return write_config(root, config_dict(root, feast=feast, **sections))
+    raw = config_dict(root, feast=feast, **sections)
+    raw["precompute"]["embedding_codec"] = embedding_codec
+    return write_config(root, raw)
 
 
 def run_cli(*args: str) -> str:

@@ -305,7 +305,12 @@ def own_models(trained: Trained, tmp_path: Path) -> Path:
 
 
 def make_feature_repo(
-    path: Path, project: str, redis: bool = False, apply: bool = True, **id_types: str
+    path: Path,
+    project: str,
+    redis: bool = False,
+    apply: bool = True,
+    embedding_codec: str = "float32",
+    **id_types: str,
 ) -> Path:
     """A Feast repo with the SOLARIS views applied, like `feast apply` (unless ``apply`` is
     False): SQLite in ``feature_store.yaml``, or Redis in ``feature_store.redis.yaml`` with its
@@ -335,6 +340,7 @@ def make_feature_repo(
     config = SolarisFeastConfig(
         user_producing_dag="solaris_precompute",
         similar_producing_dag="solaris_precompute",
+        embedding_codec=embedding_codec,  # type: ignore[arg-type]
         **id_types,  # type: ignore[arg-type]
     )
     if apply:

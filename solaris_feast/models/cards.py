@@ -35,6 +35,7 @@ from solaris_feast.store.definitions import (
     DEFAULT_USER_TTL_SECONDS,
     SolarisFeastConfig,
 )
+from solaris_feast.store.layout import DEFAULT_EMBEDDING_CODEC
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,7 @@ PAIR_TTL_ENV = "SOLARIS_PAIR_TTL_SECONDS"
 USER_TTL_ENV = "SOLARIS_USER_TTL_SECONDS"
 SIMILAR_TTL_ENV = "SOLARIS_SIMILAR_TTL_SECONDS"
 SCHEDULE_ENV = "SOLARIS_PRECOMPUTE_SCHEDULE"
+EMBEDDING_CODEC_ENV = "SOLARIS_EMBEDDING_CODEC"
 """The precompute DAG's schedule variable; the views' schedule tags follow it."""
 UNVERSIONED = "unversioned"
 WeightsStatus = Literal["ok", "mismatch", "missing"]
@@ -439,6 +441,18 @@ def newest_embedding_version(models_dir: Path) -> str | None:
     return chain.embedding_version if chain is not None else None
 
 
+def _embedding_codec(environ: Mapping[str, str]) -> str:
+    text = environ.get(EMBEDDING_CODEC_ENV, "").strip()
+    if text:
+        return text  # SolarisFeastConfig refuses an unknown name, naming the choices
+    if environ.get("SOLARIS_CONFIG", "").strip():
+        from solaris_feast.config import load_config
+
+        precompute = load_config(environ["SOLARIS_CONFIG"]).precompute
+        return str(getattr(precompute, "embedding_codec", DEFAULT_EMBEDDING_CODEC))
+    return DEFAULT_EMBEDDING_CODEC
+
+
 def _env_seconds(environ: Mapping[str, str], name: str, default: int) -> int:
     text = environ.get(name, "").strip()
     if not text:
@@ -461,7 +475,9 @@ def versioned_feast_config(
     Without cards the versions are ``"unversioned"`` and the dimension is the default. The
     variables: ``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS``,
     ``SOLARIS_SIMILAR_TTL_SECONDS`` and ``SOLARIS_PRECOMPUTE_SCHEDULE`` (the one the precompute
-    DAG reads, so the tag says what runs).
+    DAG reads, so the tag says what runs). The embedding codec is ``SOLARIS_EMBEDDING_CODEC``,
+    else the config file's ``precompute.embedding_codec`` when ``SOLARIS_CONFIG`` is set, else
+    float32.
 
     Raises:
         ConfigError: a malformed card, a missing parent card or a non-numeric TTL variable.
@@ -479,6 +495,7 @@ def versioned_feast_config(
         "pair_schedule": schedule,
         "user_schedule": schedule,
         "similar_schedule": schedule,
+        "embedding_codec": _embedding_codec(env),
     }
     if chain is not None:
         # The entities take the ids the chain was trained on: a log with String items makes

@@ -5,9 +5,17 @@ transformer layer, attends from the target item into it, and crosses the result 
 item attributes into one shared user-item representation ``h(u, i)`` that feeds every task head.
 ``representation`` is the interface precompute calls; ``user_representation`` gives the user-side
 vector that the similarity fill searches over.
+
+The history encoding depends on the user and the time only, never on the target item, so a
+precompute round that scores many items of one user encodes it once: ``encode_history`` over one
+row per user, then ``encode_pairs_with_history`` for every pair (target attention, crossing),
+which equals ``representation`` to float rounding. With transformer layers over the history that
+is most of the FM's cost per pair.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -55,6 +63,22 @@ class _AttributeEncoder(nn.Module):
         if self.dense is not None:
             out = out + self.dense(dense)
         return out
+
+
+@dataclass(frozen=True)
+class HistoryEncoding:
+    """Encoded histories of U users, to be reused across their target items.
+
+    Attributes:
+        tokens: ``(U, N+1, d)`` encoded history with the null token first.
+        pad: ``(U, N+1)`` bool, True at padding positions.
+    """
+
+    tokens: torch.Tensor
+    pad: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
 
 
 class FoundationModel(nn.Module):
@@ -128,17 +152,39 @@ class FoundationModel(nn.Module):
             tokens = self.encoder(tokens, src_key_padding_mask=pad)
         return tokens, pad
 
-    def _parts(self, batch: PairBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _pair_representation(
+        self, batch: PairBatch, tokens: torch.Tensor, pad: torch.Tensor
+    ) -> torch.Tensor:
+        """``h(u, i)`` ``(B, D)`` from each pair's encoded history ``(B, N+1, d)``."""
         user = self.user(batch.user_id, batch.user_cat, batch.user_dense)
         item = self.item(batch.item_id, batch.item_cat, batch.item_dense)
-        tokens, pad = self._history(batch)
         interest, _ = self.target_attention(item.unsqueeze(1), tokens, tokens, key_padding_mask=pad)
-        return user, item, interest.squeeze(1)
+        interest = interest.squeeze(1)
+        return self.cross(torch.cat([interest, user, item, interest * item, user * item], dim=-1))
 
     def representation(self, batch: PairBatch) -> torch.Tensor:
         """The shared user-item representation ``h(u, i)``, ``(B, D)``."""
-        user, item, interest = self._parts(batch)
-        return self.cross(torch.cat([interest, user, item, interest * item, user * item], dim=-1))
+        tokens, pad = self._history(batch)
+        return self._pair_representation(batch, tokens, pad)
+
+    def encode_history(self, batch: PairBatch) -> HistoryEncoding:
+        """The history encoding of each row of ``batch`` (one row per user; the item fields are
+        not read): ``(U, N+1, d)`` tokens and their padding mask."""
+        tokens, pad = self._history(batch)
+        return HistoryEncoding(tokens=tokens, pad=pad)
+
+    def encode_pairs_with_history(
+        self, batch: PairBatch, history: HistoryEncoding, user_index: torch.Tensor
+    ) -> torch.Tensor:
+        """``h(u, i)`` ``(B, D)`` of B pairs whose user's encoded history is row
+        ``user_index[b]`` of ``history`` (``(B,)`` int64 into U rows); the history fields of
+        ``batch`` are not read. Equal to :meth:`representation` of the same pairs as of the
+        same time, to float rounding; the target attention stays per pair."""
+        if user_index.shape != (len(batch),):
+            raise ValueError(f"user_index must be ({len(batch)},), got {tuple(user_index.shape)}")
+        if len(batch) and (int(user_index.min()) < 0 or int(user_index.max()) >= len(history)):
+            raise ValueError(f"user_index must lie in 0..{len(history) - 1}")
+        return self._pair_representation(batch, history.tokens[user_index], history.pad[user_index])
 
     def user_representation(self, batch: PairBatch) -> torch.Tensor:
         """User-side vector ``(B, 2d)``: the masked mean of the encoded history and the user

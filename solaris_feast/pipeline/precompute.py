@@ -77,7 +77,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     from solaris_feast.errors import ChainMismatchError, ConfigError
     from solaris_feast.models.cards import serving_chain
     from solaris_feast.pipeline.promotion import chain_mismatches, embedding_dim_mismatch
-    from solaris_feast.store.tags import TAG_EMBEDDING_DIM
+    from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 
     cfg = PrecomputeSettings.model_validate(dict(settings))
     store = open_run_store(cfg)  # refuses a repo without the views before any work is done
@@ -99,6 +99,14 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     )
     if dim_problem is not None:
         problems.append(dim_problem)
+    view_codec = store.get_feature_view(PAIR_VIEW).tags.get(TAG_EMBEDDING_CODEC, "float32")
+    if view_codec != cfg.embedding_codec:
+        raise ConfigError(
+            f"the precompute's embedding_codec is {cfg.embedding_codec} but the views in "
+            f"{cfg.feature_repo} store {view_codec}: run feast apply with "
+            f"SOLARIS_EMBEDDING_CODEC={cfg.embedding_codec} (or set embedding_codec: "
+            f"{view_codec})"
+        )
     if problems:
         raise ChainMismatchError(vm.version, problems)
     run_dir = precompute_run_dir(cfg, key, vm.version)

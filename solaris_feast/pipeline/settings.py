@@ -26,6 +26,7 @@ from pydantic.fields import FieldInfo
 
 from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
 from solaris_feast.models.spec import ModelChoice
+from solaris_feast.store.layout import DEFAULT_EMBEDDING_CODEC, EmbeddingCodecName
 
 PAIR_VIEW = "solaris_pair"
 USER_VIEW = "solaris_user"
@@ -129,6 +130,11 @@ class PrecomputeSettings(LogSource):
     besides the queued misses."""
     similar_neighbours: int = Field(10, gt=0)
     """k of the similarity fill."""
+    embedding_codec: EmbeddingCodecName = DEFAULT_EMBEDDING_CODEC
+    """How the views store embeddings online: float32 (exact), float16 or int8 (quantized Feast
+    bytes, less Redis memory; bytes per pair and NE cost in benchmarks/README.md). The views
+    must be applied with the same codec (SOLARIS_EMBEDDING_CODEC, or this config when feast
+    apply runs); a run refuses a mismatch."""
     batch_size: int = Field(1024, gt=0)
     """Pairs per FM forward pass and per write; up to the writer's atomic_rows (1024) a write is
     all-or-nothing on Redis."""

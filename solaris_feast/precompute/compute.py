@@ -6,6 +6,10 @@ share a run. Every pair is featurized as of the plan's ``planned_at`` (history s
 it) and stored with ``computed_at = planned_at``: a retried shard writes the same rows, which the
 writer's newest-wins rule and content-hashed offline files make idempotent.
 
+A shard's pairs are batched in user order, so a user's planned items share a batch and an FM
+that encodes a user's history once per call (the reference FM does, see
+:class:`~solaris_feast.models.interface.ReferenceEncoder`) reuses it across them.
+
 Batches run under ``torch.inference_mode()`` with the models in ``eval()``. The stats split the
 wall time into featurizing, FM + compressor forward, building the rows and writing, so the share
 of non-FM work is visible (issue target: at most 25 % of a run).
@@ -156,6 +160,10 @@ def run_precompute(
     if at.tzinfo is None:
         raise ValueError(f"plan's planned_at must be timezone-aware, got {at}")
     users, items = id_array(plan_shard.pairs[USER_ID]), id_array(plan_shard.pairs[ITEM_ID])
+    # User order (stable: each user's items keep the plan's order), so a user's planned items
+    # share a batch and its history is encoded once.
+    order = np.argsort(users, kind="stable")
+    users, items = users[order], items[order]
     pairs = PairsAsOf.of(users, items, at, log)
     version = chain.embedding_version
     computed_at = at.tz_convert("UTC")

@@ -6,7 +6,9 @@ resolves them exact > similar > user aggregate > zero. It enforces what Feast's
 :mod:`solaris_feast.serving.resolve`: a value older than its view's TTL, made by another model
 version than the VM's, null (Redis answers a missing entity with a PRESENT null), with a NaN or
 inf component, of another length, from further in the future than the clock skew allows, or
-bytes that do not decode is a miss, counted in :class:`RetrieverStats`. Every exact miss goes to
+bytes that do not decode (by the views' ``solaris.embedding_codec``: Feast float lists, or
+quantized bytes decoded by :func:`~solaris_feast.store.layout.dequantize_payloads`) is a miss,
+counted in :class:`RetrieverStats`. Every exact miss goes to
 the
 :class:`~solaris_feast.serving.miss_queue.MissQueue`
 for the next precompute round.
@@ -52,8 +54,8 @@ from solaris_feast.serving.resolve import (
 from solaris_feast.store.backends import OnlineBackend, TierRead, backend_for
 from solaris_feast.store.definitions import SolarisFeastConfig
 from solaris_feast.store.ids import EntityId, IdType, check_id, check_ids, join_key_types
-from solaris_feast.store.layout import FloatListCodec
-from solaris_feast.store.tags import TAG_EMBEDDING_DIM
+from solaris_feast.store.layout import embedding_codec
+from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -211,6 +213,7 @@ class SolarisRetriever:
 
         self.ttl_seconds: dict[Tier, float] = {}
         dims = set()
+        codecs = set()
         from feast.errors import FeatureViewNotFoundException
 
         for tier, name in self.view_names.items():
@@ -222,14 +225,18 @@ class SolarisRetriever:
                 raise ConfigError(f"feature view {name} needs a positive ttl")
             self.ttl_seconds[tier] = view.ttl.total_seconds()
             dims.add(int(view.tags.get(TAG_EMBEDDING_DIM, names.embedding_dim)))
+            codecs.add(view.tags.get(TAG_EMBEDDING_CODEC, "float32"))
         if len(dims) != 1:
             raise ConfigError(f"the three views disagree on the embedding dimension: {dims}")
+        if len(codecs) != 1:
+            raise ConfigError(f"the three views disagree on the embedding codec: {codecs}")
         self.dim = dims.pop()
         # Ids are typed as the registry's pair view says (Int64 or String join keys).
         key_types = join_key_types(store.get_feature_view(self.view_names[Tier.EXACT]))
         self.user_id_type: IdType = key_types.get(USER_ID, "int64")
         self.item_id_type: IdType = key_types.get(ITEM_ID, "int64")
-        self.codec = FloatListCodec(self.dim)
+        # The views' codec (store/layout.py): Feast's float list, or quantized Feast bytes.
+        self.codec = embedding_codec(codecs.pop(), self.dim)
         # Stored model versions are compared as bytes: Feast serializes a string value the same
         # way every time, so equal bytes mean equal versions without parsing each value.
         self._expected_version_bytes = ValueProto(
@@ -248,6 +255,7 @@ class SolarisRetriever:
         self._queued_round: bytes | None = None
         self._queued_since = 0.0
         self._queued: set[tuple[EntityId, EntityId]] = set()
+        self._warned_undecodable = False
 
     # -- public -------------------------------------------------------------------------------
 
@@ -373,7 +381,7 @@ class SolarisRetriever:
         stamps = [_decode_timestamp(computed_at[i]) for i in stored]
         versions = [model_version[i] for i in stored]
         rows: list[int] = []
-        packed: list[bytes] = []  # Feast's own layout for length D: header + D floats
+        packed: list[bytes] = []  # the codec's own layout for length D: header + payload
         packed_rows: list[int] = []
         other: list[tuple[int, np.ndarray]] = []  # any other layout, parsed as a proto
         for i, stamp, version in zip(stored, stamps, versions, strict=True):
@@ -389,11 +397,22 @@ class SolarisRetriever:
                     continue
                 other.append((i, vector))
             rows.append(i)
-        self.stats.undecodable += len(stored) - len(rows)
+        undecodable = len(stored) - len(rows)
+        if undecodable:
+            self.stats.undecodable += undecodable
+            # Loud once (a writer with another codec, corrupt bytes), then only counted.
+            log = logger.debug if self._warned_undecodable else logger.warning
+            self._warned_undecodable = True
+            log(
+                "%d stored values are not %s embeddings of length %d (or lack a computed_at "
+                "or model_version): served as misses (RetrieverStats.undecodable)",
+                undecodable,
+                codec.name,
+                self.dim,
+            )
         vectors = np.zeros((n, self.dim), dtype=np.float32)
         if packed:
-            as_bytes = np.frombuffer(b"".join(packed), dtype=np.uint8).reshape(len(packed), size)
-            vectors[packed_rows] = np.ascontiguousarray(as_bytes[:, len(header) :]).view("<f4")
+            vectors[packed_rows] = codec.decode_packed(packed)
         for i, vector in other:
             vectors[i] = vector
         present = np.zeros(n, dtype=bool)

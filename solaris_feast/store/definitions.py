@@ -23,6 +23,15 @@ decode as a Feast value never reach the view: Feast's own online read raises
 for that value instead). Everything is built by :func:`solaris_definitions` from a
 :class:`SolarisFeastConfig`, so a user can register the views in their own repo under their own
 names, dimensions and TTLs.
+
+The stored ``embedding`` is ``Array(Float32)`` with the default ``embedding_codec: float32``;
+with ``float16`` or ``int8`` it is Feast ``Bytes`` holding the quantized vector (about 66 and
+38 bytes at D = 32 instead of 135, see :mod:`solaris_feast.store.layout`), every view is tagged
+``solaris.embedding_codec`` so readers know how to decode it, and the resolved view decodes it
+with the text of :func:`solaris_feast.store.layout.dequantize_payloads` (a value of the wrong
+size is a miss, served ZERO when no other tier has it). The offline parquet log keeps the
+float32 vectors either way (training reads them at full precision), so ``feast materialize``
+of a quantized view is not supported: the writer writes online itself.
 """
 
 from __future__ import annotations
@@ -49,8 +58,14 @@ from solaris_feast.columns import (
 )
 from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, SEARCH_ORDER, usable_rows
 from solaris_feast.store.ids import IdType, feast_value_type
+from solaris_feast.store.layout import (
+    DEFAULT_EMBEDDING_CODEC,
+    EmbeddingCodecName,
+    dequantize_payloads,
+)
 from solaris_feast.store.tags import (
     TAG_COMPRESSOR_VERSION,
+    TAG_EMBEDDING_CODEC,
     TAG_EMBEDDING_DIM,
     TAG_FM_VERSION,
     TAG_PRODUCING_DAG,
@@ -83,6 +98,10 @@ class SolarisFeastConfig(BaseModel):
 
     embedding_dim: Annotated[int, Field(gt=0, le=MAX_EMBEDDING_DIM)] = DEFAULT_EMBEDDING_DIM
     """Length D of every stored embedding (the compressor's output size)."""
+    embedding_codec: EmbeddingCodecName = DEFAULT_EMBEDDING_CODEC
+    """How every view stores its embedding online: ``float32`` (Feast float list, exact),
+    ``float16`` or ``int8`` (Feast bytes; smaller, with a measured NE cost, see
+    ``benchmarks/README.md``). The precompute's ``embedding_codec`` setting must name the same."""
     user_entity_name: str = "user"
     """Name of the user entity; its join key is ``user_id`` (typed by ``user_id_type``)."""
     item_entity_name: str = "item"
@@ -204,6 +223,7 @@ def lineage_tags(
         TAG_COMPRESSOR_VERSION: config.compressor_version,
         TAG_VERIFIER_VERSION: config.verifier_version,
         TAG_EMBEDDING_DIM: str(config.embedding_dim),
+        TAG_EMBEDDING_CODEC: config.embedding_codec,
         TAG_PRODUCING_DAG: producing_dag,
         TAG_SCHEDULE: schedule,
         TAG_TTL_SECONDS: str(ttl_seconds),
@@ -225,8 +245,10 @@ def {function_name}(inputs):
     now_s = _time.time()
 
     # <usable_rows>
+    # <dequantize_payloads>
     tiers = ({tiers})
     dim = {dim}
+    codec = {codec!r}
     clock_skew_seconds = {clock_skew_seconds!r}
     views = [view for _tier, view, _ttl in tiers]
 
@@ -254,6 +276,16 @@ def {function_name}(inputs):
 
     def vectors_of(values, candidates):
         # Nulls, other lengths or other types are misses (not present); the rest are kept.
+        if codec != "float32":
+            # Quantized bytes: a payload of the wrong size decodes to nothing (a miss).
+            picked = candidates.tolist()
+            vectors = np.zeros((n, dim), dtype=np.float32)
+            present = np.zeros(n, dtype=bool)
+            if picked:
+                decoded, ok = dequantize_payloads([values[i] for i in picked], codec, dim)
+                vectors[picked] = decoded
+                present[picked] = ok
+            return vectors, present, np.flatnonzero(present).tolist()
         # A float list from Feast holds floats only (one proto type per value), so its first
         # element tells an embedding from an int, bool or string list of the same length.
         rows = [
@@ -310,6 +342,7 @@ def {function_name}(inputs):
     return out
 '''
 _USABLE_ROWS_MARK = "    # <usable_rows>\n"
+_DEQUANTIZE_MARK = "    # <dequantize_payloads>\n"
 
 
 def resolved_view_source(config: SolarisFeastConfig) -> tuple[str, str]:
@@ -327,12 +360,16 @@ def resolved_view_source(config: SolarisFeastConfig) -> tuple[str, str]:
         request_field=MODEL_VERSION_REQUEST_FIELD,
         tiers=tiers + ",",
         dim=config.embedding_dim,
+        codec=config.embedding_codec,
         clock_skew_seconds=float(config.clock_skew_seconds),
         resolved_view=config.resolved_view_name,
     )
     # The rule's own text, not a copy: the retriever and the view cannot drift apart.
     rule = textwrap.indent(inspect.getsource(usable_rows), "    ")
     source = source.replace(_USABLE_ROWS_MARK, rule + "\n")
+    # The codec's own decoder, not a copy, for the same reason.
+    decoder = textwrap.indent(inspect.getsource(dequantize_payloads), "    ")
+    source = source.replace(_DEQUANTIZE_MARK, decoder + "\n")
     return source.strip() + "\n", function_name
 
 
@@ -352,7 +389,7 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
         RequestSource,
     )
     from feast import Field as FeastField
-    from feast.types import Array, Float32, Float64, Int64, String, UnixTimestamp
+    from feast.types import Array, Bytes, Float32, Float64, Int64, String, UnixTimestamp
 
     cfg = config or SolarisFeastConfig()
     user = Entity(
@@ -377,7 +414,8 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
             description=f"Append-only parquet of {view_name}, one folder per UTC day",
         )
 
-    embedding = FeastField(name=EMBEDDING, dtype=Array(Float32))
+    stored_type = Array(Float32) if cfg.embedding_codec == "float32" else Bytes
+    embedding = FeastField(name=EMBEDDING, dtype=stored_type)
     model_version = FeastField(name=MODEL_VERSION, dtype=String)
     computed_at = FeastField(name=COMPUTED_AT, dtype=UnixTimestamp)
 
@@ -443,7 +481,13 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
     exec(source_text, namespace)  # the same text Feast will re-execute from the registry
     resolved_view = OnDemandFeatureView(
         name=cfg.resolved_view_name,
-        sources=[pair_view, similar_view, user_view, request],
+        # Only the features the rule reads: Feast reads and converts every feature of a source
+        # for every row (neighbour_count, mean_distance, pair_count cost 8% of the read here).
+        sources=[
+            view[[EMBEDDING, MODEL_VERSION, COMPUTED_AT]]
+            for view in (pair_view, similar_view, user_view)
+        ]
+        + [request],
         schema=[
             FeastField(name="resolved_embedding", dtype=Array(Float32)),
             FeastField(name="resolved_tier", dtype=Int64),
@@ -455,6 +499,7 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
         tags={
             TAG_TIER: "RESOLVED",
             TAG_EMBEDDING_DIM: str(cfg.embedding_dim),
+            TAG_EMBEDDING_CODEC: cfg.embedding_codec,
             TAG_COMPRESSOR_VERSION: cfg.compressor_version,
         },
         description="Best available embedding, exact > similar > user aggregate > zero",

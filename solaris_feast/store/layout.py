@@ -11,17 +11,31 @@ calls these.
 - Redis hash fields: ``mmh3("<view>:<feature>")`` per feature, ``_ts:<view>`` for the event
   timestamp; one hash per entity key holds every view of that key.
 - SQLite tables: ``<project>_<view>``, one row per (entity key, feature).
+- Embeddings: ``float32`` as Feast's ``float_list_val`` (:class:`FloatListCodec`), or quantized
+  as Feast ``bytes_val`` (:class:`QuantizedCodec`): ``float16`` holds D little-endian halves
+  (2D bytes), ``int8`` a little-endian float32 scale then D int8 (4 + D bytes; the vector is
+  ``q * scale``). The codec of a view is its ``solaris.embedding_codec`` tag; every reader
+  decodes quantized bytes with :func:`dequantize_payloads` (the resolved view carries its text).
 - The miss queue's Redis keys, all under the hash tag ``{project}`` (one cluster slot).
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from solaris_feast.errors import ConfigError
 
+if TYPE_CHECKING:
+    import numpy as np
+
 MIN_SERIALIZATION_VERSION = 3
+
+EmbeddingCodecName = Literal["float32", "float16", "int8"]
+"""How a stored embedding is encoded online (see the module docstring for the bytes)."""
+EMBEDDING_CODECS: tuple[str, ...] = get_args(EmbeddingCodecName)
+DEFAULT_EMBEDDING_CODEC: EmbeddingCodecName = "float32"
+INT8_SCALE_BYTES = 4
 
 
 def _check_serialization_version(version: int) -> None:
@@ -148,6 +162,7 @@ class FloatListCodec:
         from feast.protos.feast.types.Value_pb2 import FloatList
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
+        self.name = "float32"
         self.dim = dim
         probe = ValueProto(float_list_val=FloatList(val=[0.0] * dim)).SerializeToString()
         self.header = probe[: len(probe) - 4 * dim]
@@ -171,6 +186,19 @@ class FloatListCodec:
         header = self.header
         return [header + raw[i : i + step] for i in range(0, len(raw), step)]
 
+    def unrepresentable(self, matrix: Any) -> Any:
+        """``(N,)`` bool: none (every finite float32 vector is held exactly)."""
+        import numpy as np
+
+        return np.zeros(len(matrix), dtype=bool)
+
+    def decode_packed(self, values: list[bytes]) -> Any:
+        """``(N, D)`` float32 from N values already known to be header + D floats."""
+        import numpy as np
+
+        as_bytes = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), self.size)
+        return np.ascontiguousarray(as_bytes[:, len(self.header) :]).view("<f4")
+
     def decode(self, value: Any) -> Any:
         """``(D,)`` float32, or None when the value is empty, null, of another length or type,
         or not a ``ValueProto`` at all (garbage or truncated bytes). Never raises: one bad stored
@@ -192,6 +220,167 @@ class FloatListCodec:
         if proto.WhichOneof("val") != "float_list_val" or len(proto.float_list_val.val) != self.dim:
             return None
         return np.asarray(proto.float_list_val.val, dtype=np.float32)
+
+
+def quantized_payload_size(codec: str, dim: int) -> int:
+    """Bytes of one quantized payload (the ``bytes_val`` content) of length ``dim``."""
+    if codec == "float16":
+        return 2 * dim
+    if codec == "int8":
+        return INT8_SCALE_BYTES + dim
+    raise ValueError(f"{codec!r} is not a quantized codec; choose float16 or int8")
+
+
+def dequantize_payloads(
+    payloads: list[bytes | None], codec: str, dim: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(N, D)`` float32 vectors and ``(N,)`` bool ``decoded`` from N quantized payloads.
+
+    A payload that is not ``bytes`` of exactly the codec's size (null, truncated, another
+    length or codec) is not decoded: its row stays zero and ``decoded`` is False. A non-finite
+    scale or half gives a non-finite vector, which the tier rule refuses. Copied verbatim into
+    the resolved view's source: numpy only, no closures.
+    """
+    import numpy as np
+
+    n = len(payloads)
+    size = 2 * dim if codec == "float16" else 4 + dim
+    vectors = np.zeros((n, dim), dtype=np.float32)
+    decoded = np.zeros(n, dtype=bool)
+    rows = []
+    chosen = []
+    for i, payload in enumerate(payloads):
+        if type(payload) is bytes and len(payload) == size:
+            rows.append(i)
+            chosen.append(payload)
+    if not rows:
+        return vectors, decoded
+    decoded[rows] = True
+    raw = np.frombuffer(b"".join(chosen), dtype=np.uint8)
+    raw = raw.reshape(len(rows), size)
+    if codec == "float16":
+        vectors[rows] = np.ascontiguousarray(raw).view("<f2").astype(np.float32)
+    else:
+        scale = np.ascontiguousarray(raw[:, :4]).view("<f4").astype(np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            vectors[rows] = np.ascontiguousarray(raw[:, 4:]).view(np.int8) * scale
+    return vectors, decoded
+
+
+class QuantizedCodec:
+    """Feast's ``ValueProto(bytes_val=...)`` bytes of quantized vectors of one length ``D``.
+
+    ``float16``: 2 bytes a component, relative error about 5e-4. ``int8``: one float32 scale per
+    vector (``max |x| / 127``) and one signed byte a component, absolute error at most
+    ``scale / 2``. The ``bytes_val`` header is fixed for a given payload size, so encoding is
+    header + payload; the constructor checks that against Feast's own encoder and the round
+    trip against :func:`dequantize_payloads`.
+    """
+
+    def __init__(self, codec: str, dim: int) -> None:
+        import numpy as np
+        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+        self.name = codec
+        self.dim = dim
+        self.payload_size = quantized_payload_size(codec, dim)
+        probe = ValueProto(bytes_val=b"\0" * self.payload_size).SerializeToString()
+        self.header = probe[: len(probe) - self.payload_size]
+        self.size = len(probe)
+        sample = np.linspace(-1.5, 2.0, dim, dtype=np.float32)[None]
+        (encoded,) = self.encode_rows(sample)
+        check = ValueProto()
+        check.ParseFromString(encoded)
+        if encoded[len(self.header) :] != check.bytes_val or len(encoded) != self.size:
+            raise ConfigError(f"Feast's bytes encoding changed; the {codec} codec is stale")
+        back = self.decode(encoded)
+        if back is None or not np.allclose(back, sample[0], atol=self.tolerance(sample)[0]):
+            raise ConfigError(f"the {codec} codec does not round-trip its own bytes")
+
+    def payloads(self, matrix: Any) -> list[bytes]:
+        """``matrix``: ``(N, D)`` finite float32 -> N payloads (``bytes_val`` contents)."""
+        import numpy as np
+
+        values = np.ascontiguousarray(matrix, dtype=np.float32).reshape(-1, self.dim)
+        if self.name == "float16":
+            raw = values.astype("<f2").tobytes()
+        else:
+            scale = (np.abs(values).max(axis=1, initial=0.0) / 127.0).astype(np.float32)
+            safe = np.where(scale > 0, scale, 1.0)[:, None]
+            q = np.clip(np.rint(values / safe), -127, 127).astype(np.int8)
+            packed = np.empty((len(values), self.payload_size), dtype=np.uint8)
+            packed[:, :INT8_SCALE_BYTES] = scale.astype("<f4").view(np.uint8).reshape(-1, 4)
+            packed[:, INT8_SCALE_BYTES:] = q.view(np.uint8)
+            raw = packed.tobytes()
+        step = self.payload_size
+        return [raw[i : i + step] for i in range(0, len(raw), step)]
+
+    def encode_rows(self, matrix: Any) -> list[bytes]:
+        """``matrix``: ``(N, D)`` float32 -> N encoded ``ValueProto`` values."""
+        header = self.header
+        return [header + payload for payload in self.payloads(matrix)]
+
+    def unrepresentable(self, matrix: Any) -> Any:
+        """``(N,)`` bool: rows the codec cannot hold (float16 overflows past 65504)."""
+        import numpy as np
+
+        values = np.asarray(matrix, dtype=np.float32).reshape(-1, self.dim)
+        if self.name == "float16":
+            return (np.abs(values) > np.finfo(np.float16).max).any(axis=1)
+        return np.zeros(len(values), dtype=bool)
+
+    def tolerance(self, matrix: Any) -> Any:
+        """``(N,)`` the largest absolute error of a component of each row after a round trip."""
+        import numpy as np
+
+        peak = np.abs(np.asarray(matrix, dtype=np.float32)).max(axis=1, initial=0.0)
+        if self.name == "float16":
+            return peak * 2.0**-11 + 2.0**-24
+        return peak / 254.0 * (1 + 1e-6) + 1e-12
+
+    def decode_packed(self, values: list[bytes]) -> Any:
+        """``(N, D)`` float32 from N values already known to be header + payload of this size."""
+        start = len(self.header)
+        vectors, _ = dequantize_payloads([v[start:] for v in values], self.name, self.dim)
+        return vectors
+
+    def decode(self, value: Any) -> Any:
+        """``(D,)`` float32, or None when the value is empty, null, not a ``bytes_val`` of this
+        codec's size, or not a ``ValueProto`` at all. Never raises (see FloatListCodec)."""
+        if not isinstance(value, bytes) or not value:
+            return None
+        if len(value) == self.size and value.startswith(self.header):
+            payload = value[len(self.header) :]
+        else:
+            from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+            from google.protobuf.message import DecodeError
+
+            proto = ValueProto()
+            try:
+                proto.ParseFromString(value)
+            except (DecodeError, ValueError):
+                return None
+            if proto.WhichOneof("val") != "bytes_val":
+                return None
+            payload = proto.bytes_val
+        vectors, decoded = dequantize_payloads([payload], self.name, self.dim)
+        return vectors[0] if decoded[0] else None
+
+
+EmbeddingCodec = FloatListCodec | QuantizedCodec
+
+
+def embedding_codec(codec: str, dim: int) -> EmbeddingCodec:
+    """The codec called ``codec`` for vectors of length ``dim``.
+
+    Raises:
+        ConfigError: an unknown codec name (a view tag or config value with a typo).
+    """
+    if codec not in EMBEDDING_CODECS:
+        raise ConfigError(
+            f"unknown embedding codec {codec!r}; choose one of {', '.join(EMBEDDING_CODECS)}"
+        )
+    return FloatListCodec(dim) if codec == "float32" else QuantizedCodec(codec, dim)
 
 
 def online_field(view_name: str, feature_name: str) -> bytes:

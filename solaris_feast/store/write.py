@@ -11,6 +11,10 @@ NaN/Inf or wrong-length vectors, empty versions, naive or missing timestamps); a
 :class:`~solaris_feast.errors.WriteBatchError` naming the rows (positions in the frame) and
 nothing of it is written.
 
+Embeddings are encoded by the view's codec (its ``solaris.embedding_codec`` tag, see
+:mod:`solaris_feast.store.layout`): online as Feast's float list or quantized bytes, offline
+always as float32 lists (training reads the log at full precision).
+
 Offline: parquet under ``<source path>/<YYYY-MM-DD of computed_at>/part-<content hash>.parquet``.
 The log is append-only and the file name is a hash of the rows, so writing the same batch again
 finds its file and writes nothing.
@@ -44,8 +48,8 @@ from solaris_feast.columns import COMPUTED_AT, EMBEDDING, EVENT_TIMESTAMP, WRITT
 from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.ids import join_key_types
-from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec
-from solaris_feast.store.tags import TAG_EMBEDDING_DIM
+from solaris_feast.store.layout import EntityKeyLayout, embedding_codec
+from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 
 if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
@@ -88,10 +92,11 @@ class _ValidBatch:
     computed_at_ns: np.ndarray
 
 
-def _feature_kind(dtype: Any) -> str:
-    from feast.types import Array, Float32, Float64, Int64, String, UnixTimestamp
+def _feature_kind(name: str, dtype: Any) -> str:
+    from feast.types import Array, Bytes, Float32, Float64, Int64, String, UnixTimestamp
 
-    if dtype == Array(Float32):
+    # A quantized view stores its embedding as Bytes (store/layout.py); no other Bytes feature.
+    if dtype == Array(Float32) or (name == EMBEDDING and dtype == Bytes):
         return EMBEDDING
     for kind, feast_type in (
         ("int64", Int64),
@@ -103,6 +108,12 @@ def _feature_kind(dtype: Any) -> str:
         if dtype == feast_type:
             return kind
     raise ConfigError(f"feature type {dtype} is not supported by the solaris write path")
+
+
+def _bytes_type() -> Any:
+    from feast.types import Bytes
+
+    return Bytes
 
 
 def _key_order(batch: _ValidBatch, rows: np.ndarray, join_keys: list[str]) -> np.ndarray:
@@ -153,12 +164,12 @@ class EmbeddingWriter:
         self.atomic_rows = atomic_rows
         self.project = store.config.project
         self.join_keys = list(self.view.join_keys)
-        self.feature_kinds = {f.name: _feature_kind(f.dtype) for f in self.view.features}
+        self.feature_kinds = {f.name: _feature_kind(f.name, f.dtype) for f in self.view.features}
         embedding_features = [n for n, k in self.feature_kinds.items() if k == EMBEDDING]
         if embedding_features != [EMBEDDING]:
             raise ConfigError(
-                f"view {view_name} must have exactly one Array(Float32) feature named "
-                f"'embedding', has {embedding_features}"
+                f"view {view_name} must have exactly one Array(Float32) (or, quantized, Bytes) "
+                f"feature named 'embedding', has {embedding_features}"
             )
         if self.feature_kinds.get(COMPUTED_AT) != "timestamp":
             raise ConfigError(f"view {view_name} needs a UnixTimestamp feature 'computed_at'")
@@ -166,7 +177,15 @@ class EmbeddingWriter:
         if dim_tag is None:
             raise ConfigError(f"view {view_name} has no {TAG_EMBEDDING_DIM} tag")
         self.dim = int(dim_tag)
-        self.codec = FloatListCodec(self.dim)
+        # Views applied before codecs existed carry no codec tag: they are float32.
+        self.codec = embedding_codec(self.view.tags.get(TAG_EMBEDDING_CODEC, "float32"), self.dim)
+        stored_type = next(f.dtype for f in self.view.features if f.name == EMBEDDING)
+        if (self.codec.name == "float32") != (stored_type != _bytes_type()):
+            raise ConfigError(
+                f"view {view_name}: its embedding is {stored_type} but its "
+                f"{TAG_EMBEDDING_CODEC} tag says {self.codec.name}; rebuild it with "
+                "solaris_definitions and feast apply"
+            )
         self.key_layout = EntityKeyLayout(
             self.join_keys, store.config.entity_key_serialization_version
         )
@@ -340,6 +359,10 @@ class EmbeddingWriter:
         refuse("embedding is missing or not numeric", not_numeric)
         refuse(f"embedding must have length {self.dim}", wrong_shape)
         refuse("embedding has NaN or Inf", ~np.isfinite(matrix).all(axis=1))
+        refuse(
+            f"embedding is out of the range of the view's {self.codec.name} codec",
+            self.codec.unrepresentable(matrix),
+        )
         return matrix
 
     # -- offline ------------------------------------------------------------------------------
