@@ -383,23 +383,42 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
 
 
 def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
-    """Each user's mean exact vector over the window, written to the user view.
+    """Each user's mean exact vector over the window, written to the user view for the users
+    whose aggregate changed (:func:`~solaris_feast.precompute.aggregate.changed_user_rows`).
 
     A pair computed several times counts once (newest vector), and the rows carry the run's time,
-    so a re-run writes the same rows: nothing is counted twice.
+    so a re-run writes the same rows: nothing is counted twice. An unchanged aggregate is not
+    written again (a round with nothing new adds no offline row), until it nears the view's TTL
+    (``refresh_margin_seconds`` before, as the pairs).
     """
+    import pandas as pd
+
+    from solaris_feast.precompute.aggregate import changed_user_rows
+    from solaris_feast.store.offline import read_offline_rows
     from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     store = open_run_store(spec.settings)
     rows = user_aggregate_rows(spec, store)
+    now = pd.Timestamp(spec.now)
+    ttl = store.get_feature_view(USER_VIEW).ttl
+    ttl_seconds = ttl.total_seconds() if ttl is not None else 0.0
+    rewrite_after = max(ttl_seconds - spec.settings.refresh_margin_seconds, 0.0)
+    # Rows before this round's time only: a retry rewrites what its first try wrote.
+    stored = read_offline_rows(
+        store, USER_VIEW, now - pd.Timedelta(seconds=ttl_seconds), now - pd.Timedelta(1, "us")
+    )
+    changed = changed_user_rows(rows, stored, now, rewrite_after)
     writer = EmbeddingWriter(store, USER_VIEW)
     try:
-        report = writer.write(rows)
+        report = writer.write(changed)
     finally:
         writer.close()
+    logger.info("user aggregates: %d users, %d changed", len(rows), len(changed))
     return {
         "users": len(rows),
+        "written": len(changed),
+        "unchanged": len(rows) - len(changed),
         "online_applied": report.online_applied,
         "offline_files_written": report.offline_files_written,
     }
