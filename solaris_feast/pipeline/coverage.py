@@ -86,6 +86,8 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         "fm_pairs": int(sum(int(s["pairs"]) for s in shards)),
         "plan": json.loads((run_dir / "plan" / "plan.json").read_text())["stats"],
         "shards": shards,
+        # A scheduled round's skipped ticks and late start (None: manual or asset-triggered).
+        "schedule": spec.ticks,
     }
     write_atomic(run_dir / "coverage.json", json.dumps(report, indent=2))
     # Acknowledged only now, after the round's writes: a round that died earlier leaves its

@@ -63,7 +63,11 @@ MISS_QUEUE_GROUP = "solaris_precompute"
 """Redis consumer group of the precompute runs on the miss queue."""
 
 
-def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -> dict[str, Any]:
+def start_precompute(
+    settings: Mapping[str, Any],
+    interval: Mapping[str, Any],
+    ticks: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Validate the params, check the repo's views, the log and that the serving chain fits the
     log, then open the run folder.
 
@@ -72,7 +76,9 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     is written: a bad log or candidate table, or a chain trained on another log
     (:class:`~solaris_feast.errors.ChainMismatchError`), fails this task once. The folder is
     keyed by the interval and the VM version: a re-run of the interval with the same models
-    finds its earlier files; a new model version starts a full re-plan.
+    finds its earlier files; a new model version starts a full re-plan. ``ticks`` (a scheduled
+    round's skipped ticks and late start, :func:`~solaris_feast.pipeline.runs.round_ticks`) go
+    into the run spec and from there into ``coverage.json``.
     """
     from solaris_feast.errors import ChainMismatchError, ConfigError
     from solaris_feast.models.cards import serving_chain
@@ -111,6 +117,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
         vm_version=vm.version,
         fm_version=chain.fm.version,
         embedding_version=chain.embedding_version,
+        ticks=dict(ticks) if ticks is not None else None,
     )
     write_once(run_dir / "manifest.json", spec.model_dump_json(indent=2))
     logger.info(
