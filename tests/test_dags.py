@@ -614,6 +614,73 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     assert offline_rows(repo)["solaris_pair"] == counts["solaris_pair"] + BUDGET_PAIRS
 
 
+IDLE_TASKS_SCRIPT = """
+import json, sys
+from solaris_feast.pipeline import coverage, precompute
+run = json.loads(open(sys.argv[1]).read())
+out = {"plan": precompute.plan_run(run)}
+out["shards"] = [precompute.precompute_shard(run, i, 2) for i in range(2)]
+out["users"] = precompute.aggregate_users(run)
+out["filled"] = precompute.fill_similar(run)
+out["coverage"] = coverage.publish_coverage(run)
+heavy = [m for m in ("torch", "feast", "faiss") if m in sys.modules]
+print("RESULT " + json.dumps({"out": out, "heavy": heavy}, default=str))
+"""
+
+
+def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast_after_its_start(
+    trained: Trained, feast_project: str, tmp_path: Path, airflow_env: dict[str, str]
+) -> None:
+    """Five minutes after a round that computed every candidate, nothing is stale: the plan
+    scores no pair (the VM is not loaded), the shards are empty, no aggregate changed, nothing
+    is filled, and the tasks after drain_miss_queue import neither torch nor feast nor faiss
+    (each would cost its task process seconds under a real executor)."""
+    from solaris_feast.pipeline import precompute
+
+    models = own_models(trained, tmp_path)
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    conf = precompute_conf(repo, models, budget_pairs=100_000)
+    hour = last_hour()
+    run_dag("solaris_precompute", hour, conf)
+    counts = offline_rows(repo)
+    [first] = run_dirs(repo)
+    assert coverage_of(first)["plan"]["over_budget"] == 0  # every candidate was computed
+
+    later = {
+        "data_interval_start": None,
+        "data_interval_end": None,
+        "logical_date": hour + timedelta(minutes=5),
+        "run_after": None,
+        "run_id": "idle",
+    }
+    run = precompute.start_precompute(conf, later)
+    precompute.drain_miss_queue(run)
+    precompute.generate_candidate_table(run)
+    spec_path = tmp_path / "run.json"
+    spec_path.write_text(json.dumps(run))
+    proc = subprocess.run(
+        [sys.executable, "-c", IDLE_TASKS_SCRIPT, str(spec_path)],
+        env=airflow_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    result = _result(proc)
+    out = result["out"]
+    assert result["heavy"] == [], f"imported on a round with nothing to compute: {result['heavy']}"
+    assert (out["plan"]["planned"], out["plan"]["scored"]) == (0, 0)
+    assert out["plan"]["skipped_fresh"] > 0
+    assert [s["pairs"] for s in out["shards"]] == [0, 0]
+    assert out["users"]["written"] == 0 and out["users"]["unchanged"] > 0
+    assert out["filled"]["filled"] == 0
+    assert out["coverage"]["views_retagged"] == []
+    assert offline_rows(repo) == counts  # nothing appended anywhere
+    # Served as before: the round's coverage is the previous round's.
+    idle = coverage_of(Path(run["run_dir"]))
+    assert idle["coverage"] == coverage_of(first)["coverage"]
+
+
 def test_task_wrapper_fails_final_errors_at_once_and_lets_retryable_ones_retry(
     airflow_env: dict[str, str],
 ) -> None:

@@ -17,7 +17,13 @@ A repo whose views were never applied is refused at the first task with
 :class:`~solaris_feast.errors.ViewsNotAppliedError` ("run feast apply in <repo>"): the precompute
 never applies definitions itself, since which views a repo serves is the repo owner's decision.
 
-Heavy modules (torch, faiss, feast) are imported inside the functions.
+Heavy modules (torch, faiss, feast) are imported inside the functions, and only by the step
+that needs them: ``start`` writes the registry's facts to the run folder
+(:mod:`~solaris_feast.pipeline.registry_snapshot`), so a task opens Feast only to write or to read
+the online store; the planner scores only the pairs that are not fresh (no VM, no torch when
+every candidate is), an empty shard loads no model, and an unchanged aggregate or an empty fill
+writes nothing. A round with nothing to compute imports Feast in ``start`` and
+``drain_miss_queue`` alone.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
 from solaris_feast.pipeline.log import load_log
+from solaris_feast.pipeline.registry_snapshot import (
+    RegistrySnapshot,
+    read_snapshot,
+    take_snapshot,
+    write_snapshot,
+)
 from solaris_feast.pipeline.runs import (
     precompute_run_dir,
     replace_folder_atomic,
@@ -43,6 +55,7 @@ from solaris_feast.pipeline.runs import (
 )
 from solaris_feast.pipeline.settings import (
     PAIR_VIEW,
+    RESOLVED_VIEW,
     SIMILAR_VIEW,
     SOLARIS_VIEWS,
     USER_VIEW,
@@ -51,6 +64,7 @@ from solaris_feast.pipeline.settings import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
     from feast import FeatureStore
 
@@ -109,6 +123,7 @@ def start_precompute(
         raise ChainMismatchError(vm.version, problems)
     run_dir = precompute_run_dir(cfg, key, vm.version)
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_snapshot(run_dir, take_snapshot(store, SOLARIS_VIEWS, RESOLVED_VIEW))
     spec = PrecomputeRun(
         settings=cfg,
         now=now,
@@ -152,6 +167,29 @@ def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
     if missing:
         raise ViewsNotAppliedError(str(repo), missing)
     return store
+
+
+def run_snapshot(spec: PrecomputeRun) -> RegistrySnapshot:
+    """The registry as the round's ``start`` saw it (opened again, with Feast, for a run folder
+    written before snapshots were kept)."""
+    snapshot = read_snapshot(Path(spec.run_dir))
+    if snapshot is None:
+        snapshot = take_snapshot(open_run_store(spec.settings), SOLARIS_VIEWS, RESOLVED_VIEW)
+    return snapshot
+
+
+def snapshot_rows(
+    snapshot: RegistrySnapshot,
+    view: str,
+    start: pd.Timestamp,
+    end: pd.Timestamp,
+    columns: list[str] | None = None,
+) -> pd.DataFrame:
+    """:func:`~solaris_feast.store.offline.read_offline_rows` through the snapshot (no Feast)."""
+    from solaris_feast.store.offline import read_offline_folder
+
+    facts = snapshot.view(view)
+    return read_offline_folder(Path(facts.offline_root), start, end, columns, facts.columns)
 
 
 def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -226,20 +264,27 @@ def _bundle(spec: PrecomputeRun) -> ModelBundle:
 
 
 def _verifier_scores(
-    bundle: ModelBundle, dataset: InteractionDataset, pairs: pd.DataFrame, now: datetime
+    bundle: ModelBundle | None,
+    dataset: InteractionDataset,
+    pairs: pd.DataFrame,
+    now: datetime,
 ) -> pd.DataFrame:
     """``user_id``, ``item_id``, ``verifier_score``: the VM's main-task probability with no
-    embedding (the verifier), as of ``now``."""
+    embedding (the verifier), as of ``now``; 0 for every pair without a ``bundle``."""
     import numpy as np
     import pandas as pd
-    import torch
 
-    from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.precompute.plan import VERIFIER_SCORE
 
     users = pairs[USER_ID].to_numpy(dtype=np.int64)
     items = pairs[ITEM_ID].to_numpy(dtype=np.int64)
     scores = np.zeros(len(pairs), dtype=np.float64)
+    if bundle is None or len(pairs) == 0:
+        return pd.DataFrame({USER_ID: users, ITEM_ID: items, VERIFIER_SCORE: scores})
+    import torch
+
+    from solaris_feast.models.features import PairFeaturizer
+
     featurizer = PairFeaturizer(dataset, bundle.schema.history_len)
     at = pd.Timestamp(now)
     bundle.vm.eval()
@@ -252,20 +297,41 @@ def _verifier_scores(
 
 
 def planning_scores(
-    bundle: ModelBundle,
+    bundle: ModelBundle | None,
     dataset: InteractionDataset,
     candidates: pd.DataFrame,
     now: datetime,
     retrieval_weight: float,
+    scored_rows: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """``user_id``, ``item_id``, ``verifier_score`` of the candidates as the planner ranks them:
     the verifier's probability times the retrieval score
     (:func:`solaris_feast.precompute.plan.request_score`), or the verifier alone for a candidate
-    table without ``candidate_score``."""
+    table without ``candidate_score``.
+
+    ``scored_rows`` (a boolean mask): only those candidates go through the VM, the others score
+    0 (the planner drops them: they are fresh). The retrieval score is still normalized by each
+    user's best over all candidates, so the scored rows rank as they would among all.
+    """
+    import numpy as np
+    import pandas as pd
+
     from solaris_feast.precompute.candidates import CANDIDATE_SCORE
     from solaris_feast.precompute.plan import VERIFIER_SCORE, request_score
 
-    scored = _verifier_scores(bundle, dataset, candidates, now)
+    if scored_rows is None:
+        scored = _verifier_scores(bundle, dataset, candidates, now)
+    else:
+        subset = _verifier_scores(bundle, dataset, candidates.loc[scored_rows], now)
+        verifier = np.zeros(len(candidates), dtype=np.float64)
+        verifier[scored_rows] = subset[VERIFIER_SCORE].to_numpy()
+        scored = pd.DataFrame(
+            {
+                USER_ID: candidates[USER_ID].to_numpy(dtype=np.int64),
+                ITEM_ID: candidates[ITEM_ID].to_numpy(dtype=np.int64),
+                VERIFIER_SCORE: verifier,
+            }
+        )
     if CANDIDATE_SCORE in candidates.columns:
         scored[VERIFIER_SCORE] = request_score(
             scored[USER_ID].to_numpy(),
@@ -279,12 +345,22 @@ def planning_scores(
 def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """Score candidates and misses with the verifier, plan under the budget, persist the plan.
 
+    Only pairs the planner can take are scored: a candidate whose stored vector stays fresh
+    past the refresh margin is skipped by the planner whatever its score, so a first planner
+    pass without scores names the rest (the planner's own freshness rule, not a copy of it).
+    When every candidate is fresh and no miss is queued, the VM is not loaded at all.
+
     Returns the plan's stats and ``shard_indexes`` for the mapped precompute tasks.
     """
+    import numpy as np
     import pandas as pd
 
-    from solaris_feast.precompute.plan import plan_precompute, read_plan, write_plan
-    from solaris_feast.store.offline import read_offline_rows
+    from solaris_feast.precompute.plan import (
+        VERIFIER_SCORE,
+        plan_precompute,
+        read_plan,
+        write_plan,
+    )
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
@@ -294,39 +370,62 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         plan = read_plan(plan_dir)
         return {"shard_indexes": shard_indexes, "planned": len(plan), "reused": True}
     dataset = load_log(cfg, spec.now)
-    bundle = _bundle(spec)
     candidates = pd.read_parquet(Path(spec.run_dir) / "candidates.parquet")
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     # Only misses of users and items the models know can be scored.
     known = (misses[USER_ID] < dataset.num_users) & (misses[ITEM_ID] < dataset.num_items)
     misses = misses.loc[known, [USER_ID, ITEM_ID]].drop_duplicates()
-    scored_candidates = planning_scores(bundle, dataset, candidates, spec.now, cfg.retrieval_weight)
-    scored_misses = _verifier_scores(bundle, dataset, misses, spec.now) if len(misses) else None
-    store = open_run_store(cfg)
-    ttl = pair_ttl_seconds(spec, store)
-    fresh = read_offline_rows(
-        store,
+    snapshot = run_snapshot(spec)
+    ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
+    now = pd.Timestamp(spec.now)
+    fresh = snapshot_rows(
+        snapshot,
         PAIR_VIEW,
-        pd.Timestamp(spec.now) - pd.Timedelta(seconds=ttl),
-        pd.Timestamp(spec.now),
+        now - pd.Timedelta(seconds=ttl),
+        now,
         [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION],
     )
-    plan = plan_precompute(
-        scored_candidates,
-        scored_misses,
-        fresh,
-        cfg.budget_pairs,
-        pd.Timestamp(spec.now),
-        ttl,
-        min(cfg.refresh_margin_seconds, ttl - 1),
-        cfg.min_miss_score,
-        model_version=spec.embedding_version,
-        user_balanced=cfg.user_balanced_plan,
+
+    def planned(scored: pd.DataFrame, scored_misses: pd.DataFrame | None, budget: int) -> Any:
+        return plan_precompute(
+            scored,
+            scored_misses,
+            fresh,
+            budget,
+            now,
+            ttl,
+            min(cfg.refresh_margin_seconds, ttl - 1),
+            cfg.min_miss_score,
+            model_version=spec.embedding_version,
+            user_balanced=cfg.user_balanced_plan,
+        )
+
+    unscored = candidates[[USER_ID, ITEM_ID]].assign(**{VERIFIER_SCORE: 0.0})
+    takeable = planned(unscored, None, 0).uncovered[[USER_ID, ITEM_ID]]
+    to_score = (
+        candidates[[USER_ID, ITEM_ID]]
+        .merge(takeable.drop_duplicates(), on=[USER_ID, ITEM_ID], how="left", indicator=True)[
+            "_merge"
+        ]
+        .eq("both")
+        .to_numpy(dtype=bool)
     )
+    bundle = _bundle(spec) if to_score.any() or len(misses) else None
+    scored_candidates = planning_scores(
+        bundle, dataset, candidates, spec.now, cfg.retrieval_weight, scored_rows=to_score
+    )
+    scored_misses = _verifier_scores(bundle, dataset, misses, spec.now) if len(misses) else None
+    plan = planned(scored_candidates, scored_misses, cfg.budget_pairs)
     staging = staging_folder(plan_dir)
     write_plan(plan, staging)
     replace_folder_atomic(staging, plan_dir)
     stats = plan.stats
+    logger.info(
+        "verifier scored %d of %d candidates (the rest are fresh)%s",
+        int(np.count_nonzero(to_score)),
+        len(candidates),
+        "" if bundle is not None else ": no model loaded",
+    )
     return {
         "shard_indexes": shard_indexes,
         "planned": stats.planned,
@@ -335,20 +434,21 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         "new": stats.new,
         "skipped_fresh": stats.skipped_fresh,
         "over_budget": stats.over_budget,
+        "scored": int(np.count_nonzero(to_score)) + len(misses),
         "reused": False,
     }
 
 
-def pair_ttl_seconds(spec: PrecomputeRun, store: FeatureStore) -> int:
-    """The planner's TTL: the param, or the pair view's TTL, which serving enforces.
+def pair_ttl_seconds(spec: PrecomputeRun, view_ttl_seconds: float) -> int:
+    """The planner's TTL: the param, or the pair view's TTL (``view_ttl_seconds``, from the
+    registry), which serving enforces.
 
     A param longer than the view's TTL is refused: the planner would skip pairs as fresh that
     the retriever already treats as expired.
     """
     from solaris_feast.errors import ConfigError
 
-    ttl = store.get_feature_view(PAIR_VIEW).ttl
-    view_seconds = int(ttl.total_seconds()) if ttl is not None else 0
+    view_seconds = int(view_ttl_seconds)
     if view_seconds <= 0:
         raise ConfigError(f"feature view {PAIR_VIEW} needs a positive ttl")
     wanted = spec.settings.pair_ttl_seconds
@@ -368,14 +468,23 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
     Idempotent: vectors are computed as of the plan's time and stored with it as
     ``computed_at``, so a retry writes the same rows (same offline file, same online value).
     """
-    from solaris_feast.models.features import PairFeaturizer
-    from solaris_feast.precompute.compute import run_precompute
     from solaris_feast.precompute.plan import read_plan, shard
-    from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     part = shard(read_plan(Path(spec.run_dir) / "plan"), shard_index, shard_count)
+    if len(part) == 0:
+        # Nothing planned for this shard: no model, no store (torch and Feast stay unloaded).
+        report: dict[str, Any] = {"shard": shard_index, "of": shard_count, "pairs": 0}
+        report.update(batches=0, model_version=spec.embedding_version, wall_seconds=0.0)
+        write_atomic(
+            shard_report_path(Path(spec.run_dir), shard_index), json.dumps(report, indent=2)
+        )
+        return report
     bundle = _bundle(spec)
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.precompute.compute import run_precompute
+    from solaris_feast.store.write import EmbeddingWriter
+
     dataset = load_log(spec.settings, spec.now)
     featurizer = PairFeaturizer(dataset, bundle.schema.history_len)
     store = open_run_store(spec.settings)
@@ -395,52 +504,53 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
 
     A pair computed several times counts once (newest vector), and the rows carry the run's time,
     so a re-run writes the same rows: nothing is counted twice. An unchanged aggregate is not
-    written again (a round with nothing new adds no offline row), until it nears the view's TTL
-    (``refresh_margin_seconds`` before, as the pairs).
+    written again (a round with nothing new adds no offline row and opens no store), until it
+    nears the view's TTL (``refresh_margin_seconds`` before, as the pairs).
     """
     import pandas as pd
 
     from solaris_feast.precompute.aggregate import changed_user_rows
-    from solaris_feast.store.offline import read_offline_rows
-    from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
-    store = open_run_store(spec.settings)
-    rows = user_aggregate_rows(spec, store)
+    snapshot = run_snapshot(spec)
+    rows = user_aggregate_rows(spec, snapshot)
     now = pd.Timestamp(spec.now)
-    ttl = store.get_feature_view(USER_VIEW).ttl
-    ttl_seconds = ttl.total_seconds() if ttl is not None else 0.0
+    ttl_seconds = snapshot.view(USER_VIEW).ttl_seconds
     rewrite_after = max(ttl_seconds - spec.settings.refresh_margin_seconds, 0.0)
     # Rows before this round's time only: a retry rewrites what its first try wrote.
-    stored = read_offline_rows(
-        store, USER_VIEW, now - pd.Timedelta(seconds=ttl_seconds), now - pd.Timedelta(1, "us")
+    stored = snapshot_rows(
+        snapshot, USER_VIEW, now - pd.Timedelta(seconds=ttl_seconds), now - pd.Timedelta(1, "us")
     )
     changed = changed_user_rows(rows, stored, now, rewrite_after)
-    writer = EmbeddingWriter(store, USER_VIEW)
-    try:
-        report = writer.write(changed)
-    finally:
-        writer.close()
+    applied = files = 0
+    if len(changed):
+        from solaris_feast.store.write import EmbeddingWriter
+
+        writer = EmbeddingWriter(open_run_store(spec.settings), USER_VIEW)
+        try:
+            report = writer.write(changed)
+        finally:
+            writer.close()
+        applied, files = report.online_applied, report.offline_files_written
     logger.info("user aggregates: %d users, %d changed", len(rows), len(changed))
     return {
         "users": len(rows),
         "written": len(changed),
         "unchanged": len(rows) - len(changed),
-        "online_applied": report.online_applied,
-        "offline_files_written": report.offline_files_written,
+        "online_applied": applied,
+        "offline_files_written": files,
     }
 
 
-def user_aggregate_rows(spec: PrecomputeRun, store: FeatureStore) -> pd.DataFrame:
+def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.DataFrame:
     """The user view's rows of the run: each user's mean exact vector over the window."""
     import pandas as pd
 
     from solaris_feast.precompute.aggregate import AggregateConfig, aggregate_user_embeddings
-    from solaris_feast.store.offline import read_offline_rows
 
     window = spec.settings.aggregate_window_seconds
     now = pd.Timestamp(spec.now)
-    exact = read_offline_rows(store, PAIR_VIEW, now - pd.Timedelta(seconds=window), now)
+    exact = snapshot_rows(snapshot, PAIR_VIEW, now - pd.Timedelta(seconds=window), now)
     return aggregate_user_embeddings(
         exact, now, spec.embedding_version, AggregateConfig(window_seconds=window)
     )
@@ -459,14 +569,13 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         build_user_index,
         similarity_fill,
     )
-    from solaris_feast.store.offline import read_offline_rows
     from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
-    store = open_run_store(cfg)
+    snapshot = run_snapshot(spec)
     now = pd.Timestamp(spec.now)
-    ttl = pair_ttl_seconds(spec, store)
+    ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
     plan = read_plan(Path(spec.run_dir) / "plan")
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     targets = pd.concat(
@@ -476,9 +585,12 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         ],
         ignore_index=True,
     ).drop_duplicates()
-    user_rows = user_aggregate_rows(spec, store)
-    exact = read_offline_rows(store, PAIR_VIEW, now - pd.Timedelta(seconds=ttl), now)
-    if len(targets) == 0 or len(user_rows) < 2 or len(exact) == 0:
+    if len(targets) == 0:
+        logger.info("similarity fill: nothing to fill (no targets)")
+        return {"targets": 0, "filled": 0}
+    user_rows = user_aggregate_rows(spec, snapshot)
+    exact = snapshot_rows(snapshot, PAIR_VIEW, now - pd.Timedelta(seconds=ttl), now)
+    if len(user_rows) < 2 or len(exact) == 0:
         logger.info("similarity fill: nothing to fill (%d targets)", len(targets))
         return {"targets": len(targets), "filled": 0}
     similarity = SimilarityConfig(neighbours=cfg.similar_neighbours)
@@ -496,7 +608,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         ttl,
         similarity,
     )
-    writer = EmbeddingWriter(store, SIMILAR_VIEW)
+    writer = EmbeddingWriter(open_run_store(cfg), SIMILAR_VIEW)
     try:
         report = writer.write(fill)
     finally:
