@@ -8,11 +8,11 @@ the FM, the aggregates or the fill to do) task by task, each in a fresh Python p
 imported ``airflow.sdk`` first (as the executor's worker has), and records per task: the DAG
 file parse, the body's wall time, and whether torch, feast or faiss got imported.
 
-    PYTHONPATH=. python benchmarks/bench_task_overhead.py --label after \\
+    python benchmarks/bench_task_overhead.py --tree before=/path/to/old/checkout --tree after=. \\
         --json benchmarks/results/task_overhead.json
 
-``--label`` names the row (``before``: run it with ``PYTHONPATH`` on the code before the
-change); rows of other labels already in the JSON are kept.
+Each ``--tree`` is prepared on its own (models, repo, first round), then the trees' tasks run
+interleaved, task by task, so both see the same load on a shared machine.
 """
 
 from __future__ import annotations
@@ -151,14 +151,17 @@ def _prepare(root: Path) -> dict[str, Any]:
     }
 
 
-def _dags_folder() -> Path:
-    """The DAGs beside the solaris_feast that PYTHONPATH imports (``before``: the old tree)."""
-    import solaris_feast
+def _tree_env(tree: Path, home: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "SOLARIS_CONFIG": "",
+    }
 
-    return Path(solaris_feast.__file__).resolve().parents[1] / "dags"
 
-
-def _run_task(task: str, state_path: Path, env: dict[str, str]) -> dict[str, Any]:
+def _run_task(task: str, state_path: Path, tree: Path, env: dict[str, str]) -> dict[str, Any]:
     started = time.perf_counter()
     proc = subprocess.run(
         [
@@ -167,7 +170,7 @@ def _run_task(task: str, state_path: Path, env: dict[str, str]) -> dict[str, Any
             TASK_SCRIPT,
             task,
             str(state_path),
-            str(_dags_folder() / "solaris_precompute.py"),
+            str(tree / "dags" / "solaris_precompute.py"),
             ",".join(HEAVY),
         ],
         env=env,
@@ -187,62 +190,91 @@ def _run_task(task: str, state_path: Path, env: dict[str, str]) -> dict[str, Any
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--label", required=True, help="Row name, e.g. before or after.")
-    parser.add_argument("--json", type=Path, default=None, help="Merge the row into this file.")
+    parser.add_argument(
+        "--tree",
+        action="append",
+        required=True,
+        metavar="LABEL=PATH",
+        help="A checkout to measure (its solaris_feast and dags/); repeat to compare, the trees' "
+        "tasks run interleaved so they share the machine's load.",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="Write the runs here.")
+    parser.add_argument("--prepare", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.prepare is not None:  # in a subprocess, with PYTHONPATH on one tree
+        (args.prepare / "state.json").write_text(json.dumps(_prepare(args.prepare)))
+        return
+    trees = {label: Path(path).resolve() for label, path in (t.split("=", 1) for t in args.tree)}
 
     with tempfile.TemporaryDirectory(prefix="af_task_overhead_", dir=os.environ.get("TMPDIR")) as d:
-        root = Path(d)
-        home = root / "airflow_home"
-        home.mkdir()
-        env = {
-            **os.environ,
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "SOLARIS_CONFIG": "",
-        }
-        os.environ.update({k: env[k] for k in ("AIRFLOW_HOME", "AIRFLOW__CORE__LOAD_EXAMPLES")})
-        state = _prepare(root)
-        state_path = root / "state.json"
-        rows: dict[str, Any] = {}
-        plan: dict[str, Any] = {}
-        for task in TASKS:
-            state_path.write_text(json.dumps(state))
-            result = _run_task(task, state_path, env)
-            if task == "start":
-                state["run"] = result["out"]
-            if task == "plan":
-                plan = {k: result["out"].get(k) for k in ("planned", "skipped_fresh", "scored")}
-            rows[task] = {
-                "process_s": round(result["process_s"], 2),
-                "parse_s": round(result["parse_s"], 2),
-                "body_s": round(result["body_s"], 2),
-                "heavy_imports": result["heavy"],
-            }
-            print(
-                f"{task:<22} process {result['process_s']:6.2f} s  parse {result['parse_s']:5.2f}"
-                f" s  body {result['body_s']:6.2f} s  {','.join(result['heavy']) or '-'}"
+        states: dict[str, dict[str, Any]] = {}
+        envs: dict[str, dict[str, str]] = {}
+        for label, tree in trees.items():
+            root = Path(d) / label
+            (root / "airflow_home").mkdir(parents=True)
+            envs[label] = _tree_env(tree, root / "airflow_home")
+            subprocess.run(
+                [sys.executable, __file__, "--tree", f"{label}={tree}", "--prepare", str(root)],
+                env=envs[label],
+                check=True,
+                capture_output=True,
+                timeout=1200,
             )
-    total = sum(r["process_s"] for r in rows.values())
-    print(f"round of {len(TASKS)} tasks with nothing to compute: {total:.1f} s")
+            states[label] = json.loads((root / "state.json").read_text())
+        rows: dict[str, dict[str, Any]] = {label: {} for label in trees}
+        plans: dict[str, dict[str, Any]] = {}
+        for task in TASKS:
+            for label, tree in trees.items():
+                state_path = Path(d) / label / "task_state.json"
+                state_path.write_text(json.dumps(states[label]))
+                result = _run_task(task, state_path, tree, envs[label])
+                if task == "start":
+                    states[label]["run"] = result["out"]
+                if task == "plan":
+                    plans[label] = {
+                        k: result["out"].get(k) for k in ("planned", "skipped_fresh", "scored")
+                    }
+                rows[label][task] = {
+                    "process_s": round(result["process_s"], 2),
+                    "parse_s": round(result["parse_s"], 2),
+                    "body_s": round(result["body_s"], 2),
+                    "heavy_imports": result["heavy"],
+                }
+                print(
+                    f"{label:<8} {task:<22} process {result['process_s']:6.2f} s  parse "
+                    f"{result['parse_s']:5.2f} s  body {result['body_s']:6.2f} s  "
+                    f"{','.join(result['heavy']) or '-'}"
+                )
+    runs = []
+    for label, tasks in rows.items():
+        total = sum(r["process_s"] for r in tasks.values())
+        ours = sum(r["parse_s"] + r["body_s"] for r in tasks.values())
+        print(f"{label}: round of {len(TASKS)} tasks with nothing to compute: {total:.1f} s")
+        runs.append(
+            {
+                "label": label,
+                "plan": plans.get(label),
+                "tasks": tasks,
+                "total_process_s": round(total, 1),
+                "total_parse_and_body_s": round(ours, 1),
+                "with_torch": sum("torch" in r["heavy_imports"] for r in tasks.values()),
+                "with_feast": sum("feast" in r["heavy_imports"] for r in tasks.values()),
+            }
+        )
     record = {
-        "label": args.label,
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), "
-        f"Python {platform.python_version()}",
+        f"Python {platform.python_version()}, 1-min load {os.getloadavg()[0]:.1f} at the end",
         "round": "5 min after a round that computed every candidate: all fresh, no queued "
         "misses; synthetic tiny, SQLite, 2 shards",
-        "plan": plan,
-        "tasks": rows,
-        "total_process_s": round(total, 1),
-        "with_torch": sum("torch" in r["heavy_imports"] for r in rows.values()),
-        "with_feast": sum("feast" in r["heavy_imports"] for r in rows.values()),
+        "process_s": "a fresh interpreter that imports airflow.sdk, parses the DAG file and runs "
+        "the task body; parse_s and body_s are the last two (a LocalExecutor worker has "
+        "imported airflow.sdk before it forks a task)",
+        "runs": runs,
     }
     if args.json is not None:
-        existing = json.loads(args.json.read_text()) if args.json.is_file() else {"runs": []}
-        existing["runs"] = [r for r in existing["runs"] if r["label"] != args.label] + [record]
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(existing, indent=2) + "\n")
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":
