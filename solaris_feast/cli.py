@@ -338,7 +338,10 @@ def promote_command(
     if airflow is False or (airflow is None and not airflow_configured()):
         return
     if announce_promotion(alias, models_dir):
-        typer.echo("marked Airflow asset solaris_serving_chain: solaris_precompute runs next")
+        typer.echo(
+            "marked Airflow asset solaris_serving_chain: an unpaused solaris_precompute starts "
+            "a round with the new chain"
+        )
     else:
         typer.echo(
             "Airflow has no asset solaris_serving_chain (is solaris_precompute parsed and "
