@@ -14,7 +14,7 @@ $(BIN)/python:
 # Reinstall only when the dependency pins change; the project itself is editable.
 $(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,ui,celery]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev,ui,postgres,celery]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -10,13 +10,17 @@ descriptions). Heavy modules (torch, faiss, feast) are imported inside the tasks
 scheduler parses this file. Tasks pass only small JSON through XCom; the plan and the other
 inputs live in the run folder, so a retried task, a retried shard or a re-run of the same
 interval sees the same inputs. A final error (a repo whose views were never applied, a bad
-setting) fails its task at once; a retryable one (the store is down) is retried.
+setting) fails its task at once; a retryable one (the store is down) or a task past its
+``execution_timeout`` is retried with exponential backoff (the config's airflow.precompute).
+Assets (:mod:`solaris_feast.pipeline.assets`): runs on its cron or on ``solaris_serving_chain``;
+marks one asset per view written and ``solaris_published`` once per round, after coverage.json.
 
 Config: with ``SOLARIS_CONFIG`` set on the workers, the ``start`` task reads that solaris.yaml at
 run time (:mod:`solaris_feast.config`): a scheduled run takes every setting from it, a manual run's
 changed params override it. Environment (read at parse time, all optional):
 ``SOLARIS_PRECOMPUTE_SCHEDULE`` (cron or preset; else the config's schedules.precompute, else
-``@hourly``), ``SOLARIS_FEATURE_REPO``, ``SOLARIS_FEATURE_STORE_YAML``,
+``@hourly``; a promotion also starts a round unless schedules.precompute_on_promotion is false),
+``SOLARIS_FEATURE_REPO``, ``SOLARIS_FEATURE_STORE_YAML``,
 ``SOLARIS_MODELS_DIR``, ``SOLARIS_RUNS_DIR`` (the params' defaults; use shared storage when
 workers run on several machines); ``REDIS_URL`` on the workers for a Redis online store.
 """
@@ -29,17 +33,27 @@ from typing import Any
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
-from solaris_feast.config import schedule_of
+from solaris_feast.config import precompute_task_policy, schedule_of, schedules_section
+from solaris_feast.pipeline import assets
 from solaris_feast.pipeline.failures import fail_fast_on_final_errors
-from solaris_feast.pipeline.settings import precompute_dag_params
+from solaris_feast.pipeline.settings import airflow_task_args, precompute_dag_params
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCHEDULE = schedule_of("precompute", "@hourly")
+CRON = schedule_of("precompute", "@hourly")
+# A promoted serving chain (solaris promote, the solaris_promote DAG) starts a round at once.
+SERVING_CHAIN = Asset(name=assets.SERVING_CHAIN_ASSET, uri=assets.SERVING_CHAIN_URI)
+SCHEDULE = assets.cron_or_assets(
+    CRON, [SERVING_CHAIN] if schedules_section().precompute_on_promotion else []
+)
+# execution_timeout and retries of every task (the config's airflow.precompute section).
+TASK_POLICY = precompute_task_policy()
 
 # One asset per feature view this DAG writes; the names are the views' names.
 PAIR_EMBEDDINGS = Asset(name="solaris_pair", uri="feast://solaris/solaris_pair")
 USER_AGGREGATES = Asset(name="solaris_user", uri="feast://solaris/solaris_user")
 SIMILAR_EMBEDDINGS = Asset(name="solaris_similar", uri="feast://solaris/solaris_similar")
+# Once per round, after coverage.json: what consumers of the cache schedule on.
+PUBLISHED = Asset(name=assets.PUBLISHED_ASSET, uri=assets.PUBLISHED_URI)
 
 PARAM_SCHEMAS = precompute_dag_params(REPO_ROOT)
 PARAMS = {name: Param(**schema) for name, schema in PARAM_SCHEMAS.items()}
@@ -58,12 +72,7 @@ def _outlet_extra(asset: Asset, extra: dict[str, Any]) -> None:
     catchup=False,
     max_active_runs=1,
     params=PARAMS,
-    default_args={
-        "retries": 2,
-        "retry_delay": timedelta(minutes=1),
-        "retry_exponential_backoff": 2.0,  # 1, 2, 4 ... times retry_delay
-        "max_retry_delay": timedelta(minutes=10),
-    },
+    default_args=airflow_task_args(TASK_POLICY),  # retry_delay x backoff ** try, capped
     tags=["solaris", "feast"],
     doc_md=__doc__,
 )
@@ -73,6 +82,7 @@ def solaris_precompute() -> None:
     def start() -> dict[str, Any]:
         from solaris_feast.config import run_settings
         from solaris_feast.pipeline import precompute
+        from solaris_feast.pipeline.runs import round_ticks
 
         context = get_current_context()
         interval = {
@@ -87,7 +97,10 @@ def solaris_precompute() -> None:
         settings = run_settings(
             "precompute", context["params"], context["dag_run"].conf, PARAM_DEFAULTS
         )
-        return precompute.start_precompute(settings, interval)
+        # Ticks skipped since the previous run, or a late start: logged, kept in coverage.json.
+        previous = context["ti"].get_previous_dagrun()
+        ticks = round_ticks(CRON, context["dag_run"], previous)
+        return precompute.start_precompute(settings, interval, ticks)
 
     @task
     @fail_fast_on_final_errors
@@ -112,7 +125,10 @@ def solaris_precompute() -> None:
 
         return list(precompute.plan_run(run)["shard_indexes"])
 
-    @task(outlets=[PAIR_EMBEDDINGS])
+    @task(
+        outlets=[PAIR_EMBEDDINGS],
+        execution_timeout=timedelta(seconds=TASK_POLICY.shard_timeout_seconds),
+    )
     @fail_fast_on_final_errors
     def precompute_shard(run: dict[str, Any], shard_index: int) -> dict[str, Any]:
         from solaris_feast.pipeline import precompute
@@ -139,12 +155,22 @@ def solaris_precompute() -> None:
         _outlet_extra(SIMILAR_EMBEDDINGS, {"model_version": run["embedding_version"], **report})
         return report
 
-    @task
+    @task(outlets=[PUBLISHED])
     @fail_fast_on_final_errors
     def publish_coverage(run: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
         from solaris_feast.pipeline import coverage
 
-        return coverage.publish_coverage(run)
+        report = coverage.publish_coverage(run)
+        _outlet_extra(
+            PUBLISHED,
+            {
+                "interval": run["interval_key"],
+                "model_version": run["embedding_version"],
+                "vm_version": run["vm_version"],
+                "coverage": report["coverage"],
+            },
+        )
+        return report
 
     # XComArgs stand in for the values at parse time; typed Any so the wiring reads as calls.
     # Upstream reports passed but unused (misses, candidates, users, filled) only order tasks.

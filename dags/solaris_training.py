@@ -10,24 +10,31 @@ The task bodies live in :mod:`solaris_feast.pipeline.training`; the params are g
 :class:`solaris_feast.pipeline.settings.TrainingSettings`; torch is imported only inside the
 tasks. With ``SOLARIS_CONFIG`` set, ``start`` reads that solaris.yaml at run time (the config's
 settings; a manual run's changed params override them). Environment (parse time, optional):
-``SOLARIS_TRAINING_SCHEDULE`` (else the config's schedules.training, else ``@daily``),
-``SOLARIS_MODELS_DIR``.
+``SOLARIS_TRAINING_SCHEDULE`` (else the config's schedules.training, else ``@daily``; with
+schedules.training_log_asset also when that asset is marked), ``SOLARIS_MODELS_DIR``. Each
+stage has the config's airflow.training ``execution_timeout`` and retries.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from airflow.sdk import Asset, Param, dag, get_current_context, task
 
-from solaris_feast.config import schedule_of
+from solaris_feast.config import schedule_of, schedules_section, training_task_policy
+from solaris_feast.pipeline.assets import cron_or_assets
 from solaris_feast.pipeline.failures import fail_fast_on_final_errors
-from solaris_feast.pipeline.settings import training_dag_params
+from solaris_feast.pipeline.settings import airflow_task_args, training_dag_params
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-SCHEDULE = schedule_of("training", "@daily")
+CRON = schedule_of("training", "@daily")
+# The user's log asset (schedules.training_log_asset): when set, a marked log trains too.
+LOG_ASSET = schedules_section().training_log_asset
+SCHEDULE = cron_or_assets(CRON, [Asset(LOG_ASSET)] if LOG_ASSET else [])
+# execution_timeout and retries of every stage (the config's airflow.training section).
+TASK_POLICY = training_task_policy()
 
 FOUNDATION_MODEL = Asset(name="solaris_model_fm", uri="solaris://models/fm")
 COMPRESSOR_MODEL = Asset(name="solaris_model_compressor", uri="solaris://models/compressor")
@@ -49,11 +56,7 @@ def _mark(asset: Asset, card: dict[str, Any]) -> None:
     catchup=False,
     max_active_runs=1,
     params=PARAMS,
-    default_args={
-        "retries": 1,
-        "retry_delay": timedelta(minutes=5),
-        "retry_exponential_backoff": 2.0,  # 1, 2, 4 ... times retry_delay
-    },
+    default_args=airflow_task_args(TASK_POLICY),  # retry_delay x backoff ** try, capped
     tags=["solaris", "models"],
     doc_md=__doc__,
 )

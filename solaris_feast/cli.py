@@ -317,28 +317,37 @@ def promote_command(
     check: Annotated[
         bool, typer.Option(help="Refuse a chain that does not fit the log's window before --at.")
     ] = True,
+    airflow: Annotated[
+        bool | None,
+        typer.Option(
+            "--airflow/--no-airflow",
+            help="Mark the solaris_serving_chain asset, so the precompute DAG runs now "
+            "(default: when AIRFLOW_HOME or AIRFLOW__DATABASE__SQL_ALCHEMY_CONN is set).",
+        ),
+    ] = None,
 ) -> None:
     """Name the serving chain: the VM, its compressor and its FM (the registry's serving alias)."""
     loaded = _config_or_exit(config)
     with _final_errors_exit():
-        from solaris_feast.config import precompute_settings
-        from solaris_feast.errors import ChainMismatchError, ConfigError
-        from solaris_feast.models.cards import list_cards, select_chain
-        from solaris_feast.pipeline.log import load_log
-        from solaris_feast.pipeline.promotion import chain_mismatches, promote
+        from solaris_feast.pipeline.assets import airflow_configured
+        from solaris_feast.pipeline.promotion import announce_promotion, promote_checked
 
         models_dir = Path(loaded.models.dir)
-        if check:
-            chain = select_chain(list_cards(models_dir), vm)
-            if chain is None:  # select_chain raises for an unknown VM; None: no cards at all
-                raise ConfigError(f"no model cards in {models_dir}")
-            moment = _utc(at) or datetime.now(UTC)
-            log = load_log(precompute_settings(loaded), moment)
-            problems = chain_mismatches(chain, log, models_dir)
-            if problems:
-                raise ChainMismatchError(vm, problems)
-        alias = promote(models_dir, vm)
+        alias = promote_checked(loaded, models_dir, vm, _utc(at), check)
     typer.echo(f"serving {alias.vm} <- {alias.compressor} <- {alias.fm} ({models_dir})")
+    if airflow is False or (airflow is None and not airflow_configured()):
+        return
+    if announce_promotion(alias, models_dir):
+        typer.echo(
+            "marked Airflow asset solaris_serving_chain: an unpaused solaris_precompute starts "
+            "a round with the new chain"
+        )
+    else:
+        typer.echo(
+            "Airflow has no asset solaris_serving_chain (is solaris_precompute parsed and "
+            "AIRFLOW_HOME set?): the new chain is served from the next scheduled round",
+            err=True,
+        )
 
 
 @app.command("demo")

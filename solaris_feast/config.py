@@ -32,7 +32,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
 from solaris_feast.errors import ConfigError
 from solaris_feast.models.spec import ArtifactSpec, ModelChoice
-from solaris_feast.pipeline.settings import LogSource, PrecomputeSettings, TrainingSettings
+from solaris_feast.pipeline.settings import (
+    LogSource,
+    PrecomputeSettings,
+    PrecomputeTaskPolicy,
+    TrainingSettings,
+    TrainingTaskPolicy,
+)
 
 CONFIG_ENV = "SOLARIS_CONFIG"
 """Variable holding the config file's path, for commands without ``--config`` and for DAGs."""
@@ -130,6 +136,25 @@ class SchedulesSection(BaseModel):
     """Schedule of the solaris_precompute DAG."""
     training: str = Field("@daily", min_length=1)
     """Schedule of the solaris_training DAG."""
+    precompute_on_promotion: bool = True
+    """Also start a precompute round when a serving chain is promoted (the
+    solaris_serving_chain asset, marked by solaris promote and the solaris_promote DAG)."""
+    training_log_asset: str = ""
+    """URI (and name) of the Airflow asset your log's producer marks; set: training also runs
+    when it is marked. Empty: training on its schedule only."""
+
+
+class AirflowSection(BaseModel):
+    """How Airflow runs the DAGs' tasks: time limits and retries (the fields of
+    pipeline.settings.PrecomputeTaskPolicy and TrainingTaskPolicy), read when the DAG files are
+    parsed."""
+
+    model_config = _CONFIG
+
+    precompute: PrecomputeTaskPolicy = PrecomputeTaskPolicy()
+    """The precompute DAG's tasks."""
+    training: TrainingTaskPolicy = TrainingTaskPolicy()
+    """The training DAG's stages."""
 
 
 class SolarisConfig(BaseModel):
@@ -151,6 +176,8 @@ class SolarisConfig(BaseModel):
     """Training settings (window, epochs, seed)."""
     schedules: SchedulesSection = SchedulesSection()
     """DAG schedules."""
+    airflow: AirflowSection = AirflowSection()
+    """Time limits and retries of the DAGs' tasks."""
 
 
 def config_path(given: str | Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
@@ -371,6 +398,27 @@ def schedule_of(
     else:
         chosen = default
     return None if chosen.strip().lower() == NO_SCHEDULE else chosen
+
+
+def schedules_section() -> SchedulesSection:
+    """The config's ``schedules`` section when ``$SOLARIS_CONFIG`` is set, else the defaults
+    (read while the DAG files are parsed; the cron strings through :func:`schedule_of`)."""
+    return load_config().schedules if os.environ.get(CONFIG_ENV, "").strip() else SchedulesSection()
+
+
+def _airflow_section() -> AirflowSection:
+    """The config's ``airflow`` section when ``$SOLARIS_CONFIG`` is set, else the defaults."""
+    return load_config().airflow if os.environ.get(CONFIG_ENV, "").strip() else AirflowSection()
+
+
+def precompute_task_policy() -> PrecomputeTaskPolicy:
+    """Time limits and retries of the precompute DAG's tasks (read while it is parsed)."""
+    return _airflow_section().precompute
+
+
+def training_task_policy() -> TrainingTaskPolicy:
+    """Time limits and retries of the training DAG's stages (read while it is parsed)."""
+    return _airflow_section().training
 
 
 def config_reference_rows(

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -158,3 +160,91 @@ def test_mismatched_lengths_are_refused() -> None:
             computed_at_s=np.zeros(2),
             model_versions=np.array(["v"] * 2, dtype=object),
         )
+
+
+# -- the precompute's user-view task on a real Feast repo ------------------------------------
+
+
+def _round(repo: Path, now: pd.Timestamp, margin_seconds: int = 1800) -> dict[str, object]:
+    """``aggregate_users`` of a round at ``now``, as the precompute DAG's task calls it."""
+    from solaris_feast.pipeline.precompute import aggregate_users
+    from solaris_feast.pipeline.settings import PrecomputeRun, PrecomputeSettings
+
+    settings = PrecomputeSettings(
+        feature_repo=str(repo), models_dir=str(repo / "models"),
+        refresh_margin_seconds=margin_seconds,
+    )  # fmt: skip
+    spec = PrecomputeRun(
+        settings=settings,
+        now=now.to_pydatetime(),
+        interval_key=f"k{now.value}",
+        run_dir=str(repo / "run"),
+        vm_version="vm-agg",
+        fm_version="fm-agg",
+        embedding_version="v1",
+    )
+    return aggregate_users(spec.model_dump(mode="json"))
+
+
+def _write_pairs(repo: Path, users: list[int], item: int, at: pd.Timestamp) -> None:
+    from solaris_feast.store.config import open_repo_store
+    from solaris_feast.store.write import EmbeddingWriter
+
+    rng = np.random.default_rng(item)
+    writer = EmbeddingWriter(open_repo_store(repo), "solaris_pair")
+    try:
+        writer.write(
+            pd.DataFrame(
+                {
+                    "user_id": np.array(users, dtype=np.int64),
+                    "item_id": np.full(len(users), item, dtype=np.int64),
+                    "embedding": list(rng.normal(size=(len(users), 32)).astype(np.float32)),
+                    "model_version": "v1",
+                    "computed_at": at,
+                }
+            )
+        )
+    finally:
+        writer.close()
+
+
+def test_a_round_with_nothing_new_appends_no_user_row_and_a_changed_user_gets_one(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """The user view used to get a row per user each round, changed or not."""
+    from test_dags import make_feature_repo
+
+    from solaris_feast.store.config import open_repo_store
+    from solaris_feast.store.offline import offline_row_count, read_offline_rows
+
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    (repo / "run").mkdir()
+    start = pd.Timestamp.now(tz="UTC").floor("h") - pd.Timedelta(hours=5)
+    users = list(range(6))
+    _write_pairs(repo, users, item=1, at=start)
+
+    def user_rows() -> int:
+        return offline_row_count(open_repo_store(repo), "solaris_user")
+
+    first = _round(repo, start + pd.Timedelta(hours=1))
+    assert (first["users"], first["written"], user_rows()) == (6, 6, 6)
+    # The next round: the same pairs, the same aggregates: nothing is appended.
+    second = _round(repo, start + pd.Timedelta(hours=2))
+    assert (second["written"], second["unchanged"], user_rows()) == (0, 6, 6)
+    # User 2 gets a new pair: only its aggregate is written.
+    _write_pairs(repo, [2], item=7, at=start + pd.Timedelta(hours=2, minutes=30))
+    third_at = start + pd.Timedelta(hours=3)
+    third = _round(repo, third_at)
+    assert (third["written"], user_rows()) == (1, 7)
+    # A retry of that round rewrites its own row (its online write may have failed): the same
+    # content, so the offline log gains nothing.
+    assert _round(repo, third_at)["written"] == 1
+    assert user_rows() == 7
+    stored = read_offline_rows(
+        open_repo_store(repo), "solaris_user", third_at - pd.Timedelta(hours=1), third_at
+    )
+    assert stored["user_id"].tolist() == [2]
+    assert stored["pair_count"].tolist() == [2]
+    # An aggregate that nears the user view's TTL (24 h) is refreshed though unchanged.
+    late = _round(repo, start + pd.Timedelta(hours=4), margin_seconds=86_400 - 3600)
+    assert (late["written"], user_rows()) == (6, 13)

@@ -61,6 +61,11 @@ dags = {
         "defaults": {k: dag.params.get_param(k).value for k in dag.params.keys()},
         "retries": {t.task_id: t.retries for t in dag.tasks},
         "backoff": {t.task_id: t.retry_exponential_backoff for t in dag.tasks},
+        "timeouts": {t.task_id: t.execution_timeout.total_seconds() for t in dag.tasks},
+        "timetable": type(dag.timetable).__name__,
+        "schedule_assets": sorted(
+            getattr(a, "name", "") for a in (getattr(c, "objects", None) or [c])
+        ) if (c := getattr(dag.timetable, "asset_condition", None)) is not None else [],
     }
     for dag_id, dag in bag.dags.items()
 }
@@ -125,10 +130,14 @@ def airflow_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
 
 def run_dag(
-    dag_id: str, logical_date: datetime | None, conf: dict[str, Any], expect: str = "success"
+    dag_id: str,
+    logical_date: datetime | None,
+    conf: dict[str, Any],
+    expect: str = "success",
+    timeouts: dict[str, timedelta] | None = None,
 ) -> dict[str, Any]:
     """``dag.test()`` of one DAG: the run's state and each task's state, tries and seconds;
-    raises unless the run ends in ``expect``."""
+    raises unless the run ends in ``expect``. ``timeouts``: execution_timeout by task id."""
     from airflow.dag_processing.dagbag import DagBag
 
     bag = DagBag(dag_folder=str(DAGS_FOLDER))
@@ -136,6 +145,8 @@ def run_dag(
     dag = bag.dags[dag_id]
     for task in dag.tasks:
         task.retry_delay = timedelta(0)  # a retry runs at once instead of a minute later
+        if timeouts and task.task_id in timeouts:
+            task.execution_timeout = timeouts[task.task_id]
     started = time.perf_counter()
     run = dag.test(logical_date=logical_date, run_conf=conf)
     seconds = time.perf_counter() - started
@@ -170,8 +181,13 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
     )
     assert result["errors"] == {}
     assert result["heavy"] == [], f"imported while parsing: {result['heavy']}"
-    assert set(result["dags"]) == {"solaris_precompute", "solaris_training"}
+    assert set(result["dags"]) == {"solaris_precompute", "solaris_training", "solaris_promote"}
     precompute = result["dags"]["solaris_precompute"]
+    # Runs on its cron or when a serving chain is promoted; publishes once per round, last.
+    assert precompute["timetable"] == "AssetOrTimeSchedule"
+    assert precompute["schedule_assets"] == ["solaris_serving_chain"]
+    assert result["dags"]["solaris_promote"]["tasks"] == {"promote": ["solaris_serving_chain"]}
+    assert result["dags"]["solaris_training"]["timetable"] == "CronTriggerTimetable"
     assert list(precompute["tasks"]) == [
         "start",
         "drain_miss_queue",
@@ -182,6 +198,7 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
         "fill_similar",
         "publish_coverage",
     ]
+    assert precompute["tasks"]["publish_coverage"] == ["solaris_published"]
     assert precompute["mapped"] == ["precompute_shard"]
     assert precompute["tasks"]["precompute_shard"] == ["solaris_pair"]
     assert precompute["tasks"]["aggregate_users"] == ["solaris_user"]
@@ -239,6 +256,82 @@ def test_dag_param_defaults_equal_the_settings_defaults(airflow_env: dict[str, s
         # Retryable errors retry, with exponential backoff (final ones fail at once).
         assert set(dags[dag_id]["retries"].values()) == {2 if "precompute" in dag_id else 1}
         assert set(dags[dag_id]["backoff"].values()) == {2.0}
+    # Every task has a time limit: the FM shards the long one, the training stages hours.
+    timeouts = dags["solaris_precompute"]["timeouts"]
+    assert timeouts.pop("precompute_shard") == 3600
+    assert set(timeouts.values()) == {900}
+    assert set(dags["solaris_training"]["timeouts"].values()) == {4 * 3600}
+
+
+def test_task_time_limits_and_retries_come_from_the_config_file(
+    airflow_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The config's airflow section sets each DAG's execution_timeout and retries when the
+    scheduler parses it (a typo in it is refused, as everywhere in the config)."""
+    from test_byo import config_dict, write_config
+
+    raw = config_dict(
+        tmp_path,
+        airflow={
+            "precompute": {"task_timeout_seconds": 120, "shard_timeout_seconds": 600, "retries": 4},
+            "training": {"task_timeout_seconds": 7200, "retry_delay_seconds": 30},
+        },
+        schedules={
+            "precompute": "*/5 * * * *",
+            "precompute_on_promotion": False,
+            "training_log_asset": "s3://shop-logs/impressions",
+        },
+    )
+    env = {**airflow_env, "SOLARIS_CONFIG": str(write_config(tmp_path, raw))}
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    result = _result(proc)
+    assert result["errors"] == {}
+    precompute = result["dags"]["solaris_precompute"]
+    assert precompute["timeouts"].pop("precompute_shard") == 600
+    assert set(precompute["timeouts"].values()) == {120}
+    assert set(precompute["retries"].values()) == {4}
+    training = result["dags"]["solaris_training"]
+    assert set(training["timeouts"].values()) == {7200}
+    assert set(training["retries"].values()) == {1}
+    # The schedules section: precompute on its cron alone; training on its cron or the log.
+    assert precompute["timetable"] == "CronTriggerTimetable"
+    assert training["timetable"] == "AssetOrTimeSchedule"
+    assert training["schedule_assets"] == ["s3://shop-logs/impressions"]
+
+    from solaris_feast.config import load_config
+    from solaris_feast.errors import ConfigError
+
+    raw["airflow"]["precompute"]["task_timeout"] = 60
+    with pytest.raises(ConfigError, match=r"airflow\.precompute\.task_timeout"):
+        load_config(write_config(tmp_path, raw))
+
+
+def test_a_task_past_its_execution_timeout_is_killed_and_retried(
+    airflow_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung task body (a store that never answers) ends at its execution_timeout, and the
+    timeout counts as retryable: the task is tried again, retries times, then fails."""
+    from solaris_feast.pipeline import precompute
+
+    def hangs(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(60)
+
+    monkeypatch.setattr(precompute, "start_precompute", hangs)
+    conf = precompute_conf(tmp_path / "repo", tmp_path / "models")
+    started = time.perf_counter()
+    result = run_dag(
+        "solaris_precompute", None, conf, expect="failed", timeouts={"start": timedelta(seconds=2)}
+    )
+    start = result["tasks"]["start"]
+    assert (start["state"], start["try_number"]) == ("failed", 3)  # 1 + retries (2)
+    assert time.perf_counter() - started < 60  # no try waited for the hung body to return
 
 
 def test_dag_params_refuse_what_the_settings_refuse(airflow_env: dict[str, str]) -> None:
@@ -532,6 +625,73 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     assert offline_rows(repo)["solaris_pair"] == counts["solaris_pair"] + BUDGET_PAIRS
 
 
+IDLE_TASKS_SCRIPT = """
+import json, sys
+from solaris_feast.pipeline import coverage, precompute
+run = json.loads(open(sys.argv[1]).read())
+out = {"plan": precompute.plan_run(run)}
+out["shards"] = [precompute.precompute_shard(run, i, 2) for i in range(2)]
+out["users"] = precompute.aggregate_users(run)
+out["filled"] = precompute.fill_similar(run)
+out["coverage"] = coverage.publish_coverage(run)
+heavy = [m for m in ("torch", "feast", "faiss") if m in sys.modules]
+print("RESULT " + json.dumps({"out": out, "heavy": heavy}, default=str))
+"""
+
+
+def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast_after_its_start(
+    trained: Trained, feast_project: str, tmp_path: Path, airflow_env: dict[str, str]
+) -> None:
+    """Five minutes after a round that computed every candidate, nothing is stale: the plan
+    scores no pair (the VM is not loaded), the shards are empty, no aggregate changed, nothing
+    is filled, and the tasks after drain_miss_queue import neither torch nor feast nor faiss
+    (each would cost its task process seconds under a real executor)."""
+    from solaris_feast.pipeline import precompute
+
+    models = own_models(trained, tmp_path)
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    conf = precompute_conf(repo, models, budget_pairs=100_000)
+    hour = last_hour()
+    run_dag("solaris_precompute", hour, conf)
+    counts = offline_rows(repo)
+    [first] = run_dirs(repo)
+    assert coverage_of(first)["plan"]["over_budget"] == 0  # every candidate was computed
+
+    later = {
+        "data_interval_start": None,
+        "data_interval_end": None,
+        "logical_date": hour + timedelta(minutes=5),
+        "run_after": None,
+        "run_id": "idle",
+    }
+    run = precompute.start_precompute(conf, later)
+    precompute.drain_miss_queue(run)
+    precompute.generate_candidate_table(run)
+    spec_path = tmp_path / "run.json"
+    spec_path.write_text(json.dumps(run))
+    proc = subprocess.run(
+        [sys.executable, "-c", IDLE_TASKS_SCRIPT, str(spec_path)],
+        env=airflow_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    result = _result(proc)
+    out = result["out"]
+    assert result["heavy"] == [], f"imported on a round with nothing to compute: {result['heavy']}"
+    assert (out["plan"]["planned"], out["plan"]["scored"]) == (0, 0)
+    assert out["plan"]["skipped_fresh"] > 0
+    assert [s["pairs"] for s in out["shards"]] == [0, 0]
+    assert out["users"]["written"] == 0 and out["users"]["unchanged"] > 0
+    assert out["filled"]["filled"] == 0
+    assert out["coverage"]["views_retagged"] == []
+    assert offline_rows(repo) == counts  # nothing appended anywhere
+    # Served as before: the round's coverage is the previous round's.
+    idle = coverage_of(Path(run["run_dir"]))
+    assert idle["coverage"] == coverage_of(first)["coverage"]
+
+
 def test_task_wrapper_fails_final_errors_at_once_and_lets_retryable_ones_retry(
     airflow_env: dict[str, str],
 ) -> None:
@@ -619,6 +779,94 @@ def test_new_model_version_is_picked_up_and_replans_every_pair(
     assert versions == {old.embedding_version: BUDGET_PAIRS, new.embedding_version: BUDGET_PAIRS}
 
 
+def _serving_chain_events() -> list[dict[str, Any]]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetEvent.extra, AssetEvent.source_dag_id)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetModel.name == "solaris_serving_chain")
+            .order_by(AssetEvent.id)
+        ).all()
+    return [{"extra": dict(extra), "source_dag_id": dag_id} for extra, dag_id in rows]
+
+
+def _queued_for(dag_id: str) -> list[str]:
+    from airflow.models.asset import AssetDagRunQueue, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        return list(
+            session.scalars(
+                select(AssetModel.name)
+                .join(AssetDagRunQueue, AssetDagRunQueue.asset_id == AssetModel.id)
+                .where(AssetDagRunQueue.target_dag_id == dag_id)
+            )
+        )
+
+
+def _set_paused(dag_id: str, paused: bool) -> None:
+    from airflow.models.asset import AssetDagRunQueue
+    from airflow.models.dag import DagModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import delete, update
+
+    with create_session() as session:
+        session.execute(update(DagModel).where(DagModel.dag_id == dag_id).values(is_paused=paused))
+        if paused:
+            session.execute(
+                delete(AssetDagRunQueue).where(AssetDagRunQueue.target_dag_id == dag_id)
+            )
+
+
+def test_a_promotion_marks_the_serving_chain_asset_and_queues_a_precompute_round(
+    trained: Trained, tmp_path: Path, feast_project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Promoting through the solaris_promote DAG or `solaris promote` (where AIRFLOW_HOME names
+    the deployment) marks solaris_serving_chain with the chain; the scheduler then starts the
+    unpaused precompute DAG on it, without waiting for the next tick."""
+    from test_byo import config_dict, run_cli, write_config
+
+    from solaris_feast.models.cards import read_serving_alias
+    from solaris_feast.models.registry import load_bundle
+
+    monkeypatch.delenv("SOLARIS_CONFIG", raising=False)
+    models = own_models(trained, tmp_path)
+    vm = load_bundle(models).vm_card.version
+    before = len(_serving_chain_events())
+    refused = run_dag("solaris_promote", None, {"models_dir": str(models)}, expect="failed")
+    assert refused["tasks"]["promote"]["try_number"] == 1  # no VM named: final, no retry
+    run_dag("solaris_promote", None, {"vm": vm, "models_dir": str(models)})
+    alias = read_serving_alias(models)
+    assert alias is not None and alias.vm == vm
+    events = _serving_chain_events()[before:]
+    assert [e["source_dag_id"] for e in events] == ["solaris_promote"]
+    assert events[0]["extra"]["vm"] == vm
+    assert events[0]["extra"]["models_dir"] == str(models)
+
+    # The command marks the asset itself; the unpaused precompute DAG is queued on it.
+    raw = config_dict(tmp_path, models={"dir": str(models)})
+    config = write_config(tmp_path, raw)
+    _set_paused("solaris_precompute", False)
+    try:
+        out = run_cli("promote", "--config", str(config), "--vm", vm, "--no-check")
+        assert "marked Airflow asset solaris_serving_chain" in out
+        assert _queued_for("solaris_precompute") == ["solaris_serving_chain"]
+    finally:
+        _set_paused("solaris_precompute", True)
+    events = _serving_chain_events()[before:]
+    assert len(events) == 2 and events[1]["source_dag_id"] is None  # from the command
+    assert events[1]["extra"]["vm"] == vm
+    # --no-airflow: the alias only.
+    out = run_cli("promote", "--config", str(config), "--vm", vm, "--no-check", "--no-airflow")
+    assert "marked Airflow asset" not in out
+    assert len(_serving_chain_events()[before:]) == 2
+
+
 @pytest.mark.redis
 def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
     trained: Trained,
@@ -676,6 +924,49 @@ def test_manual_run_without_data_interval_uses_its_run_time_and_id() -> None:
     now, key = run_time(start, end, start, queued, "scheduled__x")
     assert now == end
     assert key == "20261130T020000Z_20261130T030000Z"
+
+
+def test_a_round_counts_the_ticks_skipped_since_the_previous_round_and_a_late_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A round that overran its hour makes Airflow drop the ticks that came due meanwhile
+    (max_active_runs=1, no catch-up): the next round says how many, and whether it started
+    after its own next tick. Manual and asset-triggered rounds are on no tick."""
+    from types import SimpleNamespace
+
+    from solaris_feast.pipeline.runs import round_ticks, schedule_ticks
+
+    tick = datetime(2026, 11, 30, 5, tzinfo=UTC)
+    hour, seconds = timedelta(hours=1), timedelta(seconds=3)
+    on_time = schedule_ticks("@hourly", tick, tick - hour, tick + seconds)
+    assert on_time is not None
+    assert (on_time["skipped_ticks"], on_time["late"]) == (0, False)
+    assert on_time["started_late_seconds"] == 3.0
+    gap = schedule_ticks("@hourly", tick, tick - timedelta(hours=3), tick + timedelta(minutes=61))
+    assert gap is not None
+    assert (gap["skipped_ticks"], gap["late"]) == (2, True)
+    minutely = schedule_ticks("* * * * *", tick, tick - timedelta(minutes=1), None)
+    assert minutely is not None and minutely["skipped_ticks"] == 0 and not minutely["late"]
+    assert schedule_ticks("@once", tick, None, None) is None
+
+    def dag_run(run_type: str, at: datetime, started: datetime | None = None) -> Any:
+        return SimpleNamespace(
+            run_type=run_type,
+            data_interval_end=at,
+            logical_date=at,
+            run_after=at,
+            start_date=started,
+        )
+
+    previous = dag_run("scheduled", tick - timedelta(hours=2))
+    with caplog.at_level("WARNING", logger="solaris_feast.pipeline.runs"):
+        late = round_ticks("@hourly", dag_run("scheduled", tick, tick), previous)
+    assert late is not None and late["skipped_ticks"] == 1
+    assert "1 tick(s) of @hourly skipped" in caplog.text
+    assert round_ticks("@hourly", dag_run("manual", tick, tick), previous) is None
+    assert round_ticks("@hourly", dag_run("asset_triggered", tick, tick), previous) is None
+    first = round_ticks("@hourly", dag_run("scheduled", tick, tick), None)
+    assert first is not None and first["previous_run_at"] is None and first["skipped_ticks"] == 0
 
 
 def test_precompute_settings_refuse_typos_and_a_refresh_margin_beyond_the_ttl() -> None:

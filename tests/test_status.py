@@ -253,3 +253,79 @@ def test_status_counts_freshness_by_the_tier_rule_future_values_included(
     pair = next(v for v in status["views"] if v["name"] == "solaris_pair")
     assert (pair["rows"], pair["fresh"], pair["expired"], pair["future"]) == (3, 1, 2, 1)
     assert pair["fresh_expected_version"] == 1
+
+
+def _redis_yaml(repo: Path, project: str) -> Path:
+    path = repo / "feature_store.redis.yaml"
+    path.write_text(
+        f"project: {project}\nprovider: local\nregistry: data/registry.db\n"
+        "online_store:\n  type: redis\n  connection_string: ${" + REDIS_CONNECTION_ENV + "}\n"
+        "offline_store:\n  type: file\nentity_key_serialization_version: 3\n"
+    )
+    return path
+
+
+@pytest.mark.redis
+def test_status_reads_the_store_the_deployment_names_and_creates_no_sqlite_file(
+    tmp_path: Path, feast_project: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a Redis round, `solaris status` without options reads Redis: the store named by
+    $SOLARIS_FEATURE_STORE_YAML (the DAGs' variable), else by the solaris.yaml's feast section.
+    It used to read the SQLite default, report 0 rows and leave a data/online.db behind."""
+    store = open_store(feast_project, tmp_path, online="redis")
+    store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=DIM)).all())
+    write_rows(store, pd.Timestamp.now(tz="UTC"))
+    _redis_yaml(tmp_path, feast_project)
+    # The SQLite default beside it, as feature_repo/ ships it: never to be read nor created.
+    (tmp_path / "feature_store.yaml").write_text(
+        f"project: {feast_project}\nprovider: local\nregistry: data/registry.db\n"
+        "online_store:\n  type: sqlite\n  path: data/online.db\n"
+        "offline_store:\n  type: file\nentity_key_serialization_version: 3\n"
+    )
+    monkeypatch.delenv(REDIS_CONNECTION_ENV, raising=False)
+    for variable in ("SOLARIS_CONFIG", "SOLARIS_MODELS_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    app = typer.Typer()
+    app.command("status")(status_cli)
+    app.command("noop")(lambda: None)
+    out = tmp_path / "status.json"
+
+    def pair_rows() -> int:
+        result = CliRunner().invoke(app, ["status", "--model-version", VERSION, "--json", str(out)])
+        assert result.exit_code == 0, (result.output, result.exception)
+        status = json.loads(out.read_text())
+        assert status["online_store"] == "redis"
+        return int(next(v["rows"] for v in status["views"] if v["name"] == "solaris_pair"))
+
+    monkeypatch.setenv("SOLARIS_FEATURE_REPO", str(tmp_path))
+    monkeypatch.setenv("SOLARIS_FEATURE_STORE_YAML", "feature_store.redis.yaml")
+    assert pair_rows() == 5
+    assert json.loads(out.read_text())["read_from"]["named_by"] == "environment"
+
+    # The config file's feast section wins over the variables, as in the DAGs.
+    monkeypatch.setenv("SOLARIS_FEATURE_STORE_YAML", "feature_store.yaml")
+    config = tmp_path / "solaris.yaml"
+    config.write_text(
+        "feast:\n  repo: .\n  feature_store_yaml: feature_store.redis.yaml\n"
+        "log:\n  path: log\n  columns: {user: u, item: i, timestamp: t, labels: [clicked]}\n"
+        "models:\n  dir: models\n"
+    )
+    monkeypatch.setenv("SOLARIS_CONFIG", str(config))
+    assert pair_rows() == 5
+    read_from = json.loads(out.read_text())["read_from"]
+    assert read_from["named_by"] == f"config file {config}"
+    assert read_from["models_dir"] == str(tmp_path / "models")
+    assert not (tmp_path / "data" / "online.db").exists()
+
+
+def test_status_of_a_sqlite_store_never_written_reads_zero_and_creates_nothing(
+    tmp_path: Path, feast_project: str
+) -> None:
+    store = open_store(feast_project, tmp_path, online="sqlite")
+    store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=DIM)).all())
+    online_db = tmp_path / "data" / "online.db"
+    online_db.unlink(missing_ok=True)  # as a repo whose online store was never written
+    status = store_status(open_store(feast_project, tmp_path, online="sqlite"), VERSION)
+    assert [v["rows"] for v in status["views"]] == [0, 0, 0]
+    assert status["miss_queue_depth"] == 0
+    assert not online_db.exists()

@@ -7,7 +7,9 @@ embedding version, a known ``computed_at`` not in the future, ``age <= ttl``, fi
 report goes to ``coverage.json`` in the run folder; then the round's queued misses are
 acknowledged and the views are tagged with the round's model versions.
 
-Cost: one read of each view's offline rows inside its TTL window.
+Cost: one read of each view's offline rows inside its TTL window, through the round's registry
+snapshot (:mod:`~solaris_feast.pipeline.registry_snapshot`): Feast is opened only to acknowledge
+queued misses or to retag views whose version tags changed.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ if TYPE_CHECKING:
     import pandas as pd
     from feast import FeatureStore
 
+    from solaris_feast.pipeline.registry_snapshot import RegistrySnapshot
     from solaris_feast.serving.resolve import TierValues
-    from solaris_feast.tiers import Tier
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +53,11 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     import numpy as np
     import pandas as pd
 
-    from solaris_feast.pipeline.precompute import MISS_QUEUE_GROUP, open_run_store
-    from solaris_feast.serving.miss_queue import MissQueue
+    from solaris_feast.pipeline.precompute import MISS_QUEUE_GROUP, open_run_store, run_snapshot
     from solaris_feast.tiers import Tier
 
     spec = PrecomputeRun.model_validate(dict(run))
-    store = open_run_store(spec.settings)
+    snapshot = run_snapshot(spec)
     run_dir = Path(spec.run_dir)
     misses = pd.read_parquet(run_dir / "misses.parquet")
     pool = pd.concat(
@@ -66,7 +67,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         ],
         ignore_index=True,
     ).drop_duplicates(ignore_index=True)
-    tiers = served_tiers(store, pool, pd.Timestamp(spec.now), spec.embedding_version)
+    tiers = served_tiers(snapshot, pool, pd.Timestamp(spec.now), spec.embedding_version)
     total = len(pool)
     coverage = {
         TIER_NAMES[t.name]: (float(np.count_nonzero(tiers == int(t))) / total if total else 0.0)
@@ -86,14 +87,22 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         "fm_pairs": int(sum(int(s["pairs"]) for s in shards)),
         "plan": json.loads((run_dir / "plan" / "plan.json").read_text())["stats"],
         "shards": shards,
+        # A scheduled round's skipped ticks and late start (None: manual or asset-triggered).
+        "schedule": spec.ticks,
     }
     write_atomic(run_dir / "coverage.json", json.dumps(report, indent=2))
     # Acknowledged only now, after the round's writes: a round that died earlier leaves its
     # group-read misses (Redis) to be claimed by a later round.
     acknowledged = 0
     if "entry_id" in misses.columns and not misses.empty:
-        acknowledged = MissQueue.for_store(store).ack(MISS_QUEUE_GROUP, misses)
-    retagged = tag_views_with_versions(store, spec)
+        from solaris_feast.serving.miss_queue import MissQueue
+
+        acknowledged = MissQueue.for_store(open_run_store(spec.settings)).ack(
+            MISS_QUEUE_GROUP, misses
+        )
+    retagged: list[str] = []
+    if _tags_outdated(snapshot, spec):
+        retagged = tag_views_with_versions(open_run_store(spec.settings), spec)
     logger.info(
         "coverage %s: exact=%.3f similar=%.3f user=%.3f zero=%.3f over %d pairs (%s)",
         spec.interval_key,
@@ -114,21 +123,28 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def served_tiers(
-    store: FeatureStore, pairs: pd.DataFrame, now: pd.Timestamp, embedding_version: str
+    registry: FeatureStore | RegistrySnapshot,
+    pairs: pd.DataFrame,
+    now: pd.Timestamp,
+    embedding_version: str,
 ) -> np.ndarray:
     """``(N,)`` int8 tiers that :func:`~solaris_feast.serving.resolve.resolve` gives the N
-    ``pairs`` (``user_id``, ``item_id``) at ``now``, from the views' offline rows and TTLs."""
+    ``pairs`` (``user_id``, ``item_id``) at ``now``, from the views' offline rows and TTLs
+    (of a Feast store's registry, or of a round's snapshot of it)."""
+    from solaris_feast.pipeline.registry_snapshot import RegistrySnapshot, take_snapshot
     from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, resolve
     from solaris_feast.tiers import Tier
 
+    snapshot = (
+        registry
+        if isinstance(registry, RegistrySnapshot)
+        else take_snapshot(registry, SOLARIS_VIEWS, RESOLVED_VIEW)
+    )
     views = {Tier.EXACT: PAIR_VIEW, Tier.SIMILAR: SIMILAR_VIEW, Tier.USER_AGG: USER_VIEW}
-    ttls: dict[Tier, float] = {}
-    for tier, view in views.items():
-        ttl = store.get_feature_view(view).ttl
-        ttls[tier] = ttl.total_seconds() if ttl is not None else 0.0
+    ttls = {tier: snapshot.view(view).ttl_seconds for tier, view in views.items()}
     values = {
         tier: _tier_values(
-            store,
+            snapshot,
             view,
             pairs,
             now,
@@ -145,7 +161,7 @@ def served_tiers(
 
 
 def _tier_values(
-    store: FeatureStore,
+    snapshot: RegistrySnapshot,
     view: str,
     pairs: pd.DataFrame,
     now: pd.Timestamp,
@@ -158,13 +174,13 @@ def _tier_values(
     import numpy as np
     import pandas as pd
 
+    from solaris_feast.pipeline.precompute import snapshot_rows
     from solaris_feast.serving.resolve import TierValues
-    from solaris_feast.store.offline import read_offline_rows
 
     keys = [USER_ID] if view == USER_VIEW else [USER_ID, ITEM_ID]
-    # read_offline_rows takes (start, end]; a second earlier keeps a row exactly ttl old.
-    rows = read_offline_rows(
-        store,
+    # The read takes (start, end]; a second earlier keeps a row exactly ttl old.
+    rows = snapshot_rows(
+        snapshot,
         view,
         now - pd.Timedelta(seconds=ttl_seconds + 1),
         now + pd.Timedelta(seconds=clock_skew_seconds),
@@ -207,23 +223,41 @@ def _tier_values(
     )
 
 
-def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[str]:
-    """Set the views' ``solaris.*_version`` tags to the models of this run's vectors.
-
-    Lineage review traces a served vector through these tags to the FM, compressor and verifier
-    cards; they change (one registry update) only when a run writes with new models.
-    """
+def _version_tags(spec: PrecomputeRun) -> dict[str, str]:
     from solaris_feast.store.tags import (
         TAG_COMPRESSOR_VERSION,
         TAG_FM_VERSION,
         TAG_VERIFIER_VERSION,
     )
 
-    wanted = {
+    return {
         TAG_FM_VERSION: spec.fm_version,
         TAG_COMPRESSOR_VERSION: spec.embedding_version,
         TAG_VERIFIER_VERSION: spec.vm_version,
     }
+
+
+def _tags_outdated(snapshot: RegistrySnapshot, spec: PrecomputeRun) -> bool:
+    """Whether the round's start saw a view (or the resolved view) without this round's version
+    tags: only then does :func:`tag_views_with_versions` open the store to change them."""
+    from solaris_feast.store.tags import TAG_COMPRESSOR_VERSION
+
+    wanted = _version_tags(spec)
+    if any(view.tags.get(k) != v for view in snapshot.views.values() for k, v in wanted.items()):
+        return True
+    resolved = snapshot.resolved_tags
+    return resolved is not None and resolved.get(TAG_COMPRESSOR_VERSION) != spec.embedding_version
+
+
+def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[str]:
+    """Set the views' ``solaris.*_version`` tags to the models of this run's vectors.
+
+    Lineage review traces a served vector through these tags to the FM, compressor and verifier
+    cards; they change (one registry update) only when a run writes with new models.
+    """
+    from solaris_feast.store.tags import TAG_COMPRESSOR_VERSION
+
+    wanted = _version_tags(spec)
     changed: list[Any] = []  # FeatureStore.apply takes a list of any Feast object
     for name in SOLARIS_VIEWS:
         view = store.get_feature_view(name)

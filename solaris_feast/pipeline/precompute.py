@@ -17,7 +17,13 @@ A repo whose views were never applied is refused at the first task with
 :class:`~solaris_feast.errors.ViewsNotAppliedError` ("run feast apply in <repo>"): the precompute
 never applies definitions itself, since which views a repo serves is the repo owner's decision.
 
-Heavy modules (torch, faiss, feast) are imported inside the functions.
+Heavy modules (torch, faiss, feast) are imported inside the functions, and only by the step
+that needs them: ``start`` writes the registry's facts to the run folder
+(:mod:`~solaris_feast.pipeline.registry_snapshot`), so a task opens Feast only to write or to read
+the online store; the planner scores only the pairs that are not fresh (no VM, no torch when
+every candidate is), an empty shard loads no model, and an unchanged aggregate or an empty fill
+writes nothing. A round with nothing to compute imports Feast in ``start`` and
+``drain_miss_queue`` alone.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ from typing import TYPE_CHECKING, Any
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
 from solaris_feast.pipeline.log import load_log
+from solaris_feast.pipeline.registry_snapshot import (
+    RegistrySnapshot,
+    read_snapshot,
+    take_snapshot,
+    write_snapshot,
+)
 from solaris_feast.pipeline.runs import (
     precompute_run_dir,
     replace_folder_atomic,
@@ -43,6 +55,7 @@ from solaris_feast.pipeline.runs import (
 )
 from solaris_feast.pipeline.settings import (
     PAIR_VIEW,
+    RESOLVED_VIEW,
     SIMILAR_VIEW,
     SOLARIS_VIEWS,
     USER_VIEW,
@@ -51,6 +64,7 @@ from solaris_feast.pipeline.settings import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
     from feast import FeatureStore
 
@@ -63,7 +77,11 @@ MISS_QUEUE_GROUP = "solaris_precompute"
 """Redis consumer group of the precompute runs on the miss queue."""
 
 
-def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -> dict[str, Any]:
+def start_precompute(
+    settings: Mapping[str, Any],
+    interval: Mapping[str, Any],
+    ticks: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """Validate the params, check the repo's views, the log and that the serving chain fits the
     log, then open the run folder.
 
@@ -72,7 +90,9 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
     is written: a bad log or candidate table, or a chain trained on another log
     (:class:`~solaris_feast.errors.ChainMismatchError`), fails this task once. The folder is
     keyed by the interval and the VM version: a re-run of the interval with the same models
-    finds its earlier files; a new model version starts a full re-plan.
+    finds its earlier files; a new model version starts a full re-plan. ``ticks`` (a scheduled
+    round's skipped ticks and late start, :func:`~solaris_feast.pipeline.runs.round_ticks`) go
+    into the run spec and from there into ``coverage.json``.
     """
     from solaris_feast.errors import ChainMismatchError, ConfigError
     from solaris_feast.models.cards import serving_chain
@@ -111,6 +131,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
         raise ChainMismatchError(vm.version, problems)
     run_dir = precompute_run_dir(cfg, key, vm.version)
     run_dir.mkdir(parents=True, exist_ok=True)
+    write_snapshot(run_dir, take_snapshot(store, SOLARIS_VIEWS, RESOLVED_VIEW))
     spec = PrecomputeRun(
         settings=cfg,
         now=now,
@@ -119,6 +140,7 @@ def start_precompute(settings: Mapping[str, Any], interval: Mapping[str, Any]) -
         vm_version=vm.version,
         fm_version=chain.fm.version,
         embedding_version=chain.embedding_version,
+        ticks=dict(ticks) if ticks is not None else None,
     )
     write_once(run_dir / "manifest.json", spec.model_dump_json(indent=2))
     logger.info(
@@ -158,6 +180,29 @@ def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
     if missing:
         raise ViewsNotAppliedError(str(repo), missing)
     return store
+
+
+def run_snapshot(spec: PrecomputeRun) -> RegistrySnapshot:
+    """The registry as the round's ``start`` saw it (opened again, with Feast, for a run folder
+    written before snapshots were kept)."""
+    snapshot = read_snapshot(Path(spec.run_dir))
+    if snapshot is None:
+        snapshot = take_snapshot(open_run_store(spec.settings), SOLARIS_VIEWS, RESOLVED_VIEW)
+    return snapshot
+
+
+def snapshot_rows(
+    snapshot: RegistrySnapshot,
+    view: str,
+    start: pd.Timestamp,
+    end: pd.Timestamp,
+    columns: list[str] | None = None,
+) -> pd.DataFrame:
+    """:func:`~solaris_feast.store.offline.read_offline_rows` through the snapshot (no Feast)."""
+    from solaris_feast.store.offline import read_offline_folder
+
+    facts = snapshot.view(view)
+    return read_offline_folder(Path(facts.offline_root), start, end, columns, facts.columns)
 
 
 def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -233,10 +278,15 @@ def _chain(spec: PrecomputeRun) -> ChainModels:
 
 
 def _verifier_scores(
-    chain: ChainModels, dataset: InteractionDataset, pairs: pd.DataFrame, now: datetime
+    chain: ChainModels | None,
+    dataset: InteractionDataset,
+    pairs: pd.DataFrame,
+    now: datetime,
 ) -> pd.DataFrame:
     """``user_id``, ``item_id``, ``verifier_score``: the chain's verifier (for the reference VM,
-    its main-task probability with no embedding), as of ``now``."""
+    its main-task probability with no embedding), as of ``now``; 0 for every pair without a
+    ``chain`` (nothing to score, so no model was loaded)."""
+    import numpy as np
     import pandas as pd
 
     from solaris_feast.keys import id_array
@@ -244,25 +294,50 @@ def _verifier_scores(
     from solaris_feast.precompute.plan import VERIFIER_SCORE
 
     users, items = id_array(pairs[USER_ID]), id_array(pairs[ITEM_ID])
-    scores = chain.verifier_scores(PairsAsOf.of(users, items, pd.Timestamp(now), dataset))
+    if chain is None or len(pairs) == 0:
+        scores = np.zeros(len(pairs), dtype=np.float64)
+    else:
+        scores = chain.verifier_scores(PairsAsOf.of(users, items, pd.Timestamp(now), dataset))
     return pd.DataFrame({USER_ID: users, ITEM_ID: items, VERIFIER_SCORE: scores})
 
 
 def planning_scores(
-    chain: ChainModels,
+    chain: ChainModels | None,
     dataset: InteractionDataset,
     candidates: pd.DataFrame,
     now: datetime,
     retrieval_weight: float,
+    scored_rows: np.ndarray | None = None,
 ) -> pd.DataFrame:
     """``user_id``, ``item_id``, ``verifier_score`` of the candidates as the planner ranks them:
     the verifier's probability times the retrieval score
     (:func:`solaris_feast.precompute.plan.request_score`), or the verifier alone for a candidate
-    table without ``candidate_score``."""
+    table without ``candidate_score``.
+
+    ``scored_rows`` (a boolean mask): only those candidates go through the VM, the others score
+    0 (the planner drops them: they are fresh). The retrieval score is still normalized by each
+    user's best over all candidates, so the scored rows rank as they would among all.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from solaris_feast.keys import id_array
     from solaris_feast.precompute.candidates import CANDIDATE_SCORE
     from solaris_feast.precompute.plan import VERIFIER_SCORE, request_score
 
-    scored = _verifier_scores(chain, dataset, candidates, now)
+    if scored_rows is None:
+        scored = _verifier_scores(chain, dataset, candidates, now)
+    else:
+        subset = _verifier_scores(chain, dataset, candidates.loc[scored_rows], now)
+        verifier = np.zeros(len(candidates), dtype=np.float64)
+        verifier[scored_rows] = subset[VERIFIER_SCORE].to_numpy()
+        scored = pd.DataFrame(
+            {
+                USER_ID: id_array(candidates[USER_ID]),
+                ITEM_ID: id_array(candidates[ITEM_ID]),
+                VERIFIER_SCORE: verifier,
+            }
+        )
     if CANDIDATE_SCORE in candidates.columns:
         scored[VERIFIER_SCORE] = request_score(
             scored[USER_ID].to_numpy(),
@@ -276,12 +351,22 @@ def planning_scores(
 def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
     """Score candidates and misses with the verifier, plan under the budget, persist the plan.
 
+    Only pairs the planner can take are scored: a candidate whose stored vector stays fresh
+    past the refresh margin is skipped by the planner whatever its score, so a first planner
+    pass without scores names the rest (the planner's own freshness rule, not a copy of it).
+    When every candidate is fresh and no miss is queued, the VM is not loaded at all.
+
     Returns the plan's stats and ``shard_indexes`` for the mapped precompute tasks.
     """
+    import numpy as np
     import pandas as pd
 
-    from solaris_feast.precompute.plan import plan_precompute, read_plan, write_plan
-    from solaris_feast.store.offline import read_offline_rows
+    from solaris_feast.precompute.plan import (
+        VERIFIER_SCORE,
+        plan_precompute,
+        read_plan,
+        write_plan,
+    )
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
@@ -291,40 +376,63 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         plan = read_plan(plan_dir)
         return {"shard_indexes": shard_indexes, "planned": len(plan), "reused": True}
     dataset = load_log(cfg, spec.now)
-    chain = _chain(spec)
     candidates = pd.read_parquet(Path(spec.run_dir) / "candidates.parquet")
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     if dataset.dense_ids:  # ids beyond dense tables cannot be scored; a vocabulary maps any id
         known = (misses[USER_ID] < dataset.num_users) & (misses[ITEM_ID] < dataset.num_items)
         misses = misses.loc[known]
     misses = misses[[USER_ID, ITEM_ID]].drop_duplicates()
-    scored_candidates = planning_scores(chain, dataset, candidates, spec.now, cfg.retrieval_weight)
-    scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
-    store = open_run_store(cfg)
-    ttl = pair_ttl_seconds(spec, store)
-    fresh = read_offline_rows(
-        store,
+    snapshot = run_snapshot(spec)
+    ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
+    now = pd.Timestamp(spec.now)
+    fresh = snapshot_rows(
+        snapshot,
         PAIR_VIEW,
-        pd.Timestamp(spec.now) - pd.Timedelta(seconds=ttl),
-        pd.Timestamp(spec.now),
+        now - pd.Timedelta(seconds=ttl),
+        now,
         [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION],
     )
-    plan = plan_precompute(
-        scored_candidates,
-        scored_misses,
-        fresh,
-        cfg.budget_pairs,
-        pd.Timestamp(spec.now),
-        ttl,
-        min(cfg.refresh_margin_seconds, ttl - 1),
-        cfg.min_miss_score,
-        model_version=spec.embedding_version,
-        user_balanced=cfg.user_balanced_plan,
+
+    def planned(scored: pd.DataFrame, scored_misses: pd.DataFrame | None, budget: int) -> Any:
+        return plan_precompute(
+            scored,
+            scored_misses,
+            fresh,
+            budget,
+            now,
+            ttl,
+            min(cfg.refresh_margin_seconds, ttl - 1),
+            cfg.min_miss_score,
+            model_version=spec.embedding_version,
+            user_balanced=cfg.user_balanced_plan,
+        )
+
+    unscored = candidates[[USER_ID, ITEM_ID]].assign(**{VERIFIER_SCORE: 0.0})
+    takeable = planned(unscored, None, 0).uncovered[[USER_ID, ITEM_ID]]
+    to_score = (
+        candidates[[USER_ID, ITEM_ID]]
+        .merge(takeable.drop_duplicates(), on=[USER_ID, ITEM_ID], how="left", indicator=True)[
+            "_merge"
+        ]
+        .eq("both")
+        .to_numpy(dtype=bool)
     )
+    chain = _chain(spec) if to_score.any() or len(misses) else None
+    scored_candidates = planning_scores(
+        chain, dataset, candidates, spec.now, cfg.retrieval_weight, scored_rows=to_score
+    )
+    scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
+    plan = planned(scored_candidates, scored_misses, cfg.budget_pairs)
     staging = staging_folder(plan_dir)
     write_plan(plan, staging)
     replace_folder_atomic(staging, plan_dir)
     stats = plan.stats
+    logger.info(
+        "verifier scored %d of %d candidates (the rest are fresh)%s",
+        int(np.count_nonzero(to_score)),
+        len(candidates),
+        "" if chain is not None else ": no model loaded",
+    )
     return {
         "shard_indexes": shard_indexes,
         "planned": stats.planned,
@@ -333,20 +441,21 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         "new": stats.new,
         "skipped_fresh": stats.skipped_fresh,
         "over_budget": stats.over_budget,
+        "scored": int(np.count_nonzero(to_score)) + len(misses),
         "reused": False,
     }
 
 
-def pair_ttl_seconds(spec: PrecomputeRun, store: FeatureStore) -> int:
-    """The planner's TTL: the param, or the pair view's TTL, which serving enforces.
+def pair_ttl_seconds(spec: PrecomputeRun, view_ttl_seconds: float) -> int:
+    """The planner's TTL: the param, or the pair view's TTL (``view_ttl_seconds``, from the
+    registry), which serving enforces.
 
     A param longer than the view's TTL is refused: the planner would skip pairs as fresh that
     the retriever already treats as expired.
     """
     from solaris_feast.errors import ConfigError
 
-    ttl = store.get_feature_view(PAIR_VIEW).ttl
-    view_seconds = int(ttl.total_seconds()) if ttl is not None else 0
+    view_seconds = int(view_ttl_seconds)
     if view_seconds <= 0:
         raise ConfigError(f"feature view {PAIR_VIEW} needs a positive ttl")
     wanted = spec.settings.pair_ttl_seconds
@@ -366,13 +475,22 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
     Idempotent: vectors are computed as of the plan's time and stored with it as
     ``computed_at``, so a retry writes the same rows (same offline file, same online value).
     """
-    from solaris_feast.precompute.compute import run_precompute
     from solaris_feast.precompute.plan import read_plan, shard
-    from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     part = shard(read_plan(Path(spec.run_dir) / "plan"), shard_index, shard_count)
+    if len(part) == 0:
+        # Nothing planned for this shard: no model, no store (torch and Feast stay unloaded).
+        report: dict[str, Any] = {"shard": shard_index, "of": shard_count, "pairs": 0}
+        report.update(batches=0, model_version=spec.embedding_version, wall_seconds=0.0)
+        write_atomic(
+            shard_report_path(Path(spec.run_dir), shard_index), json.dumps(report, indent=2)
+        )
+        return report
     chain = _chain(spec)
+    from solaris_feast.precompute.compute import run_precompute
+    from solaris_feast.store.write import EmbeddingWriter
+
     dataset = load_log(spec.settings, spec.now)
     store = open_run_store(spec.settings)
     writer = EmbeddingWriter(store, PAIR_VIEW)
@@ -386,38 +504,58 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int)
 
 
 def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
-    """Each user's mean exact vector over the window, written to the user view.
+    """Each user's mean exact vector over the window, written to the user view for the users
+    whose aggregate changed (:func:`~solaris_feast.precompute.aggregate.changed_user_rows`).
 
     A pair computed several times counts once (newest vector), and the rows carry the run's time,
-    so a re-run writes the same rows: nothing is counted twice.
+    so a re-run writes the same rows: nothing is counted twice. An unchanged aggregate is not
+    written again (a round with nothing new adds no offline row and opens no store), until it
+    nears the view's TTL (``refresh_margin_seconds`` before, as the pairs).
     """
-    from solaris_feast.store.write import EmbeddingWriter
+    import pandas as pd
+
+    from solaris_feast.precompute.aggregate import changed_user_rows
 
     spec = PrecomputeRun.model_validate(dict(run))
-    store = open_run_store(spec.settings)
-    rows = user_aggregate_rows(spec, store)
-    writer = EmbeddingWriter(store, USER_VIEW)
-    try:
-        report = writer.write(rows)
-    finally:
-        writer.close()
+    snapshot = run_snapshot(spec)
+    rows = user_aggregate_rows(spec, snapshot)
+    now = pd.Timestamp(spec.now)
+    ttl_seconds = snapshot.view(USER_VIEW).ttl_seconds
+    rewrite_after = max(ttl_seconds - spec.settings.refresh_margin_seconds, 0.0)
+    # Rows before this round's time only: a retry rewrites what its first try wrote.
+    stored = snapshot_rows(
+        snapshot, USER_VIEW, now - pd.Timedelta(seconds=ttl_seconds), now - pd.Timedelta(1, "us")
+    )
+    changed = changed_user_rows(rows, stored, now, rewrite_after)
+    applied = files = 0
+    if len(changed):
+        from solaris_feast.store.write import EmbeddingWriter
+
+        writer = EmbeddingWriter(open_run_store(spec.settings), USER_VIEW)
+        try:
+            report = writer.write(changed)
+        finally:
+            writer.close()
+        applied, files = report.online_applied, report.offline_files_written
+    logger.info("user aggregates: %d users, %d changed", len(rows), len(changed))
     return {
         "users": len(rows),
-        "online_applied": report.online_applied,
-        "offline_files_written": report.offline_files_written,
+        "written": len(changed),
+        "unchanged": len(rows) - len(changed),
+        "online_applied": applied,
+        "offline_files_written": files,
     }
 
 
-def user_aggregate_rows(spec: PrecomputeRun, store: FeatureStore) -> pd.DataFrame:
+def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.DataFrame:
     """The user view's rows of the run: each user's mean exact vector over the window."""
     import pandas as pd
 
     from solaris_feast.precompute.aggregate import AggregateConfig, aggregate_user_embeddings
-    from solaris_feast.store.offline import read_offline_rows
 
     window = spec.settings.aggregate_window_seconds
     now = pd.Timestamp(spec.now)
-    exact = read_offline_rows(store, PAIR_VIEW, now - pd.Timedelta(seconds=window), now)
+    exact = snapshot_rows(snapshot, PAIR_VIEW, now - pd.Timedelta(seconds=window), now)
     return aggregate_user_embeddings(
         exact, now, spec.embedding_version, AggregateConfig(window_seconds=window)
     )
@@ -437,14 +575,13 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         build_user_index,
         similarity_fill,
     )
-    from solaris_feast.store.offline import read_offline_rows
     from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
-    store = open_run_store(cfg)
+    snapshot = run_snapshot(spec)
     now = pd.Timestamp(spec.now)
-    ttl = pair_ttl_seconds(spec, store)
+    ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
     plan = read_plan(Path(spec.run_dir) / "plan")
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     targets = pd.concat(
@@ -454,9 +591,12 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         ],
         ignore_index=True,
     ).drop_duplicates()
-    user_rows = user_aggregate_rows(spec, store)
-    exact = read_offline_rows(store, PAIR_VIEW, now - pd.Timedelta(seconds=ttl), now)
-    if len(targets) == 0 or len(user_rows) < 2 or len(exact) == 0:
+    if len(targets) == 0:
+        logger.info("similarity fill: nothing to fill (no targets)")
+        return {"targets": 0, "filled": 0}
+    user_rows = user_aggregate_rows(spec, snapshot)
+    exact = snapshot_rows(snapshot, PAIR_VIEW, now - pd.Timedelta(seconds=ttl), now)
+    if len(user_rows) < 2 or len(exact) == 0:
         logger.info("similarity fill: nothing to fill (%d targets)", len(targets))
         return {"targets": len(targets), "filled": 0}
     similarity = SimilarityConfig(neighbours=cfg.similar_neighbours)
@@ -474,7 +614,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         ttl,
         similarity,
     )
-    writer = EmbeddingWriter(store, SIMILAR_VIEW)
+    writer = EmbeddingWriter(open_run_store(cfg), SIMILAR_VIEW)
     try:
         report = writer.write(fill)
     finally:

@@ -9,6 +9,12 @@ other labels, other attributes) fails its task once with a
 :class:`~solaris_feast.errors.ChainMismatchError` naming every mismatch, instead of an
 ``IndexError`` deep inside the VM, retried.
 
+A promotion is announced to Airflow (:func:`announce_promotion`): it marks the
+``solaris_serving_chain`` asset, on which the precompute DAG is scheduled besides its cron, so
+the new chain's first round starts at once instead of at the next tick. ``solaris promote`` does
+this where the environment names an Airflow deployment; the ``solaris_promote`` DAG marks the
+asset as its task's outlet.
+
 Cost: cards are read without torch; the check compares the cards' recorded feature schema with
 the window the round reads.
 """
@@ -18,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from solaris_feast.errors import ConfigError
 from solaris_feast.models.cards import (
@@ -31,6 +37,7 @@ from solaris_feast.models.cards import (
 from solaris_feast.pipeline.runs import write_atomic
 
 if TYPE_CHECKING:
+    from solaris_feast.config import SolarisConfig
     from solaris_feast.data.schema import InteractionDataset
 
 
@@ -195,3 +202,75 @@ def promote(models_dir: Path, vm_version: str, now: datetime | None = None) -> S
     )
     write_atomic(models_dir / SERVING_ALIAS_FILE, alias.model_dump_json(indent=2))
     return alias
+
+
+def promote_checked(
+    config: SolarisConfig | None,
+    models_dir: Path,
+    vm_version: str,
+    at: datetime | None = None,
+    check: bool = True,
+) -> ServingAlias:
+    """:func:`promote` after checking, with a config, that the chain fits the log's window
+    before ``at`` (default now): what ``solaris promote`` and the ``solaris_promote`` DAG do.
+
+    Raises:
+        ConfigError: no cards, an unknown VM.
+        ChainMismatchError: the chain does not fit the log (``check`` and a config).
+    """
+    from solaris_feast.errors import ChainMismatchError
+
+    if check and config is not None:
+        from solaris_feast.config import precompute_settings
+        from solaris_feast.pipeline.log import load_log
+
+        chain = select_chain(list_cards(models_dir), vm_version)
+        if chain is None:  # select_chain raises for an unknown VM; None: no cards at all
+            raise ConfigError(f"no model cards in {models_dir}")
+        moment = at or datetime.now(UTC)
+        log = load_log(precompute_settings(config), moment)
+        problems = chain_mismatches(chain, log, models_dir)
+        if problems:
+            raise ChainMismatchError(vm_version, problems)
+    return promote(models_dir, vm_version)
+
+
+def promotion_extra(alias: ServingAlias, models_dir: Path) -> dict[str, Any]:
+    """What the ``solaris_serving_chain`` asset event carries: the chain and its registry."""
+    return {
+        "vm": alias.vm,
+        "compressor": alias.compressor,
+        "fm": alias.fm,
+        "models_dir": str(models_dir),
+        "promoted_at": alias.promoted_at.isoformat(),
+    }
+
+
+def announce_promotion(alias: ServingAlias, models_dir: Path) -> bool:
+    """Mark the ``solaris_serving_chain`` Airflow asset (the precompute DAG runs on it), in the
+    metadata database this process's Airflow configuration names.
+
+    Returns False when that database knows no such asset (no dag-processor parsed the
+    precompute DAG there). Call it only where Airflow is configured
+    (:func:`~solaris_feast.pipeline.assets.airflow_configured`): elsewhere importing Airflow
+    would create a default ``~/airflow``.
+    """
+    from solaris_feast.pipeline.assets import SERVING_CHAIN_ASSET, record_asset_event
+
+    return record_asset_event(SERVING_CHAIN_ASSET, promotion_extra(alias, models_dir))
+
+
+def promote_from_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``solaris_promote`` DAG's task: promote ``params["vm"]`` in the config's registry
+    (``$SOLARIS_CONFIG``, read now) or in ``params["models_dir"]``; the asset event's extra."""
+    import os
+
+    from solaris_feast.config import CONFIG_ENV, load_config
+
+    vm = params.get("vm")
+    if not vm:
+        raise ConfigError("solaris_promote needs the VM version: trigger it with conf {'vm': ...}")
+    config = load_config() if os.environ.get(CONFIG_ENV, "").strip() else None
+    models_dir = Path(config.models.dir) if config is not None else Path(params["models_dir"])
+    alias = promote_checked(config, models_dir, str(vm), check=bool(params.get("check", True)))
+    return promotion_extra(alias, models_dir)

@@ -11,21 +11,27 @@ planner and as misses to the retriever.
 A training run keeps one marker per stage under ``<models_dir>/.training_runs/<interval>/``
 naming the version the stage registered, so a retried stage returns that card instead of
 training again.
+
+A scheduled round also records how it sits on its cron (:func:`round_ticks`): ticks skipped
+since the previous round and whether it started late, logged and kept in ``coverage.json``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from solaris_feast.pipeline.settings import PrecomputeSettings
+
+logger = logging.getLogger(__name__)
 
 RUNS_SUBDIR = Path("data") / "precompute_runs"
 """Default runs folder, inside the Feast repo."""
@@ -116,3 +122,76 @@ def replace_folder_atomic(staging: Path, target: Path) -> None:
 def staging_folder(target: Path) -> Path:
     """A fresh sibling of ``target`` to write into before :func:`replace_folder_atomic`."""
     return target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+
+
+# -- schedule ticks ------------------------------------------------------------------------------
+
+
+def schedule_ticks(
+    schedule: str,
+    run_at: datetime,
+    previous_run_at: datetime | None,
+    started_at: datetime | None,
+) -> dict[str, object] | None:
+    """How a scheduled round sits on its cron: ticks skipped since the previous round, and
+    whether it started late.
+
+    ``run_at`` is the tick the round is for (its data interval's end: the tick itself under
+    Airflow 3's default trigger timetable), ``previous_run_at`` the previous round's. A tick is
+    skipped when a round overran its interval (``max_active_runs=1`` and no catch-up: Airflow
+    drops the ticks that came due meanwhile) or the scheduler was down. A round is late when it
+    started after its next tick was already due. Returns None for a schedule that is not a
+    cron expression or preset (an asset schedule has no ticks).
+
+    Returns:
+        ``schedule``, ``run_at``, ``previous_run_at`` (ISO strings), ``skipped_ticks`` (ticks
+        strictly between the two rounds), ``started_late_seconds`` (start - ``run_at``; None
+        without a start) and ``late`` (bool).
+    """
+    from croniter import croniter
+
+    if not croniter.is_valid(schedule):
+        return None
+    skipped = 0
+    if previous_run_at is not None and previous_run_at < run_at:
+        ticks = croniter(schedule, previous_run_at)
+        while ticks.get_next(datetime) < run_at:
+            skipped += 1
+    late_seconds = (started_at - run_at).total_seconds() if started_at is not None else None
+    due_next = croniter(schedule, run_at).get_next(datetime)
+    late = started_at is not None and started_at >= due_next
+    return {
+        "schedule": schedule,
+        "run_at": run_at.isoformat(),
+        "previous_run_at": previous_run_at.isoformat() if previous_run_at else None,
+        "skipped_ticks": skipped,
+        "started_late_seconds": late_seconds,
+        "late": late,
+    }
+
+
+def round_ticks(schedule: str | None, dag_run: Any, previous: Any) -> dict[str, object] | None:
+    """:func:`schedule_ticks` of an Airflow DAG run against the previous run of its DAG (any
+    state, any type; None when there is none); None unless ``dag_run`` is a scheduled run (a
+    manual or asset-triggered round is on no tick) of a DAG with a schedule."""
+    if schedule is None:
+        return None
+    if str(getattr(dag_run, "run_type", "")).split(".")[-1].lower() != "scheduled":
+        return None
+    run_at = dag_run.data_interval_end or dag_run.logical_date or dag_run.run_after
+    previous_at = None
+    if previous is not None:
+        previous_at = previous.data_interval_end or previous.logical_date or previous.run_after
+    report = schedule_ticks(schedule, run_at, previous_at, getattr(dag_run, "start_date", None))
+    if report is not None and (report["skipped_ticks"] or report["late"]):
+        logger.warning(
+            "round for %s: %s tick(s) of %s skipped since the previous round (%s); started %s s "
+            "after its tick%s",
+            report["run_at"],
+            report["skipped_ticks"],
+            schedule,
+            report["previous_run_at"],
+            report["started_late_seconds"],
+            ", after its next tick was due (late)" if report["late"] else "",
+        )
+    return report

@@ -166,6 +166,9 @@ class PrecomputeRun(BaseModel):
     """The FM behind the compressor."""
     embedding_version: str
     """The compressor's version, stored beside every vector as model_version."""
+    ticks: dict[str, Any] | None = None
+    """A scheduled round's place on its cron (skipped ticks, late start), from
+    :func:`solaris_feast.pipeline.runs.round_ticks`; None for a manual or asset-triggered one."""
 
 
 class TrainingSettings(LogSource):
@@ -205,6 +208,64 @@ class TrainingRun(BaseModel):
     settings: TrainingSettings
     now: datetime
     interval_key: str
+
+
+class TaskPolicy(BaseModel):
+    """How Airflow runs a DAG's tasks: their time limit and their retries.
+
+    Read when the DAG file is parsed (an Airflow task's ``execution_timeout`` and ``retries``
+    are part of the DAG, not of a run): from the config file's ``airflow`` section when
+    ``SOLARIS_CONFIG`` is set, else these defaults. A task past its timeout is killed and
+    retried like a retryable error; a final error (:mod:`solaris_feast.pipeline.failures`)
+    fails at once whatever ``retries`` says.
+    """
+
+    model_config = _CONFIG
+
+    task_timeout_seconds: int = Field(900, gt=0)
+    """execution_timeout of each task (but the precompute's FM shards): a hung store read or a
+    stuck worker ends the try after this long instead of holding the run."""
+    retries: int = Field(2, ge=0)
+    """Tries after the first for a retryable error (a store that is down, a timeout)."""
+    retry_delay_seconds: int = Field(60, ge=0)
+    """Wait before the first retry; each next one waits retry_exponential_backoff times longer."""
+    retry_exponential_backoff: float = Field(2.0, ge=1.0)
+    """Factor between two retry delays (1: a constant delay)."""
+    max_retry_delay_seconds: int = Field(600, ge=0)
+    """Longest wait between two tries."""
+
+
+class PrecomputeTaskPolicy(TaskPolicy):
+    """The precompute DAG's tasks (an hourly round: minutes per task)."""
+
+    shard_timeout_seconds: int = Field(3600, gt=0)
+    """execution_timeout of one FM shard (precompute_shard), the round's long task."""
+
+
+class TrainingTaskPolicy(TaskPolicy):
+    """The training DAG's stages (hours per stage on a large log)."""
+
+    task_timeout_seconds: int = Field(4 * 3600, gt=0)
+    """execution_timeout of each training stage (FM, compressor, VM) and of start."""
+    retries: int = Field(1, ge=0)
+    """Tries after the first for a retryable error."""
+    retry_delay_seconds: int = Field(300, ge=0)
+    """Wait before the first retry."""
+    max_retry_delay_seconds: int = Field(3600, ge=0)
+    """Longest wait between two tries."""
+
+
+def airflow_task_args(policy: TaskPolicy) -> dict[str, Any]:
+    """The DAG's ``default_args`` from a policy (``timedelta`` values, as Airflow wants)."""
+    from datetime import timedelta
+
+    return {
+        "execution_timeout": timedelta(seconds=policy.task_timeout_seconds),
+        "retries": policy.retries,
+        "retry_delay": timedelta(seconds=policy.retry_delay_seconds),
+        "retry_exponential_backoff": policy.retry_exponential_backoff,
+        "max_retry_delay": timedelta(seconds=policy.max_retry_delay_seconds),
+    }
 
 
 # -- DAG params ---------------------------------------------------------------------------------

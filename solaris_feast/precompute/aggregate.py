@@ -221,3 +221,56 @@ def _empty_user_rows() -> pd.DataFrame:
             COMPUTED_AT: pd.Series([], dtype="datetime64[ns, UTC]"),
         }
     )
+
+
+def changed_user_rows(
+    rows: pd.DataFrame,
+    stored: pd.DataFrame,
+    now: pd.Timestamp,
+    rewrite_after_seconds: float,
+    rtol: float = 1e-6,
+) -> pd.DataFrame:
+    """The rows of ``rows`` (from :func:`aggregate_user_embeddings`) worth writing: each user's
+    aggregate unless the newest ``stored`` row of that user holds the same one.
+
+    A round that computed nothing new would otherwise append a row per user to the offline log
+    (the rows carry the round's time, so the content-hashed file is new each round). A stored
+    row is the same when its ``model_version`` and ``pair_count`` are equal and its vector is
+    within ``rtol`` (the recency weighting rescales every weight each round); it is rewritten
+    anyway once it is ``rewrite_after_seconds`` old, so that an unchanged aggregate never runs
+    past its view's TTL.
+
+    Args:
+        rows: this round's aggregates, one row per user.
+        stored: rows already in the user view (``user_id``, ``embedding``, ``pair_count``,
+            ``model_version``, ``computed_at``), any number per user; the newest counts. Pass
+            only rows older than ``now``: a retried round must rewrite what it wrote itself
+            (its online write may not have happened).
+        now: the round's time.
+        rewrite_after_seconds: age from which a stored aggregate is refreshed even if equal.
+    """
+    if len(rows) == 0 or len(stored) == 0:
+        return rows
+    at = pd.to_datetime(stored[COMPUTED_AT], utc=True)
+    newest = (
+        stored.assign(_at=at)
+        .sort_values("_at", kind="stable")
+        .drop_duplicates(USER_ID, keep="last")
+        .set_index(USER_ID)
+    )
+    old = newest.reindex(rows[USER_ID].to_numpy())
+    known = old["_at"].notna().to_numpy()
+    age = (as_utc(now, "now") - old["_at"]).dt.total_seconds().to_numpy()
+    same = (
+        known
+        & (age < rewrite_after_seconds)
+        & (old[MODEL_VERSION].to_numpy() == rows[MODEL_VERSION].to_numpy())
+        & (old[PAIR_COUNT].fillna(-1).to_numpy(dtype=np.int64) == rows[PAIR_COUNT].to_numpy())
+    )
+    for i in np.flatnonzero(same):
+        before = np.asarray(old[EMBEDDING].iat[i], dtype=np.float32)
+        after = np.asarray(rows[EMBEDDING].iat[i], dtype=np.float32)
+        same[i] = before.shape == after.shape and bool(
+            np.allclose(before, after, rtol=rtol, atol=rtol * 1e-1)
+        )
+    return rows.loc[~same].reset_index(drop=True)

@@ -23,9 +23,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -375,6 +376,12 @@ def render_status(status: dict[str, Any], console: Any = None) -> None:
         f"[bold]SOLARIS status[/bold] project [cyan]{status['project']}[/cyan] "
         f"({status['online_store']}), {status['checked_at']}"
     )
+    read_from = status.get("read_from")
+    if read_from:
+        out.print(
+            f"read from {read_from['repo']} ({read_from['feature_store_yaml']}), models "
+            f"{read_from['models_dir']}: named by {read_from['named_by']}"
+        )
     out.print(
         f"expected model version: [cyan]{status['expected_model_version'] or 'none'}[/cyan] "
         f"({status['expected_version_source']})"
@@ -460,17 +467,117 @@ def plot_freshness(status: dict[str, Any], path: Path) -> Path:
     return save_figure(fig, path, dpi=100)
 
 
+@dataclass(frozen=True)
+class StatusTarget:
+    """The store and model registry a status reads, and where each was named.
+
+    Attributes:
+        repo: the Feast repo folder.
+        feature_store_yaml: its config file (relative: inside ``repo``); None: feature_store.yaml.
+        models_dir: the model registry (cards).
+        source: what named them: ``options``, ``config file <path>``, ``environment`` or
+            ``defaults``.
+    """
+
+    repo: Path
+    feature_store_yaml: Path | None
+    models_dir: Path
+    source: str
+
+
+def status_target(
+    repo: Path | None = None,
+    feature_store_yaml: Path | None = None,
+    models_dir: Path | None = None,
+    solaris_config: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> StatusTarget:
+    """The store a status reads: the one the precompute writes.
+
+    Each of repo, yaml and models comes from its option when given; else from the solaris.yaml
+    (``solaris_config``, else ``$SOLARIS_CONFIG``: its ``feast`` and ``models`` sections), which
+    the DAGs read first too; else from the DAGs' deployment variables ``SOLARIS_FEATURE_REPO``,
+    ``SOLARIS_FEATURE_STORE_YAML`` and ``SOLARIS_MODELS_DIR``; else ``feature_repo``,
+    ``feature_store.yaml`` and ``models`` in the working folder. Without this a status after a
+    Redis round read the SQLite default and reported an empty store.
+    """
+    from solaris_feast.config import CONFIG_ENV, load_config
+    from solaris_feast.pipeline.settings import ENVIRONMENT_DEFAULTS
+
+    env = os.environ if environ is None else environ
+    chosen_config = solaris_config or (
+        Path(env[CONFIG_ENV].strip()) if env.get(CONFIG_ENV, "").strip() else None
+    )
+    named: dict[str, str | None] = {"repo": None, "yaml": None, "models": None}
+    source = "defaults"
+    if chosen_config is not None:
+        config = load_config(chosen_config)
+        named = {
+            "repo": config.feast.repo,
+            "yaml": config.feast.feature_store_yaml,
+            "models": config.models.dir,
+        }
+        source = f"config file {chosen_config}"
+    else:
+        from_env = {
+            "repo": env.get(ENVIRONMENT_DEFAULTS["feature_repo"]) or None,
+            "yaml": env.get(ENVIRONMENT_DEFAULTS["feature_store_yaml"]) or None,
+            "models": env.get(ENVIRONMENT_DEFAULTS["models_dir"]) or None,
+        }
+        if any(from_env.values()):
+            named, source = from_env, "environment"
+    given = (repo, feature_store_yaml, models_dir)
+    if all(g is not None for g in given):
+        source = "options"
+    elif any(g is not None for g in given):
+        source = f"options and {source}"
+    chosen_repo = repo or Path(named["repo"] or "feature_repo")
+    yaml_name = feature_store_yaml
+    if yaml_name is None and named["yaml"]:
+        # As the precompute reads it: a relative name is a file inside the repo.
+        yaml_name = Path(named["yaml"])
+        yaml_name = yaml_name if yaml_name.is_absolute() else chosen_repo / yaml_name
+    return StatusTarget(
+        repo=chosen_repo,
+        feature_store_yaml=yaml_name,
+        models_dir=models_dir or Path(named["models"] or "models"),
+        source=source,
+    )
+
+
 def status_cli(
     repo: Annotated[
-        Path, typer.Option("--repo", help="Feast repo folder (holds feature_store.yaml).")
-    ] = Path("feature_repo"),
+        Path | None,
+        typer.Option(
+            "--repo",
+            help="Feast repo folder (default: the config file's feast.repo, else "
+            "$SOLARIS_FEATURE_REPO, else feature_repo).",
+        ),
+    ] = None,
     config: Annotated[
         Path | None,
-        typer.Option("--config", help="Feast config other than <repo>/feature_store.yaml."),
+        typer.Option(
+            "--config",
+            help="Feast config other than <repo>/feature_store.yaml (default: the config file's "
+            "feast.feature_store_yaml, else $SOLARIS_FEATURE_STORE_YAML).",
+        ),
     ] = None,
-    models: Annotated[Path, typer.Option("--models", help="Folder of model cards (JSON).")] = Path(
-        "models"
-    ),
+    models: Annotated[
+        Path | None,
+        typer.Option(
+            "--models",
+            help="Folder of model cards (default: the config file's models.dir, else "
+            "$SOLARIS_MODELS_DIR, else models).",
+        ),
+    ] = None,
+    solaris_config: Annotated[
+        Path | None,
+        typer.Option(
+            "--solaris-config",
+            help="solaris.yaml naming the repo, its yaml and the models "
+            "(default: $SOLARIS_CONFIG).",
+        ),
+    ] = None,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the status as JSON here.")
     ] = None,
@@ -490,13 +597,24 @@ def status_cli(
 ) -> None:
     """Coverage by tier, miss-queue depth and freshness of the stored SOLARIS embeddings."""
     try:
-        store = open_repo_store(repo, config)
+        target = status_target(repo, config, models, solaris_config)
+        store = open_repo_store(target.repo, target.feature_store_yaml)
         status = store_status(
-            store, model_version, models_dir=models, max_keys=max_keys, max_users=max_users
+            store,
+            model_version,
+            models_dir=target.models_dir,
+            max_keys=max_keys,
+            max_users=max_users,
         )
     except SolarisError as exc:
         typer.echo(f"solaris status: {exc}", err=True)
         raise typer.Exit(2) from exc
+    status["read_from"] = {
+        "repo": str(target.repo),
+        "feature_store_yaml": str(target.feature_store_yaml or "feature_store.yaml"),
+        "models_dir": str(target.models_dir),
+        "named_by": target.source,
+    }
     render_status(status)
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

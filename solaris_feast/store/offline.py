@@ -45,11 +45,25 @@ def read_offline_rows(
     Only the day folders the window touches are read (the writer files rows under the UTC day
     of their ``computed_at``).
     """
+    view = store.get_feature_view(view_name)
+    every = [*view.join_keys, *(f.name for f in view.features)]
+    return read_offline_folder(offline_view_root(store, view), start, end, columns, every)
+
+
+def read_offline_folder(
+    root: Path,
+    start: pd.Timestamp,
+    end: pd.Timestamp,
+    columns: list[str] | None,
+    all_columns: list[str],
+) -> pd.DataFrame:
+    """:func:`read_offline_rows` from a view's folder (:func:`offline_view_root`) without Feast:
+    for a task that knows the folder and the view's columns (``all_columns``, the columns of an
+    empty result when ``columns`` is None)."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    root = offline_view_root(store, view_name)
     days = pd.date_range(start.floor("D"), end.floor("D"), freq="D")
     files = [
         f for day in days for f in sorted((root / day.strftime("%Y-%m-%d")).glob("part-*.parquet"))
@@ -57,9 +71,7 @@ def read_offline_rows(
     wanted = None if columns is None else sorted(set(columns) | {COMPUTED_AT})
     tables = [pq.read_table(f, columns=wanted) for f in files]
     if not tables:
-        view = store.get_feature_view(view_name)
-        every = [*view.join_keys, *(f.name for f in view.features)]
-        return pd.DataFrame(columns=every if columns is None else columns)
+        return pd.DataFrame(columns=all_columns if columns is None else columns)
     frame = pa.concat_tables(tables, promote_options="default").to_pandas()
     at = pd.to_datetime(frame[COMPUTED_AT], utc=True)
     frame = frame.loc[(at > start) & (at <= end)].reset_index(drop=True)

@@ -324,11 +324,22 @@ class SqliteBackend:
         return [QueuedMiss(_queue_id(r[0]), _queue_id(r[1]), str(r[2]), int(r[3])) for r in rows]
 
     def pending_misses(self) -> int:
-        row = (
-            self._queue()
-            .execute("SELECT COUNT(*) FROM solaris_miss_queue WHERE project = ?", (self.project,))
-            .fetchone()
-        )
+        # A count is a read: it must not create the database file nor the queue table (the
+        # status of a store that was never written reads 0, and leaves no online.db behind).
+        if self._conn is None and not Path(self.path).is_file():
+            return 0
+        try:
+            row = (
+                self._connection()
+                .execute(
+                    "SELECT COUNT(*) FROM solaris_miss_queue WHERE project = ?", (self.project,)
+                )
+                .fetchone()
+            )
+        except sqlite3.OperationalError as exc:
+            if _no_such_table(exc):
+                return 0
+            raise
         return int(row[0])
 
     def read_miss_group(

@@ -1,0 +1,96 @@
+"""What a round needs to know of its Feast registry, read once by its first task.
+
+Importing Feast costs about 10 s of a task's process on a loaded 2-core machine (it imports
+torch too, through ``feast.torch_wrapper``), and under a real executor every task is a fresh
+process. Most tasks of a round need only the views' TTLs, tags, columns and offline folders, so
+``start`` (which opens the store anyway, to check the views) writes them to ``registry.json`` in
+the run folder, and the other tasks read that file; they open Feast only to write or to read the
+online store. A round with nothing to compute then imports Feast in ``start`` and
+``drain_miss_queue`` alone (the miss queue lives in the online store).
+
+The snapshot is the registry as the round started: a view re-applied during the round takes
+effect at the next round, as a retried task sees the same inputs as its first try.
+
+Cost: pydantic only.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
+
+from solaris_feast.pipeline.runs import write_once
+
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
+SNAPSHOT_FILE = "registry.json"
+_CONFIG = ConfigDict(extra="forbid", frozen=True)
+
+
+class ViewSnapshot(BaseModel):
+    """One feature view as the round started."""
+
+    model_config = _CONFIG
+
+    name: str
+    ttl_seconds: float
+    """The view's TTL (0: none)."""
+    tags: dict[str, str]
+    columns: list[str]
+    """Join keys, then features: the columns of its offline rows."""
+    offline_root: str
+    """Folder of its parquet log (:func:`solaris_feast.store.offline.offline_view_root`)."""
+
+
+class RegistrySnapshot(BaseModel):
+    """The SOLARIS views of a round's registry, and the resolved view's tags."""
+
+    model_config = _CONFIG
+
+    project: str
+    views: dict[str, ViewSnapshot]
+    resolved_tags: dict[str, str] | None = None
+    """Tags of the on-demand resolved view; None when the repo has none."""
+
+    def view(self, name: str) -> ViewSnapshot:
+        return self.views[name]
+
+
+def take_snapshot(
+    store: FeatureStore, view_names: tuple[str, ...], resolved: str
+) -> RegistrySnapshot:
+    """The snapshot of ``view_names`` (and the on-demand view ``resolved``) in ``store``."""
+    from solaris_feast.store.offline import offline_view_root
+
+    views = {}
+    for name in view_names:
+        view = store.get_feature_view(name)
+        ttl = view.ttl.total_seconds() if view.ttl is not None else 0.0
+        views[name] = ViewSnapshot(
+            name=name,
+            ttl_seconds=ttl,
+            tags=dict(view.tags),
+            columns=[*view.join_keys, *(f.name for f in view.features)],
+            offline_root=str(offline_view_root(store, view)),
+        )
+    resolved_tags = next(
+        (dict(v.tags) for v in store.list_on_demand_feature_views() if v.name == resolved), None
+    )
+    return RegistrySnapshot(project=store.config.project, views=views, resolved_tags=resolved_tags)
+
+
+def write_snapshot(run_dir: Path, snapshot: RegistrySnapshot) -> None:
+    """Keep the first attempt's snapshot (a retried ``start`` sees the same registry)."""
+    write_once(run_dir / SNAPSHOT_FILE, snapshot.model_dump_json(indent=2))
+
+
+def read_snapshot(run_dir: Path) -> RegistrySnapshot | None:
+    """The run's snapshot; None for a run folder written before snapshots existed."""
+    path = run_dir / SNAPSHOT_FILE
+    if not path.is_file():
+        return None
+    return RegistrySnapshot.model_validate(json.loads(path.read_text()))
