@@ -17,7 +17,7 @@ import pandas as pd
 
 from solaris_feast.columns import EVENT_TIMESTAMP, ITEM_ID, USER_ID
 from solaris_feast.errors import SchemaError
-from solaris_feast.store.ids import IdType, check_ids
+from solaris_feast.store.ids import check_ids, id_type_of
 
 
 @dataclass(frozen=True)
@@ -143,11 +143,6 @@ def validate_interactions(
             raise SchemaError(table, column, f"has {int(values.isna().sum())} NaN labels")
         if not np.isin(values.to_numpy(), (0, 1)).all():
             raise SchemaError(table, column, "must hold binary labels (0 or 1)")
-
-
-def id_type_of(values: pd.Series) -> IdType:
-    """``int64`` or ``string``: how a column of ids is typed (strings are object columns)."""
-    return "int64" if pd.api.types.is_integer_dtype(values) else "string"
 
 
 def _check_raw_ids(values: pd.Series, table: str, column: str) -> None:

@@ -42,11 +42,10 @@ from solaris_feast.models.compressor import PCA, EmbeddingCompressor
 from solaris_feast.models.features import PairBatch, PairFeaturizer, labels_of
 from solaris_feast.models.foundation import FoundationModel
 from solaris_feast.models.interface import (
+    FoundationEncoder,
     ModelChoice,
-    ModelSpec,
     OwnModel,
     PairsAsOf,
-    ReferenceEncoder,
     build_model,
     checked_representation,
     checked_scores,
@@ -54,6 +53,7 @@ from solaris_feast.models.interface import (
     encode_in_chunks,
     load_encoder,
     register_interface_model,
+    spec_name,
 )
 from solaris_feast.models.registry import (
     ModelBundle,
@@ -233,7 +233,7 @@ def register_foundation(spec: OwnModel, data: TrainingData, models_dir: Path) ->
     recorded, and a wrong shape, dtype or a NaN is refused before anything is written."""
     encoder = build_model(spec, "fm")
     probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
-    where = f"models.fm {_named(spec)}"
+    where = spec_name(spec, "fm")
     dim = int(encoder.representation_dim)
     checked_representation(encoder.encode(probe), len(probe), dim, where)
     return register_interface_model(
@@ -247,31 +247,22 @@ def register_verifier(
     """Register the deployment's verifier as the compressor's child, after trying it."""
     verifier = build_model(spec, "verifier")
     probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
-    where = f"models.verifier {_named(spec)}"
+    where = spec_name(spec, "verifier")
     checked_scores(verifier.score(probe), len(probe), where)
     return register_interface_model(
         spec, "vm", models_dir, parents=(compressor_card.version,), **data.card_fields()
     )
 
 
-def _named(spec: OwnModel) -> str:
-    if isinstance(spec, ModelSpec):
-        return f"entry point {spec.entry_point!r}"
-    return f"artifact {spec.artifact}"
-
-
 def _encoder(
     data: TrainingData, fm_card: ModelCard, models_dir: Path, config: TrainingConfig
-) -> ReferenceEncoder | Any:
+) -> FoundationEncoder:
     """The chain's FM as an encoder, on the FM's training device; the reference FM reads
     ``data``'s featurizer."""
-    encoder = load_encoder(fm_card, models_dir, data.vocabulary)
-    if isinstance(encoder, ReferenceEncoder):
-        placed = config.models.fm_training
-        return ReferenceEncoder(
-            encoder.fm, data.vocabulary, data.featurizer, placed.device, placed.precision
-        )
-    return encoder
+    placed = config.models.fm_training
+    return load_encoder(
+        fm_card, models_dir, data.vocabulary, placed.device, placed.precision, data.featurizer
+    )
 
 
 def _train_foundation(

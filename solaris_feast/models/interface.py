@@ -102,13 +102,14 @@ class PairsAsOf:
         if len(u) != len(i):
             raise ValueError(f"{len(u)} users but {len(i)} items")
         if isinstance(at, pd.Series | pd.DatetimeIndex | np.ndarray | list):
-            times = pd.Series(pd.to_datetime(np.asarray(at), utc=True))
+            # One vectorized conversion; values stay datetime64 (no per-row Timestamp objects).
+            times = pd.Series(pd.to_datetime(at, utc=True)).reset_index(drop=True)
         else:
             times = pd.Series(pd.Timestamp(at), index=range(len(u)))
         if len(times) != len(u):
             raise ValueError(f"{len(u)} pairs but {len(times)} times")
-        stamps = pd.to_datetime(times, utc=True).dt.as_unit("ns").reset_index(drop=True)
-        return cls(u, i, stamps, log)
+        # Nanoseconds whatever unit the input had (pandas 2 keeps a Timestamp's own unit).
+        return cls(u, i, pd.to_datetime(times, utc=True).dt.as_unit("ns"), log)
 
     @classmethod
     def of_rows(cls, rows: pd.DataFrame, log: InteractionDataset) -> PairsAsOf:
@@ -188,6 +189,13 @@ def checked_scores(out: Any, n: int, where: str) -> np.ndarray:
     return array.astype(np.float64)
 
 
+def spec_name(spec: OwnModel, what: Literal["fm", "verifier"]) -> str:
+    """How messages name a model of the deployment's own: ``models.fm entry point 'p.m:f'``."""
+    if isinstance(spec, ArtifactSpec):
+        return f"models.{what} artifact {spec.artifact}"
+    return f"models.{what} entry point {spec.entry_point!r}"
+
+
 def build_model(spec: OwnModel, what: Literal["fm", "verifier"]) -> Any:
     """The model ``spec`` names, checked against the protocol ``what`` names: the entry point's
     factory called with its options, or the exported artifact wrapped in the protocol.
@@ -199,7 +207,7 @@ def build_model(spec: OwnModel, what: Literal["fm", "verifier"]) -> Any:
     if isinstance(spec, ArtifactSpec):
         return load_artifact(Path(spec.artifact), spec.history_len, what)
     module_name, _, attribute = spec.entry_point.partition(":")
-    where = f"models.{what} entry point {spec.entry_point!r}"
+    where = spec_name(spec, what)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # the user's module may raise anything while importing
@@ -578,8 +586,10 @@ def load_encoder(
     vocabulary: Vocabulary | None = None,
     device: str = "cpu",
     precision: Precision = "fp32",
+    featurizer: PairFeaturizer | VocabularyFeaturizer | None = None,
 ) -> FoundationEncoder:
-    """The FM an ``fm`` card describes, as a :class:`FoundationEncoder`.
+    """The FM an ``fm`` card describes, as a :class:`FoundationEncoder` (the reference FM reading
+    ``featurizer`` when given, else one built over each log it is handed).
 
     Raises:
         ConfigError: a model of the deployment's own whose width differs from the card's.
@@ -591,7 +601,7 @@ def load_encoder(
         fm = load_model(card, models_dir)
         if not isinstance(fm, FoundationModel):
             raise ConfigError(f"model card {card.version} is a {card.kind}, not an FM")
-        return ReferenceEncoder(fm, vocabulary, device=device, precision=precision)
+        return ReferenceEncoder(fm, vocabulary, featurizer, device, precision)
     encoder = _built_from_card(card, models_dir, "fm")
     recorded = card.config.get("representation_dim")
     if recorded is not None and recorded != encoder.representation_dim:

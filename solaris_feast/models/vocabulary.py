@@ -27,7 +27,7 @@ import pandas as pd
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
 from solaris_feast.errors import ConfigError
 from solaris_feast.keys import PairCodes, id_array
-from solaris_feast.store.ids import IdType
+from solaris_feast.store.ids import IdType, id_type_of
 
 if TYPE_CHECKING:
     from solaris_feast.models.features import PairBatch, PairFeaturizer
@@ -53,7 +53,7 @@ class IdVocabulary:
     @classmethod
     def from_ids(cls, values: Any) -> IdVocabulary:
         ids = np.unique(id_array(values))
-        return cls(ids=ids, id_type="string" if ids.dtype == object else "int64")
+        return cls(ids=ids, id_type=id_type_of(ids))
 
     @property
     def size(self) -> int:

@@ -127,8 +127,8 @@ def vocabulary_mismatches(
     import numpy as np
 
     from solaris_feast.columns import ITEM_ID, USER_ID
-    from solaris_feast.data.schema import id_type_of
     from solaris_feast.models.vocabulary import OOV_INDEX, Vocabulary
+    from solaris_feast.store.ids import id_type_of
 
     vocabulary = Vocabulary.load(models_dir, chain.fm.version)
     fm = chain.fm.version

@@ -32,6 +32,13 @@ EntityId = int | str
 INT64_MAX = 2**63 - 1
 
 
+def id_type_of(values: Any) -> IdType:
+    """``int64`` or ``string``: how a column or array of ids is typed (an integer dtype, or
+    anything else, which for ids that passed :func:`check_ids` is an object array of str)."""
+    dtype = getattr(values, "dtype", None)
+    return "int64" if dtype is not None and np.issubdtype(dtype, np.integer) else "string"
+
+
 def feast_value_type(id_type: IdType) -> Any:
     """Feast's ``ValueType`` of an id type (for ``Entity(value_type=...)``)."""
     from feast import ValueType
