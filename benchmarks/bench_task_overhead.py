@@ -11,6 +11,10 @@ file parse, the body's wall time, and whether torch, feast or faiss got imported
     python benchmarks/bench_task_overhead.py --tree before=/path/to/old/checkout --tree after=. \\
         --json benchmarks/results/task_overhead.json
 
+Every tree must have this version's task bodies (``rank_shard`` and ``split_budget`` replaced
+``generate_candidates`` and ``plan`` with the sharded round); the figures in
+``results/task_overhead.json`` were measured before that, on the old names.
+
 Each ``--tree`` is prepared on its own (models, repo, first round), then the trees' tasks run
 interleaved, task by task, so both see the same load on a shared machine.
 """
@@ -32,8 +36,9 @@ from typing import Any
 TASKS = (
     "start",
     "drain_miss_queue",
-    "generate_candidates",
-    "plan",
+    "rank_shard[0]",
+    "rank_shard[1]",
+    "split_budget",
     "precompute_shard[0]",
     "precompute_shard[1]",
     "aggregate_users",
@@ -54,24 +59,8 @@ spec = importlib.util.spec_from_file_location("solaris_precompute_dag", dag_file
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 t1 = time.perf_counter()
-from solaris_feast.pipeline import precompute, coverage
-run = state.get("run")
-if task == "start":
-    out = precompute.start_precompute(state["settings"], state["interval"])
-elif task == "drain_miss_queue":
-    out = precompute.drain_miss_queue(run)
-elif task == "generate_candidates":
-    out = precompute.generate_candidate_table(run)
-elif task == "plan":
-    out = precompute.plan_run(run)
-elif task.startswith("precompute_shard"):
-    out = precompute.precompute_shard(run, int(task[-2]), run["settings"]["shards"])
-elif task == "aggregate_users":
-    out = precompute.aggregate_users(run)
-elif task == "fill_similar":
-    out = precompute.fill_similar(run)
-else:
-    out = coverage.publish_coverage(run)
+from solaris_feast.pipeline.round import run_task
+out = run_task(task, state)
 t2 = time.perf_counter()
 heavy = [m for m in sys.argv[4].split(",") if m in sys.modules]
 print("RESULT " + json.dumps({"parse_s": t1 - t0, "body_s": t2 - t1, "heavy": heavy,
@@ -93,20 +82,28 @@ entity_key_serialization_version: 3
 """
 
 
-def _prepare(root: Path) -> dict[str, Any]:
-    """Models, an applied repo, and one full round an hour before the measured one."""
+def apply_sqlite_repo(repo: Path, project: str) -> None:
+    """A Feast repo in ``repo`` (SQLite online, file offline) with the SOLARIS views applied."""
     from feast import FeatureStore
 
-    from solaris_feast.pipeline import coverage, precompute, training
     from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
 
-    models, repo = root / "models", root / "repo"
     (repo / "data").mkdir(parents=True)
-    (repo / "feature_store.yaml").write_text(FEATURE_STORE_YAML.format(project="af_bench"))
+    (repo / "feature_store.yaml").write_text(FEATURE_STORE_YAML.format(project=project))
     config = SolarisFeastConfig(
         user_producing_dag="solaris_precompute", similar_producing_dag="solaris_precompute"
     )
     FeatureStore(repo_path=str(repo)).apply(solaris_definitions(config).all())
+
+
+def _prepare(root: Path) -> dict[str, Any]:
+    """Models, an applied repo, and one full round an hour before the measured one."""
+
+    from solaris_feast.pipeline import training
+    from solaris_feast.pipeline.round import precompute_round
+
+    models, repo = root / "models", root / "repo"
+    apply_sqlite_repo(repo, "af_bench")
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     manual = {"data_interval_start": None, "data_interval_end": None, "run_after": None}
     train = {
@@ -134,17 +131,9 @@ def _prepare(root: Path) -> dict[str, Any]:
         "candidates_per_user": 20,
         "fill_targets": 3000,
     }
-    first = precompute.start_precompute(
+    precompute_round(
         settings, {**manual, "logical_date": now - timedelta(minutes=5), "run_id": "bench_full"}
     )
-    precompute.drain_miss_queue(first)
-    precompute.generate_candidate_table(first)
-    precompute.plan_run(first)
-    for shard in range(2):
-        precompute.precompute_shard(first, shard, 2)
-    precompute.aggregate_users(first)
-    precompute.fill_similar(first)
-    coverage.publish_coverage(first)
     return {
         "settings": settings,
         "interval": {**manual, "logical_date": now.isoformat(), "run_id": "bench_idle"},
@@ -230,10 +219,8 @@ def main() -> None:
                 result = _run_task(task, state_path, tree, envs[label])
                 if task == "start":
                     states[label]["run"] = result["out"]
-                if task == "plan":
-                    plans[label] = {
-                        k: result["out"].get(k) for k in ("planned", "skipped_fresh", "scored")
-                    }
+                if task == "split_budget":
+                    plans[label] = {"planned": result["out"].get("planned")}
                 rows[label][task] = {
                     "process_s": round(result["process_s"], 2),
                     "parse_s": round(result["parse_s"], 2),

@@ -1,7 +1,11 @@
 """SOLARIS speculative precompute, hourly: the verifier picks the pairs, the FM fills the cache.
 
-drain the miss queue -> candidates -> verifier scores + plan under the budget
--> FM precompute, one mapped task per shard -> user aggregates -> similarity fill -> coverage.
+drain the miss queue -> per shard of users (mapped): candidates, verifier scores, ranking
+-> the round's budget split over the shards -> per shard (mapped): plan and FM precompute
+-> user aggregates -> similarity fill -> coverage.
+
+Users are hashed to ``shards`` shards; no task but the budget split (a few numbers per shard)
+sees every user's candidates, so memory per task falls with the shard count.
 
 The task bodies live in :mod:`solaris_feast.pipeline.precompute` and
 :mod:`solaris_feast.pipeline.coverage`; this file only wires them. The params are generated from
@@ -104,26 +108,30 @@ def solaris_precompute() -> None:
 
     @task
     @fail_fast_on_final_errors
-    def drain_miss_queue(run: dict[str, Any]) -> dict[str, Any]:
+    def drain_miss_queue(run: dict[str, Any]) -> list[int]:
+        """Save the queued misses in the run folder; the XCom is the shard list the ranking
+        tasks map over (the count of misses is in the log and ``coverage.json``)."""
         from solaris_feast.pipeline import precompute
 
-        return precompute.drain_miss_queue(run)
+        precompute.drain_miss_queue(run)
+        return list(run["shard_indexes"])
+
+    @task(execution_timeout=timedelta(seconds=TASK_POLICY.shard_timeout_seconds))
+    @fail_fast_on_final_errors
+    def rank_shard(run: dict[str, Any], shard_index: int) -> dict[str, Any]:
+        """Candidates of the shard's users, scored by the verifier, ranked by the planner."""
+        from solaris_feast.pipeline import precompute
+
+        return precompute.rank_shard(run, shard_index)
 
     @task
     @fail_fast_on_final_errors
-    def generate_candidates(run: dict[str, Any], misses: dict[str, Any]) -> dict[str, Any]:
+    def split_budget(run: dict[str, Any]) -> list[int]:
+        """Persist the budget split in the run folder; the XCom is the shard list the FM tasks
+        map over (the split is in the log, ``budget.json`` and ``coverage.json``)."""
         from solaris_feast.pipeline import precompute
 
-        return precompute.generate_candidate_table(run)
-
-    @task
-    @fail_fast_on_final_errors
-    def plan(run: dict[str, Any], candidates: dict[str, Any]) -> list[int]:
-        """Persist the plan in the run folder; the XCom is the shard list the FM tasks map over
-        (the plan's stats are in the log, ``plan/plan.json`` and ``coverage.json``)."""
-        from solaris_feast.pipeline import precompute
-
-        return list(precompute.plan_run(run)["shard_indexes"])
+        return list(precompute.split_round_budget(run)["shard_indexes"])
 
     @task(
         outlets=[PAIR_EMBEDDINGS],
@@ -133,7 +141,7 @@ def solaris_precompute() -> None:
     def precompute_shard(run: dict[str, Any], shard_index: int) -> dict[str, Any]:
         from solaris_feast.pipeline import precompute
 
-        report = precompute.precompute_shard(run, shard_index, run["settings"]["shards"])
+        report = precompute.precompute_shard(run, shard_index)
         _outlet_extra(PAIR_EMBEDDINGS, {"model_version": run["embedding_version"], **report})
         return report
 
@@ -173,11 +181,12 @@ def solaris_precompute() -> None:
         return report
 
     # XComArgs stand in for the values at parse time; typed Any so the wiring reads as calls.
-    # Upstream reports passed but unused (misses, candidates, users, filled) only order tasks.
+    # Upstream reports passed but unused (users, filled) only order tasks.
     run: Any = start()
-    misses: Any = drain_miss_queue(run)
-    candidates: Any = generate_candidates(run, misses)
-    planned: Any = plan(run, candidates)
+    drained: Any = drain_miss_queue(run)
+    rankings = rank_shard.partial(run=run).expand(shard_index=drained)
+    planned: Any = split_budget(run)
+    rankings >> planned
     shards = precompute_shard.partial(run=run).expand(shard_index=planned)
     users: Any = aggregate_users(run)
     shards >> users

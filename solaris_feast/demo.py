@@ -199,18 +199,9 @@ def _feature_repo(out: Path, online_store: str, models_dir: Path) -> tuple[Path,
 def _precompute_round(
     settings: dict[str, Any], interval: dict[str, Any], step: _Steps
 ) -> dict[str, Any]:
-    from solaris_feast.pipeline import precompute
-    from solaris_feast.pipeline.coverage import publish_coverage
+    from solaris_feast.pipeline.round import precompute_round
 
-    run = precompute.start_precompute(settings, interval)
-    precompute.drain_miss_queue(run)
-    precompute.generate_candidate_table(run)
-    plan = precompute.plan_run(run)
-    for shard in plan["shard_indexes"]:
-        precompute.precompute_shard(run, shard, settings["shards"])
-    precompute.aggregate_users(run)
-    precompute.fill_similar(run)
-    publish_coverage(run)
+    run = precompute_round(settings, interval)["run"]
     coverage: dict[str, Any] = json.loads((Path(run["run_dir"]) / "coverage.json").read_text())
     return coverage
 

@@ -65,6 +65,23 @@ def id_array(values: Any) -> np.ndarray:
     raise TypeError(f"ids must be integers or strings, got dtype {array.dtype}")
 
 
+def stable_id_hash(ids: Any) -> np.ndarray:
+    """``(N,)`` int64 that every process and language agrees on: Int64 ids as they are; a String
+    id as the first 8 bytes of its utf-8 blake2b digest, little-endian, top bit cleared.
+
+    What an exported model is given for a String id, and what users are sharded by."""
+    import hashlib
+
+    array = id_array(ids)
+    if array.dtype != object:
+        return array.astype(np.int64)
+    out = np.empty(len(array), dtype=np.int64)
+    for k, value in enumerate(array.tolist()):
+        digest = hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest()
+        out[k] = int.from_bytes(digest, "little") & (2**63 - 1)
+    return out
+
+
 @dataclass(frozen=True)
 class PairCodes:
     """Dense int64 codes for the users and items of one round, so any ids pack in a pair key.

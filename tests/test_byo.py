@@ -370,7 +370,7 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
     assert "candidates  720 pairs" in out and "plan        300 pairs" in out
     [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
     assert run_dir.name == vm.version and str(run_dir) in out
-    planned = pd.read_parquet(run_dir / "plan" / "pairs.parquet")
+    planned = pd.concat(map(pd.read_parquet, sorted(run_dir.glob("shards/*/plan/pairs.parquet"))))
     offered = set(zip(table["uid"], table["iid"], strict=True))
     assert set(zip(planned["user_id"], planned["item_id"], strict=True)) <= offered
     compressor = vm.parents[0]
@@ -555,7 +555,7 @@ def check_round_served_own_vectors(
     from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
     from solaris_feast.tiers import Tier
 
-    planned = pd.read_parquet(run_dir / "plan" / "pairs.parquet")
+    planned = pd.concat(map(pd.read_parquet, sorted(run_dir.glob("shards/*/plan/pairs.parquet"))))
     assert planned["user_id"].dtype == np.int64 and planned["item_id"].dtype == object
     assert planned["user_id"].min() > 2**62 and planned["item_id"].str.startswith("sku:").all()
     [compressor_card] = [c for c in list_cards(root / "models") if c.kind == "compressor"]
@@ -566,7 +566,7 @@ def check_round_served_own_vectors(
     # of the plan's time.
     config = load_config(root / "solaris.yaml")
     planned_at = pd.Timestamp(
-        json.loads((run_dir / "plan" / "plan.json").read_text())["planned_at"]
+        json.loads((run_dir / "shards" / "0" / "plan" / "plan.json").read_text())["planned_at"]
     )
     log = load_log(precompute_settings(config), planned_at.to_pydatetime())
     fm = fm or two_tower_fm(dim=48, log_path=str(root / "log"), label="clicked")

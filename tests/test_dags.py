@@ -191,15 +191,15 @@ def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> N
     assert list(precompute["tasks"]) == [
         "start",
         "drain_miss_queue",
-        "generate_candidates",
-        "plan",
+        "rank_shard",
+        "split_budget",
         "precompute_shard",
         "aggregate_users",
         "fill_similar",
         "publish_coverage",
     ]
     assert precompute["tasks"]["publish_coverage"] == ["solaris_published"]
-    assert precompute["mapped"] == ["precompute_shard"]
+    assert precompute["mapped"] == ["precompute_shard", "rank_shard"]
     assert precompute["tasks"]["precompute_shard"] == ["solaris_pair"]
     assert precompute["tasks"]["aggregate_users"] == ["solaris_user"]
     assert precompute["tasks"]["fill_similar"] == ["solaris_similar"]
@@ -258,7 +258,7 @@ def test_dag_param_defaults_equal_the_settings_defaults(airflow_env: dict[str, s
         assert set(dags[dag_id]["backoff"].values()) == {2.0}
     # Every task has a time limit: the FM shards the long one, the training stages hours.
     timeouts = dags["solaris_precompute"]["timeouts"]
-    assert timeouts.pop("precompute_shard") == 3600
+    assert timeouts.pop("precompute_shard") == timeouts.pop("rank_shard") == 3600
     assert set(timeouts.values()) == {900}
     assert set(dags["solaris_training"]["timeouts"].values()) == {4 * 3600}
 
@@ -295,6 +295,7 @@ def test_task_time_limits_and_retries_come_from_the_config_file(
     assert result["errors"] == {}
     precompute = result["dags"]["solaris_precompute"]
     assert precompute["timeouts"].pop("precompute_shard") == 600
+    assert precompute["timeouts"].pop("rank_shard") == 600
     assert set(precompute["timeouts"].values()) == {120}
     assert set(precompute["retries"].values()) == {4}
     training = result["dags"]["solaris_training"]
@@ -320,8 +321,10 @@ def test_a_task_past_its_execution_timeout_is_killed_and_retried(
     timeout counts as retryable: the task is tried again, retries times, then fails."""
     from solaris_feast.pipeline import precompute
 
+    hang_seconds = 240  # longer than three tries take on a loaded machine (about 100 s)
+
     def hangs(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(60)
+        time.sleep(hang_seconds)
 
     monkeypatch.setattr(precompute, "start_precompute", hangs)
     conf = precompute_conf(tmp_path / "repo", tmp_path / "models")
@@ -331,7 +334,8 @@ def test_a_task_past_its_execution_timeout_is_killed_and_retried(
     )
     start = result["tasks"]["start"]
     assert (start["state"], start["try_number"]) == ("failed", 3)  # 1 + retries (2)
-    assert time.perf_counter() - started < 60  # no try waited for the hung body to return
+    # No try waited for the hung body to return (one that did would take hang_seconds alone).
+    assert time.perf_counter() - started < hang_seconds
 
 
 def test_dag_params_refuse_what_the_settings_refuse(airflow_env: dict[str, str]) -> None:
@@ -534,11 +538,11 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     real_shard = precompute.precompute_shard
     calls: list[int] = []
 
-    def shard_failing_once(run: dict[str, Any], shard_index: int, shard_count: int) -> Any:
+    def shard_failing_once(run: dict[str, Any], shard_index: int) -> Any:
         calls.append(shard_index)
         if shard_index == 1 and calls.count(1) == 1:
             raise RetryableStoreError("injected: the online store went away")
-        return real_shard(run, shard_index, shard_count)
+        return real_shard(run, shard_index)
 
     monkeypatch.setattr(precompute, "precompute_shard", shard_failing_once)
     first = run_dag("solaris_precompute", hour, precompute_conf(repo, models))
@@ -560,6 +564,18 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     )
     assert min(coverage["coverage"][t] for t in ("exact", "similar", "user")) > 0
     assert sum(coverage["coverage"].values()) == pytest.approx(1.0)
+    # Sharded by user end to end: each shard's candidates and plan hold its own users only,
+    # the shards' budgets add up to the round's, and each shard's FM task wrote its plan.
+    from solaris_feast.precompute.plan import shard_of_users
+
+    assert sum(coverage["budgets"]) == BUDGET_PAIRS and len(coverage["budgets"]) == 2
+    for index in range(2):
+        folder = run_dir / "shards" / str(index)
+        for table in ("candidates.parquet", "plan/pairs.parquet"):
+            owners = shard_of_users(pd.read_parquet(folder / table)["user_id"].to_numpy(), 2)
+            assert len(owners) and (owners == index).all(), (index, table)
+        planned = len(pd.read_parquet(folder / "plan" / "pairs.parquet"))
+        assert planned == coverage["budgets"][index] == coverage["shards"][index]["pairs"]
     for view in open_store(repo).list_feature_views():
         assert view.tags["solaris.fm_version"] == bundle.fm_card.version
         assert view.tags["solaris.compressor_version"] == bundle.embedding_version
@@ -629,8 +645,9 @@ IDLE_TASKS_SCRIPT = """
 import json, sys
 from solaris_feast.pipeline import coverage, precompute
 run = json.loads(open(sys.argv[1]).read())
-out = {"plan": precompute.plan_run(run)}
-out["shards"] = [precompute.precompute_shard(run, i, 2) for i in range(2)]
+out = {"rankings": [precompute.rank_shard(run, i) for i in run["shard_indexes"]]}
+out["plan"] = precompute.split_round_budget(run)
+out["shards"] = [precompute.precompute_shard(run, i) for i in out["plan"]["shard_indexes"]]
 out["users"] = precompute.aggregate_users(run)
 out["filled"] = precompute.fill_similar(run)
 out["coverage"] = coverage.publish_coverage(run)
@@ -666,7 +683,6 @@ def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast_after_its_s
     }
     run = precompute.start_precompute(conf, later)
     precompute.drain_miss_queue(run)
-    precompute.generate_candidate_table(run)
     spec_path = tmp_path / "run.json"
     spec_path.write_text(json.dumps(run))
     proc = subprocess.run(
@@ -680,8 +696,9 @@ def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast_after_its_s
     result = _result(proc)
     out = result["out"]
     assert result["heavy"] == [], f"imported on a round with nothing to compute: {result['heavy']}"
-    assert (out["plan"]["planned"], out["plan"]["scored"]) == (0, 0)
-    assert out["plan"]["skipped_fresh"] > 0
+    assert out["plan"]["planned"] == 0
+    assert [r["scored"] for r in out["rankings"]] == [0, 0]
+    assert all(r["skipped_fresh"] > 0 for r in out["rankings"])
     assert [s["pairs"] for s in out["shards"]] == [0, 0]
     assert out["users"]["written"] == 0 and out["users"]["unchanged"] > 0
     assert out["filled"]["filled"] == 0

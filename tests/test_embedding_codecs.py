@@ -287,7 +287,7 @@ def test_a_round_configured_for_int8_stores_int8_and_a_mismatch_is_refused(
     run_cli("train", "--config", str(config))
     run_cli("precompute", "--config", str(config))
     [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
-    planned = pd.read_parquet(run_dir / "plan" / "pairs.parquet")
+    planned = pd.concat(map(pd.read_parquet, sorted(run_dir.glob("shards/*/plan/pairs.parquet"))))
     from feast import FeatureStore
 
     store = FeatureStore(repo_path=str(tmp_path / "repo"))

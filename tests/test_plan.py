@@ -14,15 +14,22 @@ from solaris_feast.precompute.plan import (
     REASON_NEW,
     REASON_REFRESH,
     Plan,
+    ShardRanking,
+    merge_plans,
     plan_precompute,
     read_plan,
     request_score,
     shard,
     shard_of_users,
+    split_budget,
+    take_budget,
     write_plan,
 )
 
 NOW = pd.Timestamp("2026-06-01T12:00:00Z")
+# Shards of 1000 of "user:1", "user:2", "alice" and of 0, 1, 2**62, as every release computes them.
+PINNED_STRING_SHARDS = [951, 996, 53]
+PINNED_INT_SHARDS = [535, 465, 75]
 TTL = 6 * 3600
 MARGIN = 3600
 
@@ -302,3 +309,93 @@ def test_request_score_refuses_bad_retrieval_scores(
 ) -> None:
     with pytest.raises(error):
         request_score(np.array([0, 0]), np.array([0.5, 0.5]), retrieval, weight)
+
+
+# -- sharded rounds: rank per shard, split the budget, cut each ranking ----------------------
+
+
+def _ranked(candidates: pd.DataFrame, misses: pd.DataFrame | None = None) -> Plan:
+    """A plan with no budget limit: every eligible pair in the planner's order."""
+    rows = len(candidates) + (0 if misses is None else len(misses))
+    return _plan(candidates, misses, budget=rows)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), budget=st.integers(0, 900))
+def test_a_ranking_cut_to_a_budget_is_the_plan_under_that_budget(seed: int, budget: int) -> None:
+    candidates = _random_candidates(seed, rows=400)
+    misses = _random_candidates(seed + 1, rows=20)
+    cut = take_budget(_ranked(candidates, misses), budget)
+    direct = _plan(candidates, misses, budget=budget)
+    pd.testing.assert_frame_equal(cut.pairs, direct.pairs)
+    pd.testing.assert_frame_equal(cut.uncovered, direct.uncovered)
+    assert cut.stats == direct.stats
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    budget=st.integers(0, 3000),
+    shards=st.lists(
+        st.tuples(st.integers(0, 50), st.floats(0, 100), st.integers(0, 500)),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_budget_split_serves_misses_first_then_mass_and_never_overfills_a_shard(
+    budget: int, shards: list[tuple[int, float, int]]
+) -> None:
+    rankings = [ShardRanking(priority=min(p, e), mass=m, eligible=e) for p, m, e in shards]
+    parts = split_budget(budget, rankings)
+    eligible = sum(r.eligible for r in rankings)
+    assert sum(parts) == min(budget, eligible)  # nothing lost, nothing over budget
+    assert all(0 <= b <= r.eligible for b, r in zip(parts, rankings, strict=True))
+    priority = sum(r.priority for r in rankings)
+    if budget >= priority:  # every miss-tier pair fits: each shard gets at least its own
+        assert all(b >= r.priority for b, r in zip(parts, rankings, strict=True))
+
+
+def test_budget_split_follows_the_shards_mass() -> None:
+    rankings = [
+        ShardRanking(priority=10, mass=300.0, eligible=1000),
+        ShardRanking(priority=0, mass=100.0, eligible=1000),
+        ShardRanking(priority=0, mass=0.0, eligible=1000),
+    ]
+    # 10 misses first, then 190 split 3:1 by mass; a shard with no mass gets nothing.
+    assert split_budget(200, rankings) == [10 + 143, 47, 0]
+    # A shard that cannot take its share passes the rest to the others, by mass.
+    small = [ShardRanking(0, 300.0, 20), ShardRanking(0, 100.0, 1000)]
+    assert split_budget(200, small) == [20, 180]
+    # Misses beyond the budget: split by their counts.
+    assert split_budget(10, [ShardRanking(30, 1.0, 40), ShardRanking(10, 9.0, 40)]) == [8, 2]
+
+
+@pytest.mark.parametrize("count", [2, 4])
+def test_sharded_planning_spends_the_budget_like_one_plan(count: int) -> None:
+    """Users hashed to shards, each shard ranked alone, the budget split by mass: disjoint
+    shards, exactly the budget, and the pairs of one plan but for the cut's edge."""
+    candidates = _random_candidates(11, users=400, items=300, rows=12_000)
+    budget = 1500
+    whole = _plan(candidates, budget=budget)
+    owner = shard_of_users(candidates["user_id"].to_numpy(), count)
+    rankings = [_ranked(candidates.loc[owner == i]) for i in range(count)]
+    budgets = split_budget(budget, [ShardRanking.of(r) for r in rankings])
+    plans = [take_budget(r, b) for r, b in zip(rankings, budgets, strict=True)]
+    merged = merge_plans(plans)
+    assert sum(budgets) == budget == merged.stats.planned == len(merged.pairs)
+    users = [set(p.pairs["user_id"]) for p in plans]
+    assert sum(len(u) for u in users) == len(set().union(*users))
+    pairs = set(zip(merged.pairs["user_id"], merged.pairs["item_id"], strict=True))
+    one = set(zip(whole.pairs["user_id"], whole.pairs["item_id"], strict=True))
+    assert len(pairs & one) / budget >= 0.95
+    # The merged order is one plan's: by score, the uncovered after the planned.
+    assert (np.diff(merged.pairs["verifier_score"].to_numpy()) <= 0).all()
+    assert merged.uncovered["priority"].min() == budget
+
+
+def test_string_users_shard_by_a_pinned_hash() -> None:
+    """Workers on other hosts and versions must agree: the hash of a String id is pinned."""
+    ids = np.array(["user:1", "user:2", "alice"], dtype=object)
+    assert shard_of_users(ids, 1000).tolist() == shard_of_users(ids.copy(), 1000).tolist()
+    assert shard_of_users(ids, 1000).tolist() == PINNED_STRING_SHARDS
+    ints = np.array([0, 1, 2**62], dtype=np.int64)
+    assert shard_of_users(ints, 1000).tolist() == PINNED_INT_SHARDS

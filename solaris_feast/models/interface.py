@@ -48,7 +48,7 @@ import pandas as pd
 
 from solaris_feast.columns import EVENT_TIMESTAMP
 from solaris_feast.errors import ConfigError, ModelOutputError
-from solaris_feast.keys import id_array
+from solaris_feast.keys import id_array, stable_id_hash
 from solaris_feast.models.spec import ArtifactSpec, ModelChoice, ModelSpec, OwnModel
 
 __all__ = ["ArtifactSpec", "ModelChoice", "ModelSpec", "OwnModel"]  # the config's names
@@ -397,19 +397,11 @@ FM, ``(B,)`` scores in [0, 1] for a verifier."""
 
 
 def id_codes(ids: np.ndarray) -> np.ndarray:
-    """``(B,)`` int64 of raw ids for a tensor: Int64 ids as they are; a String id as the first 8
-    bytes of its utf-8 blake2b digest, little-endian, top bit cleared (so an exported model
-    hashes the same way as its training pipeline did, in any language)."""
-    import hashlib
-
-    array = id_array(ids)
-    if array.dtype != object:
-        return array.astype(np.int64)
-    out = np.empty(len(array), dtype=np.int64)
-    for k, value in enumerate(array.tolist()):
-        digest = hashlib.blake2b(value.encode("utf-8"), digest_size=8).digest()
-        out[k] = int.from_bytes(digest, "little") & (2**63 - 1)
-    return out
+    """``(B,)`` int64 of raw ids for a tensor (:func:`~solaris_feast.keys.stable_id_hash`):
+    Int64 ids as they are; a String id as the first 8 bytes of its utf-8 blake2b digest,
+    little-endian, top bit cleared (so an exported model hashes the same way as its training
+    pipeline did, in any language)."""
+    return stable_id_hash(ids)
 
 
 class _ArtifactInputs:

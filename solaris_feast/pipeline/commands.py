@@ -54,29 +54,14 @@ def train_round(config: SolarisConfig, at: datetime | None, echo: Echo) -> dict[
 
 def precompute_round(config: SolarisConfig, at: datetime | None, echo: Echo) -> dict[str, Any]:
     """One precompute round: the precompute DAG's tasks, in order, in this process."""
-    from solaris_feast.pipeline import coverage, precompute
+    from solaris_feast.pipeline import precompute
+    from solaris_feast.pipeline.round import precompute_round as run_round
 
     settings = precompute_settings(config).model_dump(mode="json")
-    run = precompute.start_precompute(settings, _interval(at, "precompute"))
-    echo(f"round {run['interval_key']} at {run['now']} with VM {run['vm_version']}")
-    misses = precompute.drain_miss_queue(run)
-    echo(f"misses      {misses['misses']} taken from the queue")
-    candidates = precompute.generate_candidate_table(run)
-    echo(f"candidates  {candidates['candidates']} pairs")
-    planned = precompute.plan_run(run)
-    echo(f"plan        {planned['planned']} pairs for the FM")
-    computed = 0
-    for shard in planned["shard_indexes"]:
-        report = precompute.precompute_shard(run, shard, len(planned["shard_indexes"]))
-        computed += int(report.get("computed", 0))
-        echo(f"shard {shard}     {report}")
-    users = precompute.aggregate_users(run)
-    echo(f"aggregates  {users['users']} users")
-    filled = precompute.fill_similar(run)
-    echo(f"similar     {filled['filled']} pairs filled")
-    covered = coverage.publish_coverage(run)
+    done = run_round(settings, _interval(at, "precompute"), echo)
+    run, planned, covered = done["run"], done["plan"], done["coverage"]
     run_dir = Path(run["run_dir"])
-    echo(f"run folder  {run_dir} (plan/, candidates.parquet, coverage.json)")
+    echo(f"run folder  {run_dir} (shards/, budget.json, coverage.json)")
     from solaris_feast.pipeline.settings import SOLARIS_VIEWS, PrecomputeSettings
     from solaris_feast.store.offline import offline_view_root
 

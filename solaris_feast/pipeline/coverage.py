@@ -17,11 +17,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
-from solaris_feast.pipeline.runs import shard_report_path, write_atomic
+from solaris_feast.pipeline.runs import budget_path, shard_report_path, write_atomic
 from solaris_feast.pipeline.settings import (
     PAIR_VIEW,
     RESOLVED_VIEW,
@@ -53,7 +54,13 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     import numpy as np
     import pandas as pd
 
-    from solaris_feast.pipeline.precompute import MISS_QUEUE_GROUP, open_run_store, run_snapshot
+    from solaris_feast.pipeline.precompute import (
+        MISS_QUEUE_GROUP,
+        open_run_store,
+        round_candidates,
+        round_plan,
+        run_snapshot,
+    )
     from solaris_feast.tiers import Tier
 
     spec = PrecomputeRun.model_validate(dict(run))
@@ -62,7 +69,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     misses = pd.read_parquet(run_dir / "misses.parquet")
     pool = pd.concat(
         [
-            pd.read_parquet(run_dir / "candidates.parquet", columns=[USER_ID, ITEM_ID]),
+            round_candidates(spec, [USER_ID, ITEM_ID]),
             misses[[USER_ID, ITEM_ID]],
         ],
         ignore_index=True,
@@ -85,7 +92,8 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         "coverage": coverage,
         "any_tier": 1.0 - coverage["zero"] if total else 0.0,
         "fm_pairs": int(sum(int(s["pairs"]) for s in shards)),
-        "plan": json.loads((run_dir / "plan" / "plan.json").read_text())["stats"],
+        "plan": asdict(round_plan(spec, uncovered_rows=0).stats),
+        "budgets": json.loads(budget_path(run_dir).read_text())["budgets"],
         "shards": shards,
         # A scheduled round's skipped ticks and late start (None: manual or asset-triggered).
         "schedule": spec.ticks,

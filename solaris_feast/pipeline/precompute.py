@@ -1,12 +1,17 @@
 """Task bodies of the precompute DAG, one plain function per task, in the DAG's order.
 
-drain the miss queue -> candidates -> verifier scores and plan under the budget -> FM precompute
-per shard -> user aggregates -> similarity fill; :mod:`solaris_feast.pipeline.coverage` closes
-the round. Each function takes the run spec (:class:`~solaris_feast.pipeline.settings.PrecomputeRun`
-as JSON) and returns a small JSON-able dict (what Airflow puts in XCom); nothing is remembered in
-the process between two calls, so any worker can run any task, provided the models folder, the
-run folder and the feature repo are on storage every worker sees and the online store is a
-shared server (Redis).
+drain the miss queue -> per shard of users: candidates, verifier scores and ranking -> the
+round's budget split over the shards -> per shard: plan and FM precompute -> user aggregates ->
+similarity fill; :mod:`solaris_feast.pipeline.coverage` closes the round. Users are hashed to
+``shards`` shards (:func:`~solaris_feast.precompute.plan.shard_of_users`), so no task but the
+budget split (a few numbers per shard) sees every user's candidates, and a round's memory per
+task falls with the shard count.
+
+Each function takes the run spec
+(:class:`~solaris_feast.pipeline.settings.PrecomputeRun` as JSON) and returns a small JSON-able
+dict (what Airflow puts in XCom); nothing is remembered in the process between two calls, so any
+worker can run any task, provided the models folder, the run folder and the feature repo are on
+storage every worker sees and the online store is a shared server (Redis).
 
 Where state lives: the run folder (:mod:`solaris_feast.pipeline.runs`, every step's file written
 once and reused on retry), the model registry, and the Feast stores: the offline parquet log
@@ -44,9 +49,14 @@ from solaris_feast.pipeline.registry_snapshot import (
     write_snapshot,
 )
 from solaris_feast.pipeline.runs import (
+    budget_path,
     precompute_run_dir,
     replace_folder_atomic,
     run_time,
+    shard_candidates_path,
+    shard_plan_dir,
+    shard_ranked_dir,
+    shard_ranking_path,
     shard_report_path,
     staging_folder,
     write_atomic,
@@ -70,6 +80,7 @@ if TYPE_CHECKING:
 
     from solaris_feast.data.schema import InteractionDataset
     from solaris_feast.models.interface import ChainModels
+    from solaris_feast.precompute.plan import Plan
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +151,7 @@ def start_precompute(
         vm_version=vm.version,
         fm_version=chain.fm.version,
         embedding_version=chain.embedding_version,
+        shard_indexes=list(range(cfg.shards)),
         ticks=dict(ticks) if ticks is not None else None,
     )
     write_once(run_dir / "manifest.json", spec.model_dump_json(indent=2))
@@ -236,38 +248,72 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     return {"misses": len(misses), "reused": False}
 
 
-def generate_candidate_table(run: Mapping[str, Any]) -> dict[str, Any]:
-    """Candidate items for each active user as of the run's time."""
+def shard_candidates(
+    spec: PrecomputeRun, dataset: InteractionDataset, shard_index: int
+) -> pd.DataFrame:
+    """Candidate items for the active users of shard ``shard_index`` as of the run's time
+    (written once to the shard's folder; a retry reads them back).
+
+    The built-in generators read the whole log (co-occurrence and popularity are the round's,
+    not the shard's) but score only the shard's users; a user's candidate table is cut to
+    the shard's users.
+    """
     import pandas as pd
 
-    from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
+    from solaris_feast.precompute.candidates import (
+        CandidateConfig,
+        active_users,
+        generate_candidates,
+    )
+    from solaris_feast.precompute.plan import users_of_shard
 
-    spec = PrecomputeRun.model_validate(dict(run))
-    path = Path(spec.run_dir) / "candidates.parquet"
+    cfg, count = spec.settings, spec.settings.shards
+    path = shard_candidates_path(Path(spec.run_dir), shard_index)
     if path.is_file():
-        return {"candidates": len(pd.read_parquet(path, columns=[USER_ID])), "reused": True}
-    dataset = load_log(spec.settings, spec.now)
-    if spec.settings.candidates is not None:
-        candidates = _candidate_table(spec.settings, dataset, spec.now)
-        write_parquet_atomic(candidates, path)
-        users = int(candidates[USER_ID].nunique()) if len(candidates) else 0
-        logger.info("candidate table: %d pairs for %d users", len(candidates), users)
-        return {"candidates": len(candidates), "users": users, "reused": False}
-    category = "category" if "category" in dataset.item_categorical else None
-    if category is None and dataset.item_categorical:
-        category = dataset.item_categorical[0]
-    config = CandidateConfig(
-        candidates_per_user=spec.settings.candidates_per_user,
-        category_column=category,
-        exclude_seen_items=spec.settings.exclude_seen_items,
-    )
-    candidates = generate_candidates(
-        dataset.interactions, pd.Timestamp(spec.now), config, items=dataset.items
-    )
+        return pd.read_parquet(path)
+    if cfg.candidates is not None:
+        table = _candidate_table(cfg, dataset, spec.now)
+        candidates = table.loc[
+            users_of_shard(table[USER_ID].to_numpy(), shard_index, count)
+        ].reset_index(drop=True)
+    else:
+        category = "category" if "category" in dataset.item_categorical else None
+        if category is None and dataset.item_categorical:
+            category = dataset.item_categorical[0]
+        config = CandidateConfig(
+            candidates_per_user=cfg.candidates_per_user,
+            category_column=category,
+            exclude_seen_items=cfg.exclude_seen_items,
+        )
+        users = None  # one shard: every active user, as the generator picks them
+        if count > 1:
+            active = active_users(dataset.interactions, pd.Timestamp(spec.now), config)
+            users = active[users_of_shard(active, shard_index, count)]
+        candidates = generate_candidates(
+            dataset.interactions, pd.Timestamp(spec.now), config, items=dataset.items, users=users
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
     write_parquet_atomic(candidates, path)
-    users = int(candidates[USER_ID].nunique()) if len(candidates) else 0
-    logger.info("candidates: %d pairs for %d users", len(candidates), users)
-    return {"candidates": len(candidates), "users": users, "reused": False}
+    logger.info(
+        "shard %d/%d candidates: %d pairs for %d users",
+        shard_index,
+        count,
+        len(candidates),
+        candidates[USER_ID].nunique() if len(candidates) else 0,
+    )
+    return candidates
+
+
+def round_candidates(spec: PrecomputeRun, columns: list[str] | None = None) -> pd.DataFrame:
+    """Every shard's candidates of the round, in one table."""
+    import pandas as pd
+
+    run_dir = Path(spec.run_dir)
+    parts = [
+        pd.read_parquet(shard_candidates_path(run_dir, i), columns=columns)
+        for i in range(spec.settings.shards)
+    ]
+    return pd.concat(parts, ignore_index=True)
 
 
 def _chain(spec: PrecomputeRun) -> ChainModels:
@@ -348,40 +394,43 @@ def planning_scores(
     return scored
 
 
-def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
-    """Score candidates and misses with the verifier, plan under the budget, persist the plan.
+def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
+    """Candidates and queued misses of one shard of users, scored by the verifier and ranked
+    by the planner with no budget limit; the round's budget is split afterwards
+    (:func:`split_round_budget`) by what each shard's ranking holds.
 
     Only pairs the planner can take are scored: a candidate whose stored vector stays fresh
     past the refresh margin is skipped by the planner whatever its score, so a first planner
     pass without scores names the rest (the planner's own freshness rule, not a copy of it).
     When every candidate is fresh and no miss is queued, the VM is not loaded at all.
 
-    Returns the plan's stats and ``shard_indexes`` for the mapped precompute tasks.
+    Returns the shard's :class:`~solaris_feast.precompute.plan.ShardRanking` and counts.
     """
     import numpy as np
     import pandas as pd
 
     from solaris_feast.precompute.plan import (
         VERIFIER_SCORE,
+        ShardRanking,
         plan_precompute,
-        read_plan,
+        users_of_shard,
         write_plan,
     )
 
     spec = PrecomputeRun.model_validate(dict(run))
-    cfg = spec.settings
-    plan_dir = Path(spec.run_dir) / "plan"
-    shard_indexes = list(range(cfg.shards))
-    if (plan_dir / "plan.json").is_file():
-        plan = read_plan(plan_dir)
-        return {"shard_indexes": shard_indexes, "planned": len(plan), "reused": True}
+    cfg, count = spec.settings, spec.settings.shards
+    run_dir = Path(spec.run_dir)
+    ranking_path = shard_ranking_path(run_dir, shard_index)
+    if ranking_path.is_file():
+        return {**json.loads(ranking_path.read_text()), "reused": True}
     dataset = load_log(cfg, spec.now)
-    candidates = pd.read_parquet(Path(spec.run_dir) / "candidates.parquet")
-    misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
+    candidates = shard_candidates(spec, dataset, shard_index)
+    misses = pd.read_parquet(run_dir / "misses.parquet")
     if dataset.dense_ids:  # ids beyond dense tables cannot be scored; a vocabulary maps any id
         known = (misses[USER_ID] < dataset.num_users) & (misses[ITEM_ID] < dataset.num_items)
         misses = misses.loc[known]
     misses = misses[[USER_ID, ITEM_ID]].drop_duplicates()
+    misses = misses.loc[users_of_shard(misses[USER_ID].to_numpy(), shard_index, count)]
     snapshot = run_snapshot(spec)
     ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
     now = pd.Timestamp(spec.now)
@@ -392,13 +441,17 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         now,
         [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION],
     )
+    if count > 1 and len(fresh):
+        fresh = fresh.loc[users_of_shard(fresh[USER_ID].to_numpy(), shard_index, count)]
+    # No budget limit: the shard's whole ranking, cut later to its part of the round's budget.
+    unlimited = len(candidates) + len(misses)
 
-    def planned(scored: pd.DataFrame, scored_misses: pd.DataFrame | None, budget: int) -> Any:
+    def ranked(scored: pd.DataFrame, scored_misses: pd.DataFrame | None) -> Any:
         return plan_precompute(
             scored,
             scored_misses,
             fresh,
-            budget,
+            unlimited,
             now,
             ttl,
             min(cfg.refresh_margin_seconds, ttl - 1),
@@ -408,7 +461,7 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         )
 
     unscored = candidates[[USER_ID, ITEM_ID]].assign(**{VERIFIER_SCORE: 0.0})
-    takeable = planned(unscored, None, 0).uncovered[[USER_ID, ITEM_ID]]
+    takeable = ranked(unscored, None).pairs[[USER_ID, ITEM_ID]]
     to_score = (
         candidates[[USER_ID, ITEM_ID]]
         .merge(takeable.drop_duplicates(), on=[USER_ID, ITEM_ID], how="left", indicator=True)[
@@ -422,28 +475,110 @@ def plan_run(run: Mapping[str, Any]) -> dict[str, Any]:
         chain, dataset, candidates, spec.now, cfg.retrieval_weight, scored_rows=to_score
     )
     scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
-    plan = planned(scored_candidates, scored_misses, cfg.budget_pairs)
-    staging = staging_folder(plan_dir)
-    write_plan(plan, staging)
-    replace_folder_atomic(staging, plan_dir)
-    stats = plan.stats
+    ranking = ranked(scored_candidates, scored_misses)
+    ranked_dir = shard_ranked_dir(run_dir, shard_index)
+    staging = staging_folder(ranked_dir)
+    write_plan(ranking, staging)
+    if ranked_dir.exists():  # a try that died between the folder and ranking.json
+        import shutil
+
+        shutil.rmtree(ranked_dir)
+    replace_folder_atomic(staging, ranked_dir)
+    facts = ShardRanking.of(ranking)
+    report = {
+        "shard": shard_index,
+        "of": count,
+        "priority": facts.priority,
+        "mass": facts.mass,
+        "eligible": facts.eligible,
+        "candidates": len(candidates),
+        "misses": len(misses),
+        "scored": int(np.count_nonzero(to_score)) + len(misses),
+        "skipped_fresh": ranking.stats.skipped_fresh,
+    }
+    write_atomic(ranking_path, json.dumps(report, indent=2))
     logger.info(
-        "verifier scored %d of %d candidates (the rest are fresh)%s",
+        "shard %d/%d: verifier scored %d of %d candidates (the rest are fresh)%s; %d eligible",
+        shard_index,
+        count,
         int(np.count_nonzero(to_score)),
         len(candidates),
         "" if chain is not None else ": no model loaded",
+        facts.eligible,
     )
+    return {**report, "reused": False}
+
+
+def split_round_budget(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The round's budget split over its shards (:func:`~solaris_feast.precompute.plan.split_budget`
+    over every shard's ranking), written once to ``budget.json``.
+
+    Returns ``budgets`` (one per shard) and ``shard_indexes`` for the mapped FM tasks.
+    """
+    from solaris_feast.precompute.plan import ShardRanking, split_budget
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    run_dir, count = Path(spec.run_dir), spec.settings.shards
+    path = budget_path(run_dir)
+    if not path.is_file():
+        reports = [json.loads(shard_ranking_path(run_dir, i).read_text()) for i in range(count)]
+        rankings = [
+            ShardRanking(priority=r["priority"], mass=r["mass"], eligible=r["eligible"])
+            for r in reports
+        ]
+        budgets = split_budget(spec.settings.budget_pairs, rankings)
+        split = {
+            "budget_pairs": spec.settings.budget_pairs,
+            "budgets": budgets,
+            "rankings": reports,
+        }
+        write_once(path, json.dumps(split, indent=2))
+        logger.info(
+            "budget %d over %d shards: %s (eligible %s)",
+            spec.settings.budget_pairs,
+            count,
+            budgets,
+            [r.eligible for r in rankings],
+        )
+    split = json.loads(path.read_text())
     return {
-        "shard_indexes": shard_indexes,
-        "planned": stats.planned,
-        "from_misses": stats.from_misses,
-        "refreshes": stats.refreshes,
-        "new": stats.new,
-        "skipped_fresh": stats.skipped_fresh,
-        "over_budget": stats.over_budget,
-        "scored": int(np.count_nonzero(to_score)) + len(misses),
-        "reused": False,
+        "budgets": split["budgets"],
+        "planned": int(sum(split["budgets"])),
+        "shard_indexes": list(range(count)),
     }
+
+
+def shard_plan(spec: PrecomputeRun, shard_index: int) -> Plan:
+    """The shard's plan: its ranking cut to its part of the round's budget (written once)."""
+    from solaris_feast.precompute.plan import read_plan, take_budget, write_plan
+
+    run_dir = Path(spec.run_dir)
+    plan_dir = shard_plan_dir(run_dir, shard_index)
+    if (plan_dir / "plan.json").is_file():
+        return read_plan(plan_dir)
+    budget = json.loads(budget_path(run_dir).read_text())["budgets"][shard_index]
+    plan = take_budget(read_plan(shard_ranked_dir(run_dir, shard_index)), int(budget))
+    staging = staging_folder(plan_dir)
+    write_plan(plan, staging)
+    if plan_dir.exists():
+        import shutil
+
+        shutil.rmtree(plan_dir)
+    replace_folder_atomic(staging, plan_dir)
+    return plan
+
+
+def round_plan(spec: PrecomputeRun, uncovered_rows: int | None = None) -> Plan:
+    """The round's plan: every shard's plan in one
+    (:func:`~solaris_feast.precompute.plan.merge_plans`); with ``uncovered_rows``, the best that
+    many uncovered pairs of each shard only (the rest of a large round's ranking stays on disk).
+    """
+    from solaris_feast.precompute.plan import merge_plans, read_plan
+
+    run_dir = Path(spec.run_dir)
+    return merge_plans(
+        [read_plan(shard_plan_dir(run_dir, i), uncovered_rows) for i in range(spec.settings.shards)]
+    )
 
 
 def pair_ttl_seconds(spec: PrecomputeRun, view_ttl_seconds: float) -> int:
@@ -469,16 +604,15 @@ def pair_ttl_seconds(spec: PrecomputeRun, view_ttl_seconds: float) -> int:
     return wanted
 
 
-def precompute_shard(run: Mapping[str, Any], shard_index: int, shard_count: int) -> dict[str, Any]:
-    """FM -> compressor -> pair view for shard ``shard_index`` of ``shard_count`` of the plan.
+def precompute_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
+    """FM -> compressor -> pair view for the shard's plan (its ranking cut to its budget).
 
     Idempotent: vectors are computed as of the plan's time and stored with it as
     ``computed_at``, so a retry writes the same rows (same offline file, same online value).
     """
-    from solaris_feast.precompute.plan import read_plan, shard
-
     spec = PrecomputeRun.model_validate(dict(run))
-    part = shard(read_plan(Path(spec.run_dir) / "plan"), shard_index, shard_count)
+    shard_count = spec.settings.shards
+    part = shard_plan(spec, shard_index)
     if len(part) == 0:
         # Nothing planned for this shard: no model, no store (torch and Feast stay unloaded).
         report: dict[str, Any] = {"shard": shard_index, "of": shard_count, "pairs": 0}
@@ -569,7 +703,6 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
 
     from solaris_feast.keys import id_array
     from solaris_feast.precompute.aggregate import PairEmbeddings
-    from solaris_feast.precompute.plan import read_plan
     from solaris_feast.precompute.similarity import (
         SimilarityConfig,
         build_user_index,
@@ -582,7 +715,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     snapshot = run_snapshot(spec)
     now = pd.Timestamp(spec.now)
     ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
-    plan = read_plan(Path(spec.run_dir) / "plan")
+    plan = round_plan(spec, uncovered_rows=cfg.fill_targets)
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     targets = pd.concat(
         [

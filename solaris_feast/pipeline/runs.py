@@ -1,8 +1,10 @@
 """Run time and run folders: where a run's state lives between its tasks and across retries.
 
 A precompute run keeps its files in ``<runs_dir>/<interval>/<vm version>/``: ``manifest.json``
-(planning time, model versions), ``misses.parquet``, ``candidates.parquet``, ``plan/``,
-``shard-<i>.json`` and ``coverage.json``. Each step writes its file once, atomically (a
+(planning time, model versions), ``misses.parquet``, per shard of users
+``shards/<i>/{candidates.parquet, ranked/, ranking.json, plan/, report.json}``, the round's
+``budget.json`` (its split over the shards) and ``coverage.json``. Each step writes its file once,
+atomically (a
 temporary name, then ``os.replace``), and a retried or re-run step reads the file back instead
 of computing it again, so it sees exactly the inputs of the first attempt. A new VM version gets
 a new folder: a full re-plan, since stored vectors of another version count as absent to the
@@ -86,8 +88,39 @@ def training_stage_marker(models_dir: Path, interval_key: str, stage: str) -> Pa
     return models_dir / TRAINING_MARKERS_SUBDIR / interval_key / stage
 
 
+def shard_dir(run_dir: Path, shard_index: int) -> Path:
+    """The folder of one shard of users' files in a precompute run."""
+    return run_dir / "shards" / str(shard_index)
+
+
 def shard_report_path(run_dir: Path, shard_index: int) -> Path:
-    return run_dir / f"shard-{shard_index}.json"
+    """What a shard's FM task computed and wrote."""
+    return shard_dir(run_dir, shard_index) / "report.json"
+
+
+def shard_candidates_path(run_dir: Path, shard_index: int) -> Path:
+    """The candidates of a shard's users."""
+    return shard_dir(run_dir, shard_index) / "candidates.parquet"
+
+
+def shard_ranking_path(run_dir: Path, shard_index: int) -> Path:
+    """The shard's ranking facts the budget split reads (miss tier, mass, eligible pairs)."""
+    return shard_dir(run_dir, shard_index) / "ranking.json"
+
+
+def shard_ranked_dir(run_dir: Path, shard_index: int) -> Path:
+    """Every eligible pair of the shard, in the planner's order (a plan with no budget limit)."""
+    return shard_dir(run_dir, shard_index) / "ranked"
+
+
+def shard_plan_dir(run_dir: Path, shard_index: int) -> Path:
+    """The shard's plan: its ranking cut to its part of the round's budget."""
+    return shard_dir(run_dir, shard_index) / "plan"
+
+
+def budget_path(run_dir: Path) -> Path:
+    """The round's budget split over its shards."""
+    return run_dir / "budget.json"
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -166,6 +166,8 @@ class PrecomputeRun(BaseModel):
     """The FM behind the compressor."""
     embedding_version: str
     """The compressor's version, stored beside every vector as model_version."""
+    shard_indexes: list[int] = Field(default_factory=list)
+    """``0 .. shards-1``: what the round's mapped tasks (ranking, FM) run over."""
     ticks: dict[str, Any] | None = None
     """A scheduled round's place on its cron (skipped ticks, late start), from
     :func:`solaris_feast.pipeline.runs.round_ticks`; None for a manual or asset-triggered one."""
@@ -239,7 +241,8 @@ class PrecomputeTaskPolicy(TaskPolicy):
     """The precompute DAG's tasks (an hourly round: minutes per task)."""
 
     shard_timeout_seconds: int = Field(3600, gt=0)
-    """execution_timeout of one FM shard (precompute_shard), the round's long task."""
+    """execution_timeout of one shard's long tasks (rank_shard: candidates and verifier;
+    precompute_shard: the FM), the round's heavy work."""
 
 
 class TrainingTaskPolicy(TaskPolicy):

@@ -167,8 +167,7 @@ def _generate_candidates(
     log = log.sort_values([USER_ID, EVENT_TIMESTAMP, ITEM_ID], kind="stable").reset_index(drop=True)
 
     if users is None:
-        active_start = now - pd.Timedelta(seconds=cfg.active_window_seconds)
-        active = np.unique(log.loc[log[EVENT_TIMESTAMP] >= active_start, USER_ID].to_numpy())
+        active = active_users(log, now, cfg)
     else:
         active = np.unique(np.asarray(users, dtype=np.int64))
     if len(active) == 0 or log.empty:
@@ -230,6 +229,19 @@ def _generate_candidates(
     )
     logger.info("candidates: %d pairs for %d users from %d events", len(out), len(active), len(log))
     return out
+
+
+def active_users(
+    interactions: pd.DataFrame, now: pd.Timestamp, config: CandidateConfig | None = None
+) -> np.ndarray:
+    """The users candidates are generated for by default: those with an event in the active
+    window before ``now`` (sorted distinct ids, as in the log). A sharded round takes its
+    shard's part of them (:func:`solaris_feast.precompute.plan.users_of_shard`)."""
+    cfg = config or CandidateConfig()
+    now = as_utc(now, "now")
+    ts = interactions[EVENT_TIMESTAMP]
+    start = now - pd.Timedelta(seconds=min(cfg.active_window_seconds, cfg.lookback_seconds))
+    return np.unique(id_array(interactions.loc[(ts >= start) & (ts < now), USER_ID]))
 
 
 def validate_candidate_table(

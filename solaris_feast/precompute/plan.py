@@ -21,8 +21,12 @@ skipped (computing it again would spend budget on nothing); one that expires wit
 or has expired, is planned again as a refresh. Ties are broken by ``user_id`` then ``item_id``, so
 the same inputs always give the same plan. With ``user_balanced`` the score order is taken per
 user first (every user's best pair, then every user's second best, ...), which spreads the
-budget when it is unknown which users request next. :func:`shard` cuts a plan into disjoint
-parts for parallel workers, keeping each user's pairs in one shard.
+budget when it is unknown which users request next.
+
+Sharded rounds (users hashed to shards by :func:`shard_of_users`, a user's pairs in one shard)
+plan each shard with no budget limit, split the round's budget by :func:`split_budget` and cut
+each shard's ranking with :func:`take_budget`; :func:`merge_plans` puts the shards' plans back
+together for the steps that read the whole round.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from solaris_feast.keys import (
     id_array,
     rank_within_runs,
     split_pair_keys,
+    stable_id_hash,
 )
 
 logger = logging.getLogger(__name__)
@@ -285,18 +290,28 @@ def request_score(
 def shard_of_users(user_ids: np.ndarray, count: int) -> np.ndarray:
     """Shard number ``0..count-1`` of each user: a fixed 64-bit mix of the id, modulo ``count``.
 
-    The mix (splitmix64's finalizer) spreads consecutive ids evenly and does not depend on the
-    Python process (``hash()`` of an int would, for negative ids), so every worker agrees.
+    The mix (splitmix64's finalizer) of the id's :func:`~solaris_feast.keys.stable_id_hash`
+    spreads consecutive ids evenly and does not depend on the Python process (``hash()`` would,
+    for strings and negative ints), so every worker agrees. Int64 and String ids alike.
     """
     if count <= 0:
         raise ValueError(f"shard count must be > 0, got {count}")
-    x = np.asarray(user_ids, dtype=np.int64).view(np.uint64).copy()
+    x = stable_id_hash(user_ids).view(np.uint64).copy()
     with np.errstate(over="ignore"):
         x += np.uint64(0x9E3779B97F4A7C15)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x = x ^ (x >> np.uint64(31))
     return (x % np.uint64(count)).astype(np.int64)
+
+
+def users_of_shard(user_ids: np.ndarray, index: int, count: int) -> np.ndarray:
+    """Boolean mask of the ``user_ids`` that hash to shard ``index`` of ``count``."""
+    if not 0 <= index < count:
+        raise ValueError(f"shard index must lie in 0..{count - 1}, got {index}")
+    if count == 1:
+        return np.ones(len(user_ids), dtype=bool)
+    return shard_of_users(user_ids, count) == index
 
 
 def shard(plan: Plan, index: int, count: int) -> Plan:
@@ -306,21 +321,142 @@ def shard(plan: Plan, index: int, count: int) -> Plan:
     exactly one shard); a user's pairs stay together, so one worker sees a whole user. Priority
     order is kept within the shard.
     """
-    if not 0 <= index < count:
-        raise ValueError(f"shard index must lie in 0..{count - 1}, got {index}")
-    mine = shard_of_users(plan.pairs[USER_ID].to_numpy(), count) == index
+    mine = users_of_shard(plan.pairs[USER_ID].to_numpy(), index, count)
     pairs = plan.pairs.loc[mine].reset_index(drop=True)
-    mine_uncovered = shard_of_users(plan.uncovered[USER_ID].to_numpy(), count) == index
+    mine_uncovered = users_of_shard(plan.uncovered[USER_ID].to_numpy(), index, count)
     uncovered = plan.uncovered.loc[mine_uncovered].reset_index(drop=True)
-    reason = pairs[REASON].to_numpy()
-    stats = replace(
-        plan.stats,
-        from_misses=int((reason == REASON_MISS).sum()),
-        refreshes=int((reason == REASON_REFRESH).sum()),
-        new=int((reason == REASON_NEW).sum()),
-        over_budget=len(uncovered),
-    )
+    stats = replace(plan.stats, **_planned_counts(pairs), over_budget=len(uncovered))
     return Plan(pairs=pairs, uncovered=uncovered, stats=stats, planned_at=plan.planned_at)
+
+
+def _planned_counts(pairs: pd.DataFrame) -> dict[str, int]:
+    """:class:`PlanStats`' planned counts of a plan's (or a part's) pairs, by reason."""
+    reason = pairs[REASON].to_numpy()
+    return {
+        "from_misses": int((reason == REASON_MISS).sum()),
+        "refreshes": int((reason == REASON_REFRESH).sum()),
+        "new": int((reason == REASON_NEW).sum()),
+    }
+
+
+@dataclass(frozen=True)
+class ShardRanking:
+    """What the budget split needs to know of one shard's ranked pairs (a plan made with no
+    budget limit: every eligible pair, in priority order).
+
+    Attributes:
+        priority: Pairs in the miss tier (they go before any candidate, in every shard).
+        mass: Sum of the planning scores of the other eligible pairs: the shard's expected
+            share of the requested pairs.
+        eligible: Every eligible pair of the shard (the most it can take).
+    """
+
+    priority: int
+    mass: float
+    eligible: int
+
+    @classmethod
+    def of(cls, ranked: Plan) -> ShardRanking:
+        tier = ranked.pairs[REASON].to_numpy() == REASON_MISS
+        score = ranked.pairs[VERIFIER_SCORE].to_numpy(dtype=np.float64)
+        return cls(
+            priority=int(tier.sum()), mass=float(score[~tier].sum()), eligible=len(ranked.pairs)
+        )
+
+
+def split_budget(budget_pairs: int, rankings: list[ShardRanking]) -> list[int]:
+    """The round's budget per shard: the miss tier first, the rest by each shard's mass.
+
+    Misses in the priority tier are served first across shards, as in one plan (if they exceed
+    the budget, the budget is split by their counts). The remainder goes by
+    :attr:`ShardRanking.mass` (largest remainder, ties to the lower shard), never above a
+    shard's eligible pairs; what a shard cannot take goes to the others by mass. With users
+    hashed evenly, each shard's ranking is a sample of the round's, so this approximates the
+    single plan without any task seeing every shard's scores; ``benchmarks/shard_scaling.py``
+    measures how close.
+    """
+    if budget_pairs < 0:
+        raise ValueError(f"budget_pairs must be >= 0, got {budget_pairs}")
+    count = len(rankings)
+    budgets = np.zeros(count, dtype=np.int64)
+    if count == 0:
+        return []
+    priority = np.array([r.priority for r in rankings], dtype=np.int64)
+    room = np.array([r.eligible for r in rankings], dtype=np.int64)
+    if priority.sum() >= budget_pairs:
+        return [int(b) for b in _apportion(budget_pairs, priority.astype(np.float64), priority)]
+    budgets += priority
+    room -= priority
+    left = budget_pairs - int(priority.sum())
+    mass = np.array([max(r.mass, 0.0) for r in rankings], dtype=np.float64)
+    while left > 0 and room.sum() > 0:
+        open_ = room > 0
+        weights = np.where(open_, mass, 0.0)
+        if weights.sum() <= 0:  # no scores to go by: by room
+            weights = room.astype(np.float64)
+        share = _apportion(min(left, int(room.sum())), weights, room)
+        budgets += share
+        room -= share
+        left -= int(share.sum())
+        if share.sum() == 0:
+            break
+    return [int(b) for b in budgets]
+
+
+def _apportion(total: int, weights: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """``total`` split by ``weights`` (largest remainder), each part capped by ``caps``."""
+    if total <= 0 or weights.sum() <= 0:
+        return np.zeros(len(weights), dtype=np.int64)
+    exact = total * weights / weights.sum()
+    parts = np.floor(exact).astype(np.int64)
+    order = np.argsort(-(exact - parts), kind="stable")
+    parts[order[: total - int(parts.sum())]] += 1
+    return np.minimum(parts, caps)
+
+
+def take_budget(ranked: Plan, budget_pairs: int) -> Plan:
+    """The plan ``ranked`` (every eligible pair in priority order) cut to ``budget_pairs``: the
+    first pairs are planned, the rest join :attr:`Plan.uncovered` ahead of what was already
+    there. The same as planning under that budget, since the order does not depend on it."""
+    if budget_pairs < 0:
+        raise ValueError(f"budget_pairs must be >= 0, got {budget_pairs}")
+    pairs = ranked.pairs.iloc[:budget_pairs].reset_index(drop=True)
+    uncovered = pd.concat([ranked.pairs.iloc[budget_pairs:], ranked.uncovered], ignore_index=True)
+    uncovered[PRIORITY] = np.arange(len(pairs), len(pairs) + len(uncovered), dtype=np.int64)
+    stats = replace(
+        ranked.stats,
+        **_planned_counts(pairs),
+        over_budget=len(uncovered),
+        budget_pairs=budget_pairs,
+    )
+    return Plan(pairs=pairs, uncovered=uncovered, stats=stats, planned_at=ranked.planned_at)
+
+
+def merge_plans(plans: list[Plan]) -> Plan:
+    """One plan from the shards' plans of a round: pairs and uncovered pairs in the priority
+    order of one plan (miss tier first, then by score; ties by shard order), counts summed."""
+    if not plans:
+        raise ValueError("no plans to merge")
+
+    def ordered(frames: list[pd.DataFrame], first: int) -> pd.DataFrame:
+        frame = pd.concat(frames, ignore_index=True)
+        tier = (frame[REASON] != REASON_MISS).to_numpy()
+        score = frame[VERIFIER_SCORE].to_numpy(dtype=np.float64)
+        frame = frame.iloc[np.lexsort((-score, tier))].reset_index(drop=True)
+        frame[PRIORITY] = np.arange(first, first + len(frame), dtype=np.int64)
+        return frame
+
+    pairs = ordered([p.pairs for p in plans], 0)
+    uncovered = ordered([p.uncovered for p in plans], len(pairs))
+    totals = {
+        name: sum(getattr(p.stats, name) for p in plans) for name in PlanStats.__annotations__
+    }
+    return Plan(
+        pairs=pairs,
+        uncovered=uncovered,
+        stats=PlanStats(**totals),
+        planned_at=plans[0].planned_at,
+    )
 
 
 def write_plan(plan: Plan, directory: str | Path) -> Path:
@@ -337,13 +473,24 @@ def write_plan(plan: Plan, directory: str | Path) -> Path:
     return path
 
 
-def read_plan(directory: str | Path) -> Plan:
-    """Read a plan stored by :func:`write_plan`."""
+def read_plan(directory: str | Path, uncovered_rows: int | None = None) -> Plan:
+    """Read a plan stored by :func:`write_plan`; with ``uncovered_rows``, only the first that
+    many uncovered pairs (the ones a fill targets first), without reading the rest."""
     path = Path(directory)
     meta = json.loads((path / "plan.json").read_text())
+    if uncovered_rows is None:
+        uncovered = pd.read_parquet(path / "uncovered.parquet")
+    else:
+        import pyarrow.parquet as pq
+
+        source = pq.ParquetFile(path / "uncovered.parquet")
+        batch = next(source.iter_batches(batch_size=max(uncovered_rows, 1)), None)
+        uncovered = (
+            source.schema_arrow.empty_table().to_pandas() if batch is None else batch.to_pandas()
+        ).head(uncovered_rows)
     return Plan(
         pairs=pd.read_parquet(path / "pairs.parquet"),
-        uncovered=pd.read_parquet(path / "uncovered.parquet"),
+        uncovered=uncovered,
         stats=PlanStats(**meta["stats"]),
         planned_at=pd.Timestamp(meta["planned_at"]),
     )
