@@ -1,6 +1,7 @@
 """The closed-loop funnel world (issue 13): users with a ground truth (:mod:`.world`), an
-early-stage two-tower ranker (:mod:`.early_stage`), the loop of one seed (:mod:`.loop`) and the
-records over seeds (:mod:`.report`). :func:`simulate_funnel` runs it all."""
+early-stage two-tower ranker (:mod:`.early_stage`), a request-propensity verifier learned from
+the funnel's logs (:mod:`.request_model`), the loop of one seed (:mod:`.loop`) and the records
+over seeds (:mod:`.report`). :func:`simulate_funnel` runs it all."""
 
 from __future__ import annotations
 

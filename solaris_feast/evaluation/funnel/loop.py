@@ -25,7 +25,9 @@ Per hour, before the hour's traffic: the precompute round of the replay
 :func:`~solaris_feast.precompute.plan.plan_precompute` per arm, the FM once per planned pair,
 the user aggregate and the similarity fill) over the pool the replay builds
 (``score_pool``: candidates for every user active in the last week plus the arm's miss queue),
-with the early-stage score added as a planner. Only the oracle reads the hour's final-stage sets.
+with the early-stage score and the request model (:mod:`.request_model`, fitted on the logged
+funnel traffic of earlier hours) added as planners. Only the oracle reads the hour's final-stage
+sets.
 The chain (FM, compressor, VM) is trained on the log at the end of the warm-up and retrained
 every ``chain_retrain_hours``; a retrain changes the embedding space, so every store restarts
 empty, as a model change re-plans everything in the product.
