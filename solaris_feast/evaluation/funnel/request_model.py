@@ -25,8 +25,9 @@ Features of a pair as of time ``t``, each from logs strictly before ``t`` (:func
 - the item's final-stage appearances in the last day per request of that day;
 
 plus a user bias, an item bias and a user-item dot product of width ``factor_dim`` (ids, as a
-production model has them). Cost: one vectorized pass over the window's logs per scoring time;
-a fit over 12 hours of a 300-user world takes about a second.
+production model has them). Cost: one vectorized pass over the window's logs per scoring
+time; a fit scores its training rows with the VM once (the window's positives and a fifth of its
+negatives) and runs ``epochs`` passes of Adam over them (not timed on its own).
 """
 
 from __future__ import annotations
