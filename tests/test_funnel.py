@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 import typer
 from typer.testing import CliRunner
 
@@ -22,7 +23,17 @@ from solaris_feast.evaluation.funnel import (
     run_seed,
     simulate_funnel,
 )
+from solaris_feast.evaluation.funnel import request_model as request_model_module
+from solaris_feast.evaluation.funnel.early_stage import TwoTower
+from solaris_feast.evaluation.funnel.request_model import (
+    FunnelTrafficLog,
+    RequestModelConfig,
+    RequestModelVerifier,
+    train_request_model,
+)
 from solaris_feast.evaluation.replay import simulate_command
+from solaris_feast.models.interface import PairsAsOf, checked_scores
+from solaris_feast.precompute.candidates import CANDIDATE_SCORE
 from solaris_feast.precompute.plan import VERIFIER_SCORE, plan_precompute
 
 TINY = FunnelConfig(
@@ -151,7 +162,14 @@ def test_oracle_is_an_upper_bound_on_the_same_pool(tiny_rounds: _Rounds) -> None
             oracle = _planned_hits(pool, requested, "oracle", budget)
             in_pool = len(pool.merge(requested, on=[USER_ID, ITEM_ID]))
             assert oracle == min(budget, in_pool)
-            for planner in ("verifier", "random", "popular", "retrieval", "early_stage"):
+            for planner in (
+                "verifier",
+                "random",
+                "popular",
+                "retrieval",
+                "early_stage",
+                "request_model",
+            ):
                 assert _planned_hits(pool, requested, planner, budget) <= oracle, planner
 
 
@@ -213,3 +231,113 @@ def test_the_chain_retrains_on_its_own_traffic_on_schedule() -> None:
             shared += len(common)
             assert not np.isclose(vectors[new_at], old_vectors[old_at]).all(axis=1).any()
     assert shared > 0
+
+
+# -- the request model: a verifier learned from the funnel's logs ---------------------------------
+
+_U, _I, _CUT = 40, 60, 10
+
+
+class _ToyVM:
+    """A fixed stand-in for the VM without ``z`` (the Verifier protocol), so the request model's
+    own inputs are the only thing that varies."""
+
+    def score(self, pairs: Any) -> np.ndarray:
+        return ((pairs.users * 31 + pairs.items * 17) % 97 + 1) / 99.0
+
+
+def _synthetic_traffic(alter_from: int | None = None, hours: int = 14) -> FunnelTrafficLog:
+    """Hourly candidates and 12 slices an hour; the final stage keeps each request's candidates
+    of highest hidden affinity. From hour ``alter_from`` on, other users ask for other items;
+    retrieval changes after it (the candidates at its start come from the logs before it)."""
+    affinity = np.random.default_rng(0).normal(size=(_U, _I))
+    traffic = FunnelTrafficLog()
+    for h in range(hours):
+        altered = alter_from is not None and h >= alter_from
+        retrieval = np.random.default_rng([int(altered and h > (alter_from or 0)), h, 1])
+        rng = np.random.default_rng([int(altered), h])
+        start = h * 3600
+        users = np.repeat(np.arange(_U), 15)
+        items = np.concatenate([retrieval.choice(_I, 15, replace=False) for _ in range(_U)])
+        traffic.log_candidates(
+            start,
+            pd.DataFrame(
+                {
+                    USER_ID: users,
+                    ITEM_ID: items,
+                    CANDIDATE_SCORE: retrieval.random(len(users)) + 0.1,
+                }
+            ),
+        )
+        for s in range(12):
+            asking = np.flatnonzero(rng.random(_U) < (0.5 if altered else 0.15))
+            final_u, final_i = [], []
+            for u in asking:
+                own = items[users == u]
+                top = own[np.argsort(-(-affinity[u, own] if altered else affinity[u, own]))[:4]]
+                final_u.append(np.full(4, u))
+                final_i.append(top)
+            traffic.log_slice(
+                start + 300 * s,
+                asking,
+                np.concatenate(final_u) if final_u else np.zeros(0, np.int64),
+                np.concatenate(final_i) if final_i else np.zeros(0, np.int64),
+            )
+    return traffic
+
+
+def _fit(traffic: FunnelTrafficLog, hour: int) -> Any:
+    until = pd.Timestamp(hour * 3600, unit="s", tz="UTC")
+    return train_request_model(
+        traffic, until, _ToyVM(), None, _U, _I, config=RequestModelConfig(epochs=3), seed=3
+    )
+
+
+def _scores(model: Any, traffic: FunnelTrafficLog, hour: int) -> np.ndarray:
+    candidates = traffic.candidates[hour * 3600]
+    verifier = RequestModelVerifier(model, traffic, _ToyVM(), candidates)
+    at = pd.Timestamp(hour * 3600, unit="s", tz="UTC")
+    pairs = PairsAsOf.of(candidates[USER_ID], candidates[ITEM_ID], at, None)  # type: ignore[arg-type]
+    return checked_scores(verifier.score(pairs), len(pairs), "request model")
+
+
+def test_request_model_learns_from_past_logs_only() -> None:
+    """Altering the traffic from the cut on leaves the fit and its scores as of the cut
+    unchanged; the same alteration does move scores of a later time (the test can see it)."""
+    past_only, altered = _synthetic_traffic(), _synthetic_traffic(alter_from=_CUT)
+    model, model_altered = _fit(past_only, _CUT), _fit(altered, _CUT)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(model_altered.state_dict()[name], value, rtol=0, atol=0)
+    np.testing.assert_array_equal(_scores(model, past_only, _CUT), _scores(model, altered, _CUT))
+    later = _CUT + 2
+    assert not np.array_equal(_scores(model, past_only, later), _scores(model, altered, later))
+    # It learned the logged funnel: pairs that reach the final stage in the cut's hour rank
+    # above those that do not.
+    candidates = past_only.candidates[_CUT * 3600]
+    _, fu, fi = past_only.final_between(_CUT * 3600, (_CUT + 1) * 3600)
+    keys = candidates[USER_ID].to_numpy() * _I + candidates[ITEM_ID].to_numpy()
+    reached = np.isin(keys, fu * _I + fi)
+    scores = _scores(model, past_only, _CUT)
+    ranks = pd.Series(scores).rank().to_numpy()
+    auc = (ranks[reached].sum() - reached.sum() * (reached.sum() + 1) / 2) / (
+        reached.sum() * (~reached).sum()
+    )
+    assert auc > 0.75
+
+
+def test_request_model_is_not_the_early_stage_ranker(tiny_rounds: _Rounds) -> None:
+    """Nothing of the two-tower reaches the request model's fit (its inputs are logs and the
+    VM), and its plan in the tiny world is its own."""
+    assert "early_stage" not in request_model_module.__dict__
+    assert not any(
+        isinstance(v, type) and issubclass(v, TwoTower)
+        for v in request_model_module.__dict__.values()
+    )
+    pool = tiny_rounds.pools[max(tiny_rounds.pools)]
+    assert pool["request_model"].nunique() > 1  # it was fitted and scored
+    corr = pool["request_model"].corr(pool["early_stage"])
+    assert corr < 0.95
+    budget = len(pool) // 10
+    top_r = set(pool.nlargest(budget, "request_model").index)
+    top_e = set(pool.nlargest(budget, "early_stage").index)
+    assert len(top_r & top_e) < 0.9 * budget

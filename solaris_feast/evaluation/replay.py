@@ -800,6 +800,9 @@ def simulate_command(
     seeds: Annotated[
         int, typer.Option("--seeds", min=1, help="Seeds of the funnel world (0..seeds-1).")
     ] = 5,
+    workers: Annotated[
+        int, typer.Option("--workers", min=1, help="Processes running funnel seeds.")
+    ] = 1,
     dataset: Annotated[
         str, typer.Option("--dataset", help="synthetic or movielens.")
     ] = "synthetic",
@@ -839,7 +842,7 @@ def simulate_command(
     if world == "funnel":
         from solaris_feast.evaluation.funnel import run_funnel_command
 
-        run_funnel_command(budget, planner, seeds, json_path, plot)
+        run_funnel_command(budget, planner, seeds, json_path, plot, workers)
         return
     if world != "log":
         raise typer.BadParameter(f"--world must be log or funnel, got {world!r}")

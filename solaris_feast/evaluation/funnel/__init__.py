@@ -1,6 +1,7 @@
 """The closed-loop funnel world (issue 13): users with a ground truth (:mod:`.world`), an
-early-stage two-tower ranker (:mod:`.early_stage`), the loop of one seed (:mod:`.loop`) and the
-records over seeds (:mod:`.report`). :func:`simulate_funnel` runs it all."""
+early-stage two-tower ranker (:mod:`.early_stage`), a request-propensity verifier learned from
+the funnel's logs (:mod:`.request_model`), the loop of one seed (:mod:`.loop`) and the records
+over seeds (:mod:`.report`). :func:`simulate_funnel` runs it all."""
 
 from __future__ import annotations
 
@@ -31,17 +32,36 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def simulate_funnel(config: FunnelConfig, seeds: list[int]) -> list[dict[str, Any]]:
-    """Run every seed and return one record per (planner, budget)."""
+def simulate_funnel(
+    config: FunnelConfig, seeds: list[int], workers: int = 1
+) -> list[dict[str, Any]]:
+    """Run every seed and return one record per (planner, budget).
+
+    ``workers > 1`` runs seeds in that many processes (spawned, each single-threaded as
+    :func:`run_seed` is); a seed is a pure function of ``(config, seed)``, so the records are
+    the serial run's.
+    """
     unknown = [p for p in config.planners if p not in FUNNEL_PLANNERS]
     if unknown:
         raise ValueError(
             f"unknown funnel planners {unknown}; choose from {', '.join(FUNNEL_PLANNERS)}"
         )
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
     outcomes = []
-    for seed in seeds:
-        outcomes.append(run_seed(config, seed))
-        logger.info("funnel seed %d done: %d requests", seed, outcomes[-1].requests)
+    if workers == 1 or len(seeds) == 1:
+        for seed in seeds:
+            outcomes.append(run_seed(config, seed))
+            logger.info("funnel seed %d done: %d requests", seed, outcomes[-1].requests)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(min(workers, len(seeds)), mp_context=context) as pool:
+            for outcome in pool.map(run_seed, [config] * len(seeds), seeds):
+                outcomes.append(outcome)
+                logger.info("funnel seed %d done: %d requests", outcome.seed, outcome.requests)
     return build_funnel_records(outcomes)
 
 
@@ -56,7 +76,12 @@ def write_funnel_report(
 
 
 def run_funnel_command(
-    budget: str, planner: str, seeds: int, json_path: Path | None, plot: Path | None
+    budget: str,
+    planner: str,
+    seeds: int,
+    json_path: Path | None,
+    plot: Path | None,
+    workers: int = 1,
 ) -> None:
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer
@@ -77,7 +102,7 @@ def run_funnel_command(
             "precompute": default.precompute.model_copy(update={"budgets": budgets}),
         }
     )
-    records = simulate_funnel(config, list(range(seeds)))
+    records = simulate_funnel(config, list(range(seeds)), workers)
     write_funnel_report(records, json_path, plot)
     typer.echo(format_funnel_summary(records))
     if json_path is not None:

@@ -25,7 +25,9 @@ Per hour, before the hour's traffic: the precompute round of the replay
 :func:`~solaris_feast.precompute.plan.plan_precompute` per arm, the FM once per planned pair,
 the user aggregate and the similarity fill) over the pool the replay builds
 (``score_pool``: candidates for every user active in the last week plus the arm's miss queue),
-with the early-stage score added as a planner. Only the oracle reads the hour's final-stage sets.
+with the early-stage score and the request model (:mod:`.request_model`, fitted on the logged
+funnel traffic of earlier hours) added as planners. Only the oracle reads the hour's final-stage
+sets.
 The chain (FM, compressor, VM) is trained on the log at the end of the warm-up and retrained
 every ``chain_retrain_hours``; a retrain changes the embedding space, so every store restarts
 empty, as a model change re-plans everything in the product.
@@ -46,6 +48,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
 from solaris_feast.evaluation.funnel.early_stage import TwoTower, train_two_tower
+from solaris_feast.evaluation.funnel.request_model import (
+    FunnelTrafficLog,
+    RequestModel,
+    RequestModelConfig,
+    RequestModelVerifier,
+    train_request_model,
+)
 from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
 from solaris_feast.evaluation.replay import ReplayRun, ReplayStep, precompute_step, score_pool
 from solaris_feast.evaluation.replay_config import (
@@ -74,9 +83,11 @@ FUNNEL_PLANNERS: tuple[str, ...] = (
     "popular",
     "retrieval",
     "early_stage",
+    "request_model",
     "oracle",
 )
-"""Planners of the funnel world: the replay's, plus the early-stage ranker's score."""
+"""Planners of the funnel world: the replay's, plus the early-stage ranker's score and the
+request model (:mod:`.request_model`, a verifier learned from the funnel's logs)."""
 LABELS = ("click", "conversion")
 
 RoundObserver = Callable[[int, Any, list[PlannerState]], None]
@@ -107,6 +118,9 @@ class FunnelConfig(BaseModel):
     """Two-tower width; smaller agrees less with the VM."""
     early_stage_epochs: int = Field(4, gt=0)
     """Passes over the log per refit."""
+    request_model: RequestModelConfig = RequestModelConfig()
+    """The ``request_model`` planner's fit; it refits when the chain trains and on the early
+    stage's schedule after that (it needs the VM's score, so not before the first chain)."""
     chain_retrain_hours: int = Field(24, ge=0)
     """How often the FM, compressor and VM retrain on their own traffic (0: never)."""
     unscored_hours: int = Field(2, ge=0)
@@ -143,6 +157,9 @@ class ArmTotals:
 
     tier_counts: np.ndarray = field(default_factory=lambda: np.zeros(len(Tier), np.int64))
     clicks: dict[str, float] = field(default_factory=dict)
+    hourly_clicks: list[float] = field(default_factory=list)
+    """Expected clicks with served ``z`` (all tiers) per scored hour, for the uplift's
+    within-seed spread."""
     conversions: dict[str, float] = field(default_factory=dict)
     probs: dict[str, list[np.ndarray]] = field(default_factory=dict)
     labels: dict[str, list[np.ndarray]] = field(default_factory=dict)
@@ -162,6 +179,9 @@ class SeedOutcome:
     conversions_without_z: float = 0.0
     clicks_fm: float = 0.0
     conversions_fm: float = 0.0
+    hourly_requests: list[int] = field(default_factory=list)
+    hourly_clicks_without_z: list[float] = field(default_factory=list)
+    """Per scored hour, beside :attr:`ArmTotals.hourly_clicks`."""
     early_vm_agreement: list[float] = field(default_factory=list)
     """Per scored slice: share of the VM's top k (over the N retrieved) the early stage kept."""
     chain_trainings: list[tuple[int, str]] = field(default_factory=list)
@@ -209,6 +229,9 @@ def run_seed(
     last_click = np.full(cfg.world.num_users, -1, dtype=np.int64)
     two_tower: TwoTower | None = None
     run: ReplayRun | None = None
+    traffic = FunnelTrafficLog()
+    request_model: RequestModel | None = None
+    wants_request_model = "request_model" in cfg.planners
     grad, threads = torch.is_grad_enabled(), torch.get_num_threads()
     torch.set_grad_enabled(False)
     # The loop's tensors are small (tens to thousands of rows): with intra-op threads on a
@@ -244,6 +267,18 @@ def run_seed(
                 bundle = _train_chain(_dataset(world, log), cfg, seed)
                 outcome.chain_trainings.append((hour, bundle.embedding_version))
                 run = _new_run(cfg, pcfg, world, log, bundle, candidate_cfg, outcome, hour)
+                request_model = None  # its VM feature came from the old chain
+            if (
+                wants_request_model
+                and run is not None
+                and (
+                    request_model is None
+                    or (hour - cfg.early_stage_first_hour) % cfg.early_stage_retrain_hours == 0
+                )
+            ):
+                request_model = _train_request_model(
+                    cfg, world, run, traffic, log, start, seed, hour
+                )
             scored = hour >= cfg.first_scored_hour()
             if scored and not outcome.arms:
                 outcome.arms = {
@@ -254,9 +289,14 @@ def run_seed(
             past = log
             pool_candidates = (
                 generate_candidates(past, start, candidate_cfg, items=world.item_table())
-                if run is not None and len(past)
+                if (run is not None or wants_request_model) and len(past)
                 else None
             )
+            if wants_request_model and pool_candidates is not None:
+                # Retrieval's output at the hour start is logged, as production logs it: the
+                # request model learns which of these pairs went on to reach the final stage.
+                traffic.log_candidates(_seconds(start), pool_candidates)
+            clicks_before, requests_before = outcome.clicks_without_z, outcome.requests
             records = _simulate_hour(
                 cfg,
                 world,
@@ -268,18 +308,59 @@ def run_seed(
                 candidate_cfg,
                 outcome,
                 scored,
+                traffic,
             )
             if run is None or pool_candidates is None:
                 continue
-            step = _round(run, hour, start, past, pool_candidates, records, two_tower)
+            step = _round(
+                run, hour, start, past, pool_candidates, records, two_tower, request_model, traffic
+            )
             precompute_step(run, step)
             if observer is not None:
                 observer(hour, step, run.states)
             _serve_arms(run, records, outcome, scored, cfg.shown)
+            if scored:
+                outcome.hourly_requests.append(outcome.requests - requests_before)
+                outcome.hourly_clicks_without_z.append(outcome.clicks_without_z - clicks_before)
     finally:
         torch.set_grad_enabled(grad)
         torch.set_num_threads(threads)
     return outcome
+
+
+def _seconds(at: pd.Timestamp) -> int:
+    return int(at.value // 10**9)
+
+
+def _train_request_model(
+    cfg: FunnelConfig,
+    world: World,
+    run: ReplayRun,
+    traffic: FunnelTrafficLog,
+    log: pd.DataFrame,
+    start: pd.Timestamp,
+    seed: int,
+    hour: int,
+) -> RequestModel | None:
+    """The request model fitted on the traffic logged before ``start``; its VM feature is the
+    serving VM's score as of each logged hour (history before that hour)."""
+    from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.models.interface import ReferenceVerifier
+
+    ds = _dataset(world, log)
+    base = ReferenceVerifier(
+        run.bundle.vm, featurizer=PairFeaturizer(ds, run.bundle.schema.history_len)
+    )
+    return train_request_model(
+        traffic,
+        start,
+        base,
+        ds,
+        cfg.world.num_users,
+        cfg.world.num_items,
+        config=cfg.request_model,
+        seed=seed * 1000 + hour,
+    )
 
 
 def _log(parts: list[pd.DataFrame]) -> pd.DataFrame:
@@ -439,6 +520,7 @@ def _simulate_hour(
     candidate_cfg: CandidateConfig,
     outcome: SeedOutcome,
     scored: bool,
+    traffic: FunnelTrafficLog,
 ) -> list[_SliceRecord]:
     """The hour's traffic through the funnel, shown by the VM without ``z`` (the logged arm)."""
     from solaris_feast.models.features import PairFeaturizer
@@ -461,6 +543,7 @@ def _simulate_hour(
         rows = np.concatenate([by_user[int(u)] for u in req.user_ids])
         counts = np.array([len(by_user[int(u)]) for u in req.user_ids])
         users, items = cu[rows], ci[rows]
+        traffic.log_slice(_seconds(now), req.user_ids, users, items)
         request_of = np.repeat(req.request_ids, counts)
         position = np.concatenate([np.arange(c) for c in counts])
         click_p, conv_p = world.probabilities(
@@ -546,10 +629,14 @@ def _round(
     candidates: pd.DataFrame,
     records: list[_SliceRecord],
     two_tower: TwoTower | None,
+    request_model: RequestModel | None = None,
+    traffic: FunnelTrafficLog | None = None,
 ) -> ReplayStep:
     """The hour's precompute round over the replay's pool, cut at ``start``; the oracle alone
-    reads the hour's final-stage pairs."""
+    reads the hour's final-stage pairs. The request model is called as any deployment's own
+    verifier is, through the Verifier protocol (``score(pairs)``), each answer checked."""
     from solaris_feast.models.features import PairFeaturizer
+    from solaris_feast.models.interface import PairsAsOf, ReferenceVerifier, score_in_chunks
 
     featurizer = PairFeaturizer(run.ds.with_interactions(past), run.bundle.schema.history_len)
     requests = pd.DataFrame(
@@ -564,9 +651,23 @@ def _round(
     ).drop_duplicates()
 
     def early_stage(users: np.ndarray, items: np.ndarray) -> dict[str, np.ndarray]:
-        if two_tower is None:
-            return {"early_stage": np.zeros(len(users))}
-        return {"early_stage": two_tower.score(users, items)}
+        out = {
+            "early_stage": np.zeros(len(users))
+            if two_tower is None
+            else two_tower.score(users, items)
+        }
+        if request_model is not None and traffic is not None:
+            verifier = RequestModelVerifier(
+                request_model,
+                traffic,
+                ReferenceVerifier(run.bundle.vm, featurizer=featurizer),
+                candidates,
+            )
+            pairs = PairsAsOf.of(users, items, start, run.ds.with_interactions(past))
+            out["request_model"] = score_in_chunks(verifier, pairs, "funnel request model")
+        else:
+            out["request_model"] = np.zeros(len(users))
+        return out
 
     pool = score_pool(candidates, run, requests, past, start, featurizer, hour, early_stage)
     return ReplayStep(
@@ -598,6 +699,7 @@ def _serve_arms(
         name = _arm_name(state.planner, state.budget)
         totals = outcome.arms.get(name)
         missed: list[pd.DataFrame] = []
+        hour_clicks = 0.0
         for rec in records:
             stored = state.stored_values(rec.users, rec.items)
             now_s = rec.now.value / 1e9
@@ -632,6 +734,9 @@ def _serve_arms(
                     totals.tier_counts += np.bincount(
                         got.tiers.astype(np.int64), minlength=len(Tier)
                     )
+                    hour_clicks += float(rec.click_p[shown].sum())
+        if scored and totals is not None:
+            totals.hourly_clicks.append(hour_clicks)
         state.misses = (
             pd.concat(missed, ignore_index=True).drop_duplicates().reset_index(drop=True)
             if missed

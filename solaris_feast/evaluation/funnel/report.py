@@ -32,8 +32,25 @@ def _seed_row(outcome: SeedOutcome, name: str) -> dict[str, Any]:
     with_z = _per_1k(totals.clicks.get(final, 0.0), n)
     without = _per_1k(outcome.clicks_without_z, n)
     fm = _per_1k(outcome.clicks_fm, n)
+    hourly = np.array(
+        [
+            1000.0 * (z - base) / r
+            for z, base, r in zip(
+                totals.hourly_clicks,
+                outcome.hourly_clicks_without_z,
+                outcome.hourly_requests,
+                strict=True,
+            )
+            if r
+        ]
+    )
     return {
         "exact_hit_rate": cov["exact"],
+        # Standard error of the seed's uplift from its own hours (hours as blocks; they are
+        # not independent, the stores carry over, so this is a rough lower bound).
+        "uplift_within_se": float(hourly.std(ddof=1) / math.sqrt(len(hourly)))
+        if len(hourly) > 1
+        else math.nan,
         "coverage": cov,
         "ne": _ne(totals.probs.get(final, []), totals.labels.get(final, [])),
         "clicks": with_z,
@@ -103,6 +120,13 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
                 "conversions_per_1k_requests_fm_ranking": mean_ci95(
                     [r["conversions_fm"] for r in rows]
                 )[0],
+                "click_uplift_per_seed": [r["uplift"] for r in rows],
+                "click_uplift_between_seed_sd": float(np.std([r["uplift"] for r in rows], ddof=1))
+                if len(rows) > 1
+                else math.nan,
+                "click_uplift_within_seed_se": float(
+                    np.sqrt(np.nanmean([r["uplift_within_se"] ** 2 for r in rows]))
+                ),
                 "online_transfer_ratio": transfer,
                 "online_transfer_ratio_ci95": transfer_ci,
                 "fm_calls_per_request": mean_ci95([r["fm_calls"] for r in rows])[0],
