@@ -19,6 +19,11 @@ What differs from the first evaluation (``transfer.py``, kept for its keys):
 - **A strong VM.** Every VM (and the KD student, and the label-smoothing control) reads the
   streaming history counters of :class:`~solaris_feast.models.features.StreamingHistory` at
   request time; TR is measured over that VM.
+- **Surfaces.** With ``vm_surface`` set (a log with a ``surface`` column, as the synthetic
+  surfaces world has), every FM trains on engagement from all surfaces and reads its history
+  across them, while every VM (and KD student and control) trains, reads its counters and is
+  evaluated on its own surface's rows only, as in the SOLARIS setting; the FM's figures (the
+  denominator) are taken on the same test rows.
 - **Statistics.** Forward-chaining splits (train on ``[start, end)``, test on
   ``[end, end + test_span)``) x seeds; TR per task is a ratio of means over them,
   ``sum(NE_vm - NE_x) / sum(NE_vm - NE_fm)``, with a user-cluster bootstrap 95% interval (users
@@ -52,6 +57,7 @@ from solaris_feast.data.schema import (
     InteractionDataset,
     earliest_rows,
 )
+from solaris_feast.data.synthetic import SURFACE
 from solaris_feast.evaluation.metrics import (
     cluster_bootstrap_weights,
     clustered_normalized_entropy,
@@ -140,6 +146,9 @@ class ProtocolConfig(BaseModel):
     warm_min_events: int = Field(5, ge=0)
     """Users with at least this many events before a split's end are warm; the rest cold."""
     torch_threads: int = Field(1, gt=0)
+    vm_surface: int | None = None
+    """The surface the VM trains, reads its counters and is tested on (the log's ``surface``
+    column); the FM trains on every surface. ``None``: every row is the VM's."""
 
 
 @dataclass
@@ -188,17 +197,22 @@ def run_protocol(
         raise ValueError("the protocol needs at least one seed")
     started = time.perf_counter()
     with torch_threads(cfg.torch_threads):
-        world = _World(dataset, mc)
+        world = _World(dataset, mc, cfg.vm_surface)
         splits = []
         for k, end in enumerate(cfg.train_ends):
             train_rows, test_rows = _split(dataset.interactions, end, cfg.test_span)
+            # The VM's surface only: the test rows, and the events that make a user warm.
+            test_rows = test_rows & world.vm_mask
+            if not test_rows.any():
+                raise ValueError(f"split at {end:.2f} has no test rows on the VM's surface")
             fraction, val_ne = _choose_prev_fraction(world, train_rows, seeds[0], mc, cfg)
             weights, val_soft = _choose_soft_label_weights(world, train_rows, seeds[0], mc, cfg)
             log = dataset.interactions
             test_log = log.loc[test_rows]
             users = test_log[USER_ID].to_numpy(np.int64)
             before = np.bincount(
-                log.loc[train_rows, USER_ID].to_numpy(np.int64), minlength=dataset.num_users
+                log.loc[train_rows & world.vm_mask, USER_ID].to_numpy(np.int64),
+                minlength=dataset.num_users,
             )
             split = _SplitRows(
                 index=k,
@@ -228,13 +242,24 @@ def run_protocol(
 
 
 class _World:
-    """Featurizers over the whole log: every row's inputs are cut strictly before its time."""
+    """Featurizers over the whole log: every row's inputs are cut strictly before its time.
+    The FM's history reads every surface; the VM's counters its own (``vm_surface``) only."""
 
-    def __init__(self, dataset: InteractionDataset, mc: TransferConfig) -> None:
+    def __init__(
+        self, dataset: InteractionDataset, mc: TransferConfig, vm_surface: int | None = None
+    ) -> None:
         self.dataset = dataset
         self.tasks = dataset.label_columns
+        self.vm_surface = vm_surface
+        log = dataset.interactions
+        if vm_surface is not None and SURFACE not in log.columns:
+            raise ValueError(f"vm_surface={vm_surface} needs a {SURFACE!r} column in the log")
+        self.vm_mask = self.vm_rows(log)
+        if not self.vm_mask.any():
+            raise ValueError(f"no rows on the VM's surface {vm_surface}")
         self.fm_featurizer = PairFeaturizer(dataset, mc.history_len)
-        self.history = StreamingHistory(dataset)
+        own = dataset if vm_surface is None else dataset.with_interactions(log.loc[self.vm_mask])
+        self.history = StreamingHistory(own)
         self.fm_schema = self.fm_featurizer.schema
         self.vm_schema = schema_with_history(self.fm_schema)
 
@@ -246,6 +271,16 @@ class _World:
         return self.fm_featurizer.batch(
             log[USER_ID].to_numpy(np.int64), log[ITEM_ID].to_numpy(np.int64), at
         )
+
+    def vm_rows(self, log: pd.DataFrame) -> np.ndarray:
+        """Mask of ``log``'s rows on the VM's surface (all rows without one)."""
+        if self.vm_surface is None:
+            return np.ones(len(log), dtype=bool)
+        return (log[SURFACE] == self.vm_surface).to_numpy()
+
+    def vm_log(self, log: pd.DataFrame) -> pd.DataFrame:
+        """``log``'s rows on the VM's surface, in order, reindexed."""
+        return log.loc[self.vm_rows(log)].reset_index(drop=True)
 
     def vm_inputs(self, log: pd.DataFrame) -> PairBatch:
         """VM inputs at request time: ids, attributes and the streaming counters."""
@@ -394,16 +429,19 @@ def _served_vm_probabilities(
     with_control: bool = False,
 ) -> dict[str, np.ndarray]:
     """The previous-window FM's ``z`` served to a VM per mode; test probabilities per mode.
-    The full-span FM (the denominator) never feeds the VM."""
+    The full-span FM (the denominator) never feeds the VM. ``train_log`` holds every surface
+    (the FM's); the VM trains on its own surface's rows of it, ``test_log`` is the VM's."""
     prev_rows = earliest_rows(train_log, prev_fraction)
     prev_log = train_log.loc[prev_rows]
     fm_prev = _fit_fm(world, prev_log, seed, mc)
     compressor = _fit_compressor(fm_prev, world.fm_featurizer.for_log(prev_log), seed, mc)
-    both = pd.concat([train_log, test_log], ignore_index=True)
-    eligible = np.r_[~prev_rows, np.ones(len(test_log), dtype=bool)]
-    n_train = len(train_log)
-    train_batch, test_batch = world.vm_inputs(train_log), world.vm_inputs(test_log)
-    y_train = labels_of(train_log, world.tasks)
+    own = world.vm_rows(train_log)
+    vm_train_log = train_log.loc[own].reset_index(drop=True)
+    both = pd.concat([vm_train_log, test_log], ignore_index=True)
+    eligible = np.r_[~prev_rows[own], np.ones(len(test_log), dtype=bool)]
+    n_train = len(vm_train_log)
+    train_batch, test_batch = world.vm_inputs(vm_train_log), world.vm_inputs(test_log)
+    y_train = labels_of(vm_train_log, world.tasks)
     out: dict[str, np.ndarray] = {}
     for mode in modes:
         z, tier, _ = served_z(world, both, eligible, fm_prev, compressor, mode, cfg, seed)
@@ -438,10 +476,11 @@ def _contenders(
     train_log = log.loc[train_rows].reset_index(drop=True)
     test_log = log.loc[test_rows].reset_index(drop=True)
     fm_full = _fit_fm(world, train_log, seed, mc)
-    _, p_train = foundation_outputs(fm_full, world.fm_featurizer.for_log(train_log))
+    vm_train_log = world.vm_log(train_log)
+    _, p_train = foundation_outputs(fm_full, world.fm_featurizer.for_log(vm_train_log))
     _, p_test = foundation_outputs(fm_full, world.fm_featurizer.for_log(test_log))
-    train_batch, test_batch = world.vm_inputs(train_log), world.vm_inputs(test_log)
-    y_train = labels_of(train_log, world.tasks)
+    train_batch, test_batch = world.vm_inputs(vm_train_log), world.vm_inputs(test_log)
+    y_train = labels_of(vm_train_log, world.tasks)
     out = {"fm": p_test.numpy()}
     vm = _fit_vm(world, train_batch, y_train, seed, mc)
     out["vm"] = vertical_probabilities(vm, test_batch).numpy()
@@ -476,7 +515,7 @@ def _choose_prev_fraction(
     window = log.loc[train_rows].reset_index(drop=True)
     fit_rows = earliest_rows(window, 1.0 - cfg.validation_span)
     fit_log, val_log = window.loc[fit_rows], window.loc[~fit_rows]
-    fit_log, val_log = fit_log.reset_index(drop=True), val_log.reset_index(drop=True)
+    fit_log, val_log = fit_log.reset_index(drop=True), world.vm_log(val_log)
     y_val = labels_of(val_log, world.tasks)
     scores: dict[str, float] = {}
     for fraction in cfg.prev_fm_fractions:
@@ -501,12 +540,13 @@ def _choose_soft_label_weights(
     log = world.dataset.interactions
     window = log.loc[train_rows].reset_index(drop=True)
     fit_rows = earliest_rows(window, 1.0 - cfg.validation_span)
-    fit_log = window.loc[fit_rows].reset_index(drop=True)
-    val_log = window.loc[~fit_rows].reset_index(drop=True)
+    fm_fit_log = window.loc[fit_rows].reset_index(drop=True)
+    fit_log = world.vm_log(fm_fit_log)
+    val_log = world.vm_log(window.loc[~fit_rows])
     y_fit, y_val = labels_of(fit_log, world.tasks), labels_of(val_log, world.tasks)
     fit_batch, val_batch = world.vm_inputs(fit_log), world.vm_inputs(val_log)
     _, teacher = foundation_outputs(
-        _fit_fm(world, fit_log, seed, mc), world.fm_featurizer.for_log(fit_log)
+        _fit_fm(world, fm_fit_log, seed, mc), world.fm_featurizer.for_log(fit_log)
     )
     targets = {
         "kd": teacher,
@@ -663,6 +703,7 @@ def _summarise(
         "seeds": [int(s) for s in seeds],
         "splits": list(cfg.train_ends),
         "torch_threads": cfg.torch_threads,
+        "vm_surface": cfg.vm_surface,
         "config": cfg.model_dump(),
     }
     return {"protocol": protocol, "details": details}

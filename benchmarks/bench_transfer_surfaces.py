@@ -1,0 +1,121 @@
+"""The transfer protocol on the world of structure a counter cannot hold, with its ablation.
+
+Issue 14, item 5: :data:`~solaris_feast.data.synthetic.SURFACES_WORLD` plants sequential
+item-to-item patterns and spreads sessions over three surfaces; the FM trains on every surface,
+the VM trains, reads its counters and is tested on surface 0 only. Each world of
+:data:`~solaris_feast.data.synthetic.STRUCTURE_ABLATIONS` runs the same protocol (splits x
+seeds, the model sizes of ``bench_transfer_protocol.py``'s synthetic run), so the table says which
+structure carries the FM's advantage. The JSON is rewritten after every world.
+
+    python benchmarks/bench_transfer_surfaces.py --seeds 5 \\
+        --json benchmarks/results/transfer_protocol_surfaces.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from solaris_feast.data.synthetic import STRUCTURE_ABLATIONS, SURFACE, generate
+from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
+from solaris_feast.evaluation.transfer_protocol import ProtocolConfig, run_protocol
+from solaris_feast.evaluation.transfer_report import format_protocol_table
+from solaris_feast.models.training import TrainConfig
+
+MAIN_WORLD = "both"
+VM_SURFACE = 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worlds", default="both,sequential,surfaces")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--base-seed", type=int, default=0)
+    parser.add_argument("--fm-epochs", type=int, default=3)
+    parser.add_argument("--vm-epochs", type=int, default=2)
+    parser.add_argument("--history-len", type=int, default=8)
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the worlds --json already holds (run with the same settings), run the rest",
+    )
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    models = TransferConfig(
+        history_len=args.history_len,
+        fm_training=TrainConfig(epochs=args.fm_epochs, batch_size=256, learning_rate=2e-3),
+        compressor_training=TrainConfig(epochs=1, batch_size=512, learning_rate=1e-3),
+        vm_training=TrainConfig(epochs=args.vm_epochs, batch_size=256, learning_rate=3e-3),
+        coverages=(1.0,),
+    )
+    seeds = list(range(args.base_seed, args.base_seed + args.seeds))
+    worlds = args.worlds.split(",")
+    if MAIN_WORLD not in worlds:
+        raise SystemExit(f"--worlds must include {MAIN_WORLD!r}, the world the keys describe")
+    record: dict[str, object] = {}
+    ablation: dict[str, object] = {}
+    settings = {
+        "fm_epochs": args.fm_epochs,
+        "vm_epochs": args.vm_epochs,
+        "history_len": args.history_len,
+    }
+    spent = 0.0
+    if args.resume and args.json.exists():
+        done: dict[str, Any] = json.loads(args.json.read_text())
+        bench = done["bench"]
+        ran_seeds = done["protocol_details"]["seeds"]
+        if {k: bench.get(k) for k in settings} != settings or ran_seeds != seeds:
+            raise SystemExit(f"{args.json} was run with other settings: {bench}, {ran_seeds}")
+        record, ablation = done, done["ablation"]
+        spent = float(bench["seconds"])
+    started = time.perf_counter()
+    for name in [MAIN_WORLD, *(w for w in worlds if w != MAIN_WORLD)]:
+        if name in ablation:
+            continue
+        data = generate(STRUCTURE_ABLATIONS[name])
+        log = data.interactions
+        surfaces = SURFACE in log.columns
+        protocol = ProtocolConfig(vm_surface=VM_SURFACE if surfaces else None)
+        t0 = time.perf_counter()
+        if name == MAIN_WORLD:
+            # The first evaluation (its keys; one seed, every surface as one) as the protocol
+            # runner keeps it; the protocol is what is measured.
+            report = evaluate_transfer(data, seeds=seeds[:1], config=models)
+            report.protocol = run_protocol(data, seeds, models, protocol)
+            record = report.to_json()
+            result = {
+                "protocol": record["protocol"],
+                "protocol_details": record["protocol_details"],
+            }
+        else:
+            run = run_protocol(data, seeds, models, protocol)
+            result = {"protocol": run["protocol"], "protocol_details": run["details"]}
+        vm_rows = int((log[SURFACE] == VM_SURFACE).sum()) if surfaces else len(log)
+        ablation[name] = {
+            "config": STRUCTURE_ABLATIONS[name].model_dump(),
+            "rows": len(log),
+            "vm_rows": vm_rows,
+            "seconds": round(time.perf_counter() - t0, 1),
+            **result,
+        }
+        print(f"{name}: {len(log)} rows ({vm_rows} on the VM's surface)")
+        print(format_protocol_table(result["protocol"]))  # type: ignore[arg-type]
+        record["ablation"] = ablation
+        record["bench"] = {
+            "world": MAIN_WORLD,
+            "vm_surface": VM_SURFACE,
+            "rows": ablation[MAIN_WORLD]["rows"],  # type: ignore[index]
+            **settings,
+            "seconds": round(spent + time.perf_counter() - started, 1),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2))
+
+
+if __name__ == "__main__":
+    main()
