@@ -69,21 +69,50 @@ def _env() -> dict[str, str]:
     return {**os.environ, "SOLARIS_CONFIG": "", "OMP_NUM_THREADS": "1"}
 
 
-def run_task_measured(task: str, state_path: Path) -> dict[str, Any]:
-    """``task`` in its own process: its report, wall seconds and peak RSS (MB, VmHWM)."""
+class TaskOverMemory(RuntimeError):
+    """A task passed ``--max-task-rss-gb`` and was killed (it would not fit a worker)."""
+
+
+def _rss_kb(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    except (FileNotFoundError, StopIteration, ProcessLookupError):
+        return 0
+
+
+def run_task_measured(task: str, state_path: Path, max_rss_kb: int) -> dict[str, Any]:
+    """``task`` in its own process: its report, wall seconds and peak RSS (MB, VmHWM).
+
+    A task whose resident memory passes ``max_rss_kb`` is killed (polled every 0.2 s) and
+    raises :class:`TaskOverMemory`, before it can drive the machine out of memory."""
     started = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-c", TASK_SCRIPT, task, str(state_path)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=3600,
-        check=False,
-    )
-    wall = time.perf_counter() - started
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", TASK_SCRIPT, task, str(state_path)],
+            env=_env(),
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
+        peak_kb = 0
+        while proc.poll() is None:
+            peak_kb = max(peak_kb, _rss_kb(proc.pid))
+            if peak_kb > max_rss_kb:
+                proc.kill()
+                proc.wait()
+                raise TaskOverMemory(
+                    f"{task} passed {max_rss_kb / 2**20:.0f} GB after "
+                    f"{time.perf_counter() - started:.0f} s and was killed"
+                )
+            time.sleep(0.2)
+        wall = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
-        raise RuntimeError(f"{task} failed:\n{(proc.stdout + proc.stderr)[-4000:]}")
+        raise RuntimeError(f"{task} failed:\n{(stdout + stderr)[-4000:]}")
     result = json.loads(lines[-1][len("RESULT ") :])
     return {
         "task": task,
@@ -170,13 +199,14 @@ def prepare(root: Path, users: int, train_hours: float) -> tuple[Path, dict[str,
         "generate_seconds": round(generated, 1),
         "train_seconds": round(trained, 1),
         "end": end.isoformat(),
+        "train_hours": train_hours,
     }
     (root / "facts.json").write_text(json.dumps(facts, indent=2))
     return config, facts
 
 
 def run_round(
-    config: Path, root: Path, shards: int, parallelism: int, at: datetime
+    config: Path, root: Path, shards: int, parallelism: int, at: datetime, max_rss_kb: int
 ) -> dict[str, Any]:
     """One round with ``shards`` shards, every task in its own process."""
     from solaris_feast.config import load_config, precompute_settings
@@ -200,7 +230,7 @@ def run_round(
     def phase(name: str, names: list[str]) -> list[dict[str, Any]]:
         started = time.perf_counter()
         with ThreadPoolExecutor(max_workers=parallelism) as pool:
-            done = list(pool.map(lambda t: run_task_measured(t, state_path), names))
+            done = list(pool.map(lambda t: run_task_measured(t, state_path, max_rss_kb), names))
         phases.append({"phase": name, "seconds": round(time.perf_counter() - started, 2)})
         tasks.extend(done)
         for t in done:
@@ -247,18 +277,71 @@ def run_round(
     }
 
 
+def makespan(seconds: list[float], workers: int) -> float:
+    """Wall time of independent tasks on ``workers`` (longest first, each to the least loaded):
+    what a phase of mapped tasks would take with that parallelism, from measured task times."""
+    loads = [0.0] * workers
+    for t in sorted(seconds, reverse=True):
+        loads[loads.index(min(loads))] += t
+    return max(loads)
+
+
+def _exponents(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Slope of log(round seconds) against log(users) per shard count, over the rounds run."""
+    by_shards: dict[int, list[tuple[float, float]]] = {}
+    for row in rows:
+        for r in row["rounds"]:
+            if "round_seconds" in r:
+                by_shards.setdefault(r["shards"], []).append((row["users"], r["round_seconds"]))
+    out: dict[str, float | None] = {}
+    for shards, points in sorted(by_shards.items()):
+        e = slope([p[0] for p in points], [p[1] for p in points])
+        out[str(shards)] = None if e is None else round(e, 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", default="20000,1000000")
     parser.add_argument("--shards", default="1,2,4")
     parser.add_argument("--parallelism", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--train-hours", type=float, default=2.0)
+    parser.add_argument(
+        "--max-task-rss-gb",
+        type=float,
+        default=16.0,
+        help="kill a task past this resident memory and record the round as not fitting",
+    )
     parser.add_argument("--workdir", type=Path, default=None)
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument(
+        "--append", action="store_true", help="keep the JSON's rows of other user counts"
+    )
     args = parser.parse_args()
     shard_counts = [int(s) for s in args.shards.split(",")]
+    max_rss_kb = int(args.max_task_rss_gb * 2**20)
     rows: list[dict[str, Any]] = []
+    if args.append and args.json.is_file():
+        rows = json.loads(args.json.read_text())["rows"]
     base = args.workdir or Path(tempfile.mkdtemp(prefix="shard_scaling_"))
+
+    def save() -> None:
+        report = {
+            "meta": {
+                "measured_at": datetime.now(UTC).isoformat(),
+                "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+                "python": platform.python_version(),
+                "candidates_per_user": CANDIDATES_PER_USER,
+                "budget_share": BUDGET_SHARE,
+                "online_store": "sqlite",
+                "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+            },
+            "rows": sorted(rows, key=lambda r: r["users"]),
+            "round_exponent_vs_users": _exponents(rows),
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2, default=float))
+
     for users in [int(u) for u in args.users.split(",")]:
         root = base / f"users_{users}"
         root.mkdir(parents=True, exist_ok=True)
@@ -270,43 +353,39 @@ def main() -> None:
             flush=True,
         )
         at = datetime.fromisoformat(facts["end"]) + timedelta(minutes=5)
-        rounds = []
+        rounds: list[dict[str, Any]] = []
+        first: set[tuple[Any, Any]] | None = None
         for shards in shard_counts:
             print(f"  {shards} shard(s):", flush=True)
-            rounds.append(run_round(config, root, shards, args.parallelism, at))
+            try:
+                done = run_round(config, root, shards, args.parallelism, at, max_rss_kb)
+            except (TaskOverMemory, RuntimeError) as err:
+                print(f"  {shards} shard(s): not measured: {err}", flush=True)
+                rounds.append({"shards": shards, "failed": str(err)[-600:]})
+                continue
+            pairs = done.pop("_pairs")
+            first = pairs if first is None else first
+            done["same_pairs_as_first_measured"] = round(len(pairs & first) / max(len(first), 1), 4)
+            done["round_seconds_computed_for_2_workers"] = round(
+                sum(
+                    makespan(
+                        [t["seconds"] for t in done["tasks"] if t["task"].startswith(p["phase"])],
+                        2,
+                    )
+                    for p in done["phases"]
+                ),
+                1,
+            )
+            rounds.append(done)
             print(
-                f"  {shards} shard(s): round {rounds[-1]['round_seconds']} s, peak "
-                f"{rounds[-1]['peak_rss_mb_max']:.0f} MB per task",
+                f"  {shards} shard(s): round {done['round_seconds']} s, peak "
+                f"{done['peak_rss_mb_max']:.0f} MB per task",
                 flush=True,
             )
-        one = rounds[0]["_pairs"]
-        for r in rounds:
-            pairs = r.pop("_pairs")
-            r["same_pairs_as_first"] = round(len(pairs & one) / max(len(one), 1), 4)
-        rows.append({**facts, "rounds": rounds})
-    exponents = {}
-    for k, shards in enumerate(shard_counts):
-        xs = [float(r["users"]) for r in rows]
-        ys = [r["rounds"][k]["round_seconds"] for r in rows]
-        exponents[str(shards)] = None if (e := slope(xs, ys)) is None else round(e, 3)
-    report = {
-        "meta": {
-            "measured_at": datetime.now(UTC).isoformat(),
-            "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
-            "python": platform.python_version(),
-            "parallelism": args.parallelism,
-            "candidates_per_user": CANDIDATES_PER_USER,
-            "budget_share": BUDGET_SHARE,
-            "train_hours": args.train_hours,
-            "online_store": "sqlite",
-            "load_average_1m_at_end": round(os.getloadavg()[0], 2),
-        },
-        "rows": rows,
-        "round_exponent_vs_users": exponents,
-    }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2, default=float))
-    print(f"exponent of round seconds vs users by shards: {exponents}; JSON: {args.json}")
+        rows = [r for r in rows if r["users"] != users]
+        rows.append({**facts, "parallelism": args.parallelism, "rounds": rounds})
+        save()
+    print(f"exponent of round seconds vs users by shards: {_exponents(rows)}; JSON: {args.json}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Everything is started by the test, on loopback, and stopped by process group in 
 - a throwaway metadata database ``cl_meta_<random>`` on the PostgreSQL of
   ``SOLARIS_TEST_POSTGRES_URL`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``),
   dropped afterwards; it is also the Celery result backend;
-- the API server (execution API only, port 17230), a scheduler, a dag-processor and two
+- the API server (execution API only, on a port of this suite's block, :mod:`ports`), a
+  scheduler, a dag-processor and two
   ``airflow celery worker`` processes (concurrency 1 each, their own Celery and task-instance
   hostnames), on the broker of ``SOLARIS_TEST_CELERY_BROKER`` (default: the RabbitMQ on
   127.0.0.1:5672 when it answers, else ``REDIS_URL``), on a queue of the test's own, so workers
@@ -39,6 +40,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pandas as pd
 import pytest
+from ports import CELERY_API_PORT
 from test_dags import (
     DAGS_FOLDER,
     REPO_ROOT,
@@ -49,7 +51,7 @@ from test_dags import (
     precompute_conf,
 )
 
-API_PORT = 17230
+API_PORT = CELERY_API_PORT
 DEFAULT_POSTGRES_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 WORKERS = ("cl-worker-1", "cl-worker-2")

@@ -1,8 +1,8 @@
 """Redis Cluster failover: a primary fails while the retriever serves and a writer writes.
 
-A cluster of 3 primaries, each with one replica, runs on loopback ports 17200-17205 (its bus on
-17250-17255), started by the test and stopped by PID in ``finally``. One primary is reached
-through a proxy process (``link_cut_proxy.py``, port 17210) that can cut its replication link
+A cluster of 3 primaries, each with one replica, runs on loopback ports of this suite's block
+(:mod:`ports`), started by the test and stopped by PID in ``finally``. One primary is reached
+through a proxy process (``link_cut_proxy.py``) that can cut its replication link
 and nothing else. While a thread writes batches of new keys (retrying what
 :func:`~solaris_feast.errors.is_retryable` accepts, as an Airflow task retry would) and the
 main thread serves, that primary is frozen for 0.4 s (SIGSTOP), then its replication link is
@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import redis
+from ports import FAILOVER_BUS_OFFSET, FAILOVER_PORTS, FAILOVER_PROXY_PORT
 from redis.cluster import ClusterNode, RedisCluster
 from test_hardening_cluster import cluster_store
 from test_hardening_support import DIM, VERSION, OwnedRedis, pair_frame, redis_cli, wait_until
@@ -45,10 +46,10 @@ from solaris_feast.tiers import Tier
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster_failover]
 
-PORTS = tuple(range(17200, 17206))
+PORTS = FAILOVER_PORTS
 PROXIED = PORTS[0]
 """The primary that is frozen and killed; its replication link goes through the proxy."""
-PROXY_PORT = 17210
+PROXY_PORT = FAILOVER_PROXY_PORT
 
 
 NODE_TIMEOUT_MS = 1000
@@ -64,9 +65,9 @@ BATCHES_AFTER_RECOVERY = 50
 
 
 def bus_port(port: int) -> int:
-    """The cluster bus of a node (17250-17255), in this test's port range (Redis's default,
-    port + 10000, is not)."""
-    return port + 50
+    """The cluster bus of a node, in this suite's block of ports (Redis's default, port + 10000,
+    is not)."""
+    return port + FAILOVER_BUS_OFFSET
 
 
 def served_vector(user: int, item: int) -> np.ndarray:

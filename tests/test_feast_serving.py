@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import start_throwaway_redis
+from ports import FEAST_SERVING_REDIS_PORT
 
 from solaris_feast.errors import RetryableStoreError
 from solaris_feast.serving.miss_queue import MissQueue
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 DIM = 32
 VERSION = "cmp-test-v1"
-THROWAWAY_REDIS_PORT = 16390
+THROWAWAY_REDIS_PORT = FEAST_SERVING_REDIS_PORT
 rng = np.random.default_rng(42)
 
 

@@ -1,7 +1,8 @@
 """Redis Cluster: the retriever, the write path and the miss queue on a 3-node cluster give the
 same answers as on a single Redis.
 
-The cluster runs on loopback ports 17001-17003, started by the test and stopped in ``finally``.
+The cluster runs on loopback ports of this suite's block (:mod:`ports`), started by the test
+and stopped in ``finally``.
 Feast reaches it through ``redis_type: redis_cluster``; the same rows are written to the single
 Redis of ``REDIS_URL`` and both are read back and compared, with Feast's own
 ``get_online_features`` on the cluster as a third witness.

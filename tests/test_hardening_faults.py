@@ -1,8 +1,8 @@
 """Faults: Redis killed or frozen while serving, killed in the middle of a write batch, and a
 miss-queue consumer that dies between reading and acknowledging.
 
-Each test runs its own redis-server (port 17005, 17000 for the cutting proxy) so it can kill it
-without touching the shared one, and stops it in ``finally``.
+Each test runs its own redis-server (on this suite's ports, :mod:`ports`, with the cutting
+proxy) so it can kill it without touching the shared one, and stops it in ``finally``.
 """
 
 from __future__ import annotations

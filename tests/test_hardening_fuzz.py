@@ -5,7 +5,7 @@ or a defined answer checked against a reference, and a refused call leaves every
 it was (Redis keys of the project, offline parquet files, the registry). The module counts its
 cases by outcome; ``pytest -s`` prints the counts at the end.
 
-The store is a throwaway redis-server on port 17005 for the module, so a snapshot scans a few
+The store is a throwaway redis-server of its own for the module, so a snapshot scans a few
 keys, not the shared server's keyspace.
 """
 

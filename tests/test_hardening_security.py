@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import ports
 import pytest
 import redis
 from test_hardening_support import (
@@ -72,7 +73,7 @@ def test_rediss_url_becomes_a_tls_connection_with_credentials_from_the_url_only(
             redis_connection_string(bad)
 
 
-TLS_PORT = 17006
+TLS_PORT = ports.TLS_PORT
 
 
 @pytest.fixture

@@ -1,8 +1,9 @@
 """Shared pieces of the hardening tests (no tests here): Redis servers we own, a TCP proxy that
 cuts a connection mid-batch, a snapshot of everything a project stores, and batch builders.
 
-Ports are this suite's own (17000-17010): 17000 the proxy, 17001-17003 a Redis Cluster, 17005 a
-single throwaway Redis, 17006 a TLS-only Redis (test_hardening_security). Every server started
+Ports are this suite's own, from :mod:`ports` (one block per run of the suite): the proxy, a
+Redis Cluster of three, a single throwaway Redis, a TLS-only Redis (test_hardening_security).
+Every server started
 here is stopped by the caller in ``finally``.
 """
 
@@ -24,13 +25,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 from conftest import start_throwaway_redis
+from ports import CLUSTER_PORTS, PROXY_PORT, THROWAWAY_PORT  # noqa: F401  (the tests import them from here)
 
 if TYPE_CHECKING:
     from feast import FeatureStore
 
-PROXY_PORT = 17000
-CLUSTER_PORTS = (17001, 17002, 17003)
-THROWAWAY_PORT = 17005
 DIM = 32
 VERSION = "cmp-hardening-v1"
 

@@ -1,0 +1,72 @@
+"""Loopback ports of the servers this suite starts itself, all from one base, so that two runs
+of the suite on one machine (a developer's and CI's, or parallel sessions) do not take each
+other's ports.
+
+``SOLARIS_TEST_PORT_BASE`` sets the base. By default it is the first block of :data:`BLOCK`
+ports from 17000 (in steps of :data:`BLOCK`) of which every port this suite uses is free when
+the suite starts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+BLOCK = 300
+"""Ports per block; every offset below is under it."""
+
+# Offsets inside the block.
+_PROXY = 0  # the cutting proxy of the hardening tests
+_CLUSTER = (1, 2, 3)  # a Redis Cluster of three primaries (test_hardening_cluster)
+_THROWAWAY = 5  # a redis-server a test may kill (test_hardening_faults, _fuzz)
+_TLS = 6  # a TLS-only redis-server (test_hardening_security)
+_FAILOVER = (200, 201, 202, 203, 204, 205)  # cluster with replicas (test_cluster_failover)
+_FAILOVER_PROXY = 210
+_CELERY_API = 230  # the Airflow API server of test_celery
+_FEAST_SERVING_REDIS = 290  # the throwaway Redis of test_feast_serving
+FAILOVER_BUS_OFFSET = 50
+"""A failover node's cluster bus is its port + this (Redis's default, + 10000, leaves the
+block)."""
+
+_ALL = (
+    _PROXY,
+    *_CLUSTER,
+    _THROWAWAY,
+    _TLS,
+    *_FAILOVER,
+    *(p + FAILOVER_BUS_OFFSET for p in _FAILOVER),
+    _FAILOVER_PROXY,
+    _CELERY_API,
+    _FEAST_SERVING_REDIS,
+)
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _base() -> int:
+    if os.environ.get("SOLARIS_TEST_PORT_BASE"):
+        return int(os.environ["SOLARIS_TEST_PORT_BASE"])
+    for base in range(17000, 30000, BLOCK):
+        if all(_free(base + offset) for offset in _ALL):
+            return base
+    raise RuntimeError(
+        "no block of free loopback ports from 17000 to 30000: set SOLARIS_TEST_PORT_BASE"
+    )
+
+
+BASE = _base()
+PROXY_PORT = BASE + _PROXY
+CLUSTER_PORTS = tuple(BASE + p for p in _CLUSTER)
+THROWAWAY_PORT = BASE + _THROWAWAY
+TLS_PORT = BASE + _TLS
+FAILOVER_PORTS = tuple(BASE + p for p in _FAILOVER)
+FAILOVER_PROXY_PORT = BASE + _FAILOVER_PROXY
+CELERY_API_PORT = BASE + _CELERY_API
+FEAST_SERVING_REDIS_PORT = BASE + _FEAST_SERVING_REDIS
