@@ -23,7 +23,9 @@ What differs from the first evaluation (``transfer.py``, kept for its keys):
   surfaces world has), every FM trains on engagement from all surfaces and reads its history
   across them, while every VM (and KD student and control) trains, reads its counters and is
   evaluated on its own surface's rows only, as in the SOLARIS setting; the FM's figures (the
-  denominator) are taken on the same test rows.
+  denominator) are taken on the same test rows. ``fm_history="own_surface"`` is the ablation
+  arm: the FMs train on the same rows of every surface, each row's history read on its own
+  surface only, so the other surfaces' engagement never reaches the FM's inputs.
 - **Statistics.** Forward-chaining splits (train on ``[start, end)``, test on
   ``[end, end + test_span)``) x seeds; TR per task is a ratio of means over them,
   ``sum(NE_vm - NE_x) / sum(NE_vm - NE_fm)``, with a user-cluster bootstrap 95% interval (users
