@@ -5,7 +5,14 @@ item-to-item patterns and spreads sessions over three surfaces; the FM trains on
 the VM trains, reads its counters and is tested on surface 0 only. Each world of
 :data:`~solaris_feast.data.synthetic.STRUCTURE_ABLATIONS` runs the same protocol (splits x
 seeds, the model sizes of ``bench_transfer_protocol.py``'s synthetic run), so the table says which
-structure carries the FM's advantage. The JSON is rewritten after every world.
+structure carries the FM's advantage. Arms ending in ``_fm_own_surface`` run a world with every
+FM's history reading the row's own surface only (``ProtocolConfig.fm_history``): the same
+training rows, without the other surfaces' engagement in the FM's inputs. The JSON is rewritten
+after every arm.
+
+Data and protocol come from the same calls as ``solaris evaluate transfer --dataset synthetic
+--size tiny --world W [--fm-history own_surface]`` (``load_dataset`` and ``protocol_for``); this
+script shrinks the model sizes as ``bench_transfer_protocol.py`` does.
 
     python benchmarks/bench_transfer_surfaces.py --seeds 5 \\
         --json benchmarks/results/transfer_protocol_surfaces.json
@@ -20,19 +27,26 @@ import time
 from pathlib import Path
 from typing import Any
 
-from solaris_feast.data.synthetic import STRUCTURE_ABLATIONS, SURFACE, generate
+from solaris_feast.data.datasets import SYNTHETIC_PRESETS, load_dataset
+from solaris_feast.data.synthetic import SURFACE, WORLD_STRUCTURES
 from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
-from solaris_feast.evaluation.transfer_protocol import ProtocolConfig, run_protocol
+from solaris_feast.evaluation.transfer_protocol import FmHistory, protocol_for, run_protocol
 from solaris_feast.evaluation.transfer_report import format_protocol_table
 from solaris_feast.models.training import TrainConfig
 
 MAIN_WORLD = "both"
-VM_SURFACE = 0
+SIZE = "tiny"
+ARMS: dict[str, tuple[str, FmHistory]] = {
+    **{world: (world, "all_surfaces") for world in WORLD_STRUCTURES},
+    "surfaces_fm_own_surface": ("surfaces", "own_surface"),
+    "both_fm_own_surface": ("both", "own_surface"),
+}
+"""Arm name -> (world, FM history)."""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--worlds", default="both,sequential,surfaces")
+    parser.add_argument("--worlds", default="both,sequential,surfaces", help=f"of {list(ARMS)}")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--base-seed", type=int, default=0)
     parser.add_argument("--fm-epochs", type=int, default=3)
@@ -55,6 +69,9 @@ def main() -> None:
     )
     seeds = list(range(args.base_seed, args.base_seed + args.seeds))
     worlds = args.worlds.split(",")
+    unknown = set(worlds) - set(ARMS)
+    if unknown:
+        raise SystemExit(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
     if MAIN_WORLD not in worlds:
         raise SystemExit(f"--worlds must include {MAIN_WORLD!r}, the world the keys describe")
     record: dict[str, object] = {}
@@ -77,10 +94,10 @@ def main() -> None:
     for name in [MAIN_WORLD, *(w for w in worlds if w != MAIN_WORLD)]:
         if name in ablation:
             continue
-        data = generate(STRUCTURE_ABLATIONS[name])
+        world, fm_history = ARMS[name]
+        data = load_dataset("synthetic", SIZE, world=world)
         log = data.interactions
-        surfaces = SURFACE in log.columns
-        protocol = ProtocolConfig(vm_surface=VM_SURFACE if surfaces else None)
+        protocol = protocol_for(data, fm_history)
         t0 = time.perf_counter()
         if name == MAIN_WORLD:
             # The first evaluation (its keys; one seed, every surface as one) as the protocol
@@ -95,9 +112,14 @@ def main() -> None:
         else:
             run = run_protocol(data, seeds, models, protocol)
             result = {"protocol": run["protocol"], "protocol_details": run["details"]}
-        vm_rows = int((log[SURFACE] == VM_SURFACE).sum()) if surfaces else len(log)
+        surface = protocol.vm_surface
+        vm_rows = len(log) if surface is None else int((log[SURFACE] == surface).sum())
         ablation[name] = {
-            "config": STRUCTURE_ABLATIONS[name].model_dump(),
+            "config": SYNTHETIC_PRESETS[SIZE]
+            .model_copy(update=WORLD_STRUCTURES[world])
+            .model_dump(),
+            "world": world,
+            "fm_history": fm_history,
             "rows": len(log),
             "vm_rows": vm_rows,
             "seconds": round(time.perf_counter() - t0, 1),
@@ -108,7 +130,7 @@ def main() -> None:
         record["ablation"] = ablation
         record["bench"] = {
             "world": MAIN_WORLD,
-            "vm_surface": VM_SURFACE,
+            "vm_surface": ablation[MAIN_WORLD]["protocol_details"]["vm_surface"],  # type: ignore[index]
             "rows": ablation[MAIN_WORLD]["rows"],  # type: ignore[index]
             **settings,
             "seconds": round(spent + time.perf_counter() - started, 1),

@@ -173,26 +173,60 @@ def evaluate_transfer_command(
     ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="PNG of NE against coverage.")] = None,
     progress: Annotated[bool, typer.Option(help="Progress bars.")] = True,
+    world: Annotated[
+        str,
+        typer.Option(
+            "--world",
+            help="Synthetic structures switched on: neither (the preset as it is), sequential "
+            "(item-to-item successors), surfaces (3 surfaces; the VM on surface 0, the FM on "
+            "all), both.",
+        ),
+    ] = "neither",
+    fm_history: Annotated[
+        str,
+        typer.Option(
+            "--fm-history",
+            help="With surfaces: all_surfaces, or own_surface (every FM's history reads the "
+            "row's own surface only, the same training rows; the ablation).",
+        ),
+    ] = "all_surfaces",
 ) -> None:
     """Train VM, VM + KD, VM + SOLARIS z and the FM on a time split; report NE and TR, and the
     protocol (z served from hourly rounds, full-span FM, splits x seeds, intervals)."""
+    from typing import cast, get_args
+
     from solaris_feast.data.datasets import load_dataset
+    from solaris_feast.data.synthetic import WORLD_STRUCTURES
     from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
-    from solaris_feast.evaluation.transfer_protocol import ProtocolConfig
+    from solaris_feast.evaluation.transfer_protocol import (
+        FmHistory,
+        ProtocolConfig,
+        protocol_for,
+    )
     from solaris_feast.evaluation.transfer_report import (
         format_transfer_table,
         plot_transfer_sweep,
     )
     from solaris_feast.progress import stage_bars
 
-    data = load_dataset(dataset, size)
+    if world not in WORLD_STRUCTURES:
+        raise typer.BadParameter(f"choose one of {list(WORLD_STRUCTURES)}", param_hint="--world")
+    if world != "neither" and dataset != "synthetic":
+        raise typer.BadParameter("a world is a synthetic data set's", param_hint="--world")
+    if fm_history not in get_args(FmHistory):
+        raise typer.BadParameter(f"choose one of {get_args(FmHistory)}", param_hint="--fm-history")
+    data = load_dataset(dataset, size, world=world)
+    try:
+        protocol = protocol_for(data, cast("FmHistory", fm_history), ProtocolConfig())
+    except ValueError as err:
+        raise typer.BadParameter(str(err), param_hint="--fm-history") from err
     with stage_bars(progress) as bars:
         report = evaluate_transfer(
             data,
             seeds=range(base_seed, base_seed + seeds),
             config=TransferConfig(),
             progress=bars,
-            protocol=ProtocolConfig(),
+            protocol=protocol,
         )
     record = report.to_json()
     typer.echo(format_transfer_table(record))

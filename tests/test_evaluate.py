@@ -89,6 +89,42 @@ def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "transfer ratio" in result.output
 
 
+def test_cli_world_and_fm_history_reach_the_protocol(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import solaris_feast.data.datasets as datasets
+    import solaris_feast.evaluation.transfer as evaluate
+    import solaris_feast.evaluation.transfer_protocol as protocol
+
+    monkeypatch.setattr(evaluate, "TransferConfig", lambda: FAST)
+    small = protocol.ProtocolConfig(
+        train_ends=(0.8,),
+        prev_fm_fractions=(0.75,),
+        soft_label_weights=(0.5,),
+        bootstrap_replicates=20,
+    )
+    monkeypatch.setattr(protocol, "ProtocolConfig", lambda: small)
+    # A smaller preset keeps the test in seconds; the world's structures go on top of it.
+    monkeypatch.setitem(
+        datasets.SYNTHETIC_PRESETS,
+        "tiny",
+        SyntheticConfig(num_users=40, num_items=30, num_categories=4, days=1.5),
+    )
+    out = tmp_path / "t.json"
+    args = ["evaluate", "transfer", "--dataset", "synthetic", "--size", "tiny", "--no-progress"]
+    result = CliRunner().invoke(
+        app, [*args, "--world", "surfaces", "--fm-history", "own_surface", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    details = json.loads(out.read_text())["protocol_details"]
+    assert details["vm_surface"] == 0
+    assert details["config"]["fm_history"] == "own_surface"
+    refused = CliRunner().invoke(app, [*args, "--fm-history", "own_surface"])
+    assert refused.exit_code == 2 and "surfaces" in refused.output
+    refused = CliRunner().invoke(app, [*args, "--world", "sideways"])
+    assert refused.exit_code == 2 and "--world" in refused.output
+
+
 def test_ne_matches_a_per_row_reference_for_numpy_and_torch_inputs() -> None:
     import math
 

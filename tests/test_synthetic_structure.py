@@ -8,11 +8,12 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from solaris_feast.data.datasets import load_dataset
+from solaris_feast.data.datasets import SYNTHETIC_PRESETS, load_dataset
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
 from solaris_feast.data.synthetic import (
     STRUCTURE_ABLATIONS,
     SURFACE,
+    SURFACES_WORLD,
     SyntheticConfig,
     _generate_successors,
     generate,
@@ -21,9 +22,11 @@ from solaris_feast.evaluation.transfer import TransferConfig
 from solaris_feast.evaluation.transfer_protocol import (
     ProtocolConfig,
     _World,
+    protocol_for,
     run_protocol,
     torch_threads,
 )
+from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.training import TrainConfig
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -72,6 +75,17 @@ def test_the_options_off_leave_the_presets_log_as_it_was() -> None:
     assert "num_surfaces" not in tiny.metadata["config"]  # type: ignore[operator]
     neither = generate(STRUCTURE_ABLATIONS["neither"])
     assert neither.interactions.equals(log)
+
+
+def test_a_world_on_the_tiny_preset_is_its_ablation_config() -> None:
+    for world, config in STRUCTURE_ABLATIONS.items():
+        ds = load_dataset("synthetic", "tiny", 0, world=world)
+        assert ds.interactions.equals(generate(config).interactions), world
+    assert STRUCTURE_ABLATIONS["both"] == SURFACES_WORLD
+    bigger = load_dataset("synthetic", "tiny", 0, world="surfaces")
+    assert SYNTHETIC_PRESETS["tiny"].num_surfaces == 1 and SURFACE in bigger.interactions.columns
+    with pytest.raises(ValueError, match="world"):
+        load_dataset("synthetic", "tiny", 0, world="sideways")
 
 
 def test_successors_lie_in_other_categories() -> None:
@@ -172,3 +186,38 @@ def test_protocol_tests_the_vm_on_its_surface_only() -> None:
     assert tested == int((window & (log[SURFACE] == 0)).sum()) < int(window.sum())
     with pytest.raises(ValueError, match="surface"):
         run_protocol(generate(SMALL), [0], FAST, one)
+
+
+def test_own_surface_fm_history_reads_the_rows_surface_only() -> None:
+    ds = generate(SURFACES)
+    log = ds.interactions
+    world = _World(ds, FAST, vm_surface=0, fm_history="own_surface")
+    rows = log.iloc[len(log) // 2 :].reset_index(drop=True)
+    batch = world.fm_inputs(rows, 3600)
+    at = rows[EVENT_TIMESTAMP].dt.floor("3600s")
+    for surface in range(3):
+        # Reference: a featurizer over that surface's events alone, row by row of the surface.
+        on = np.flatnonzero((rows[SURFACE] == surface).to_numpy())
+        ref = PairFeaturizer(
+            ds.with_interactions(log.loc[(log[SURFACE] == surface).to_numpy()]), FAST.history_len
+        ).batch(rows[USER_ID].to_numpy()[on], rows[ITEM_ID].to_numpy()[on], at.iloc[on])
+        for name in ("user_id", "item_id", "hist_item", "hist_label", "hist_age", "item_cat"):
+            assert getattr(batch, name)[on].equal(getattr(ref, name)), (surface, name)
+    # The other surfaces' engagement does not reach the FM's inputs on surface 0 (with every
+    # surface's history it does: test_vm_counters_read_their_own_surface_...).
+    other = (log[SURFACE] != 0).to_numpy()
+    flipped_log = log.copy()
+    flipped_log.loc[other, "click"] = 1 - flipped_log.loc[other, "click"]
+    flipped = _World(ds.with_interactions(flipped_log), FAST, 0, "own_surface")
+    own = world.vm_log(log)
+    assert world.fm_inputs(own, 3600).hist_label.equal(flipped.fm_inputs(own, 3600).hist_label)
+
+
+def test_protocol_for_gives_a_log_with_surfaces_the_vm_surface() -> None:
+    with_surfaces, plain = generate(SURFACES), generate(SMALL)
+    assert protocol_for(with_surfaces).vm_surface == 0
+    assert protocol_for(plain).vm_surface is None
+    own = protocol_for(with_surfaces, "own_surface", ProtocolConfig(vm_surface=2))
+    assert (own.vm_surface, own.fm_history) == (2, "own_surface")
+    with pytest.raises(ValueError, match="surfaces"):
+        protocol_for(plain, "own_surface")

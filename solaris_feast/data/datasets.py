@@ -1,11 +1,12 @@
-"""Named data sets the commands accept: ``synthetic`` (sized by preset) and ``movielens``."""
+"""Named data sets the commands accept: ``synthetic`` (sized by preset, with the structures of
+a world) and ``movielens``."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from solaris_feast.data.schema import InteractionDataset
-from solaris_feast.data.synthetic import SyntheticConfig, generate
+from solaris_feast.data.synthetic import WORLD_STRUCTURES, SyntheticConfig, generate
 
 DatasetName = Literal["synthetic", "movielens"]
 SyntheticSize = Literal["tiny", "demo", "default", "large"]
@@ -22,14 +23,23 @@ SYNTHETIC_PRESETS: dict[str, SyntheticConfig] = {
 }
 
 
-def load_dataset(name: str, size: str = "default", seed: int = 0) -> InteractionDataset:
-    """The data set called ``name``; ``size`` picks a synthetic preset."""
+def load_dataset(
+    name: str, size: str = "default", seed: int = 0, world: str = "neither"
+) -> InteractionDataset:
+    """The data set called ``name``; ``size`` picks a synthetic preset and ``world`` the
+    structures switched on in it (:data:`~solaris_feast.data.synthetic.WORLD_STRUCTURES`:
+    ``tiny`` with ``both`` is :data:`~solaris_feast.data.synthetic.SURFACES_WORLD`)."""
     if name == "synthetic":
         if size not in SYNTHETIC_PRESETS:
             raise ValueError(
                 f"unknown synthetic size {size!r}; choose one of {sorted(SYNTHETIC_PRESETS)}"
             )
-        return generate(SYNTHETIC_PRESETS[size].model_copy(update={"seed": seed}))
+        if world not in WORLD_STRUCTURES:
+            raise ValueError(f"unknown world {world!r}; choose one of {sorted(WORLD_STRUCTURES)}")
+        update = {"seed": seed, **WORLD_STRUCTURES[world]}
+        return generate(SYNTHETIC_PRESETS[size].model_copy(update=update))
+    if world != "neither":
+        raise ValueError(f"world {world!r} is a synthetic world; {name!r} has none")
     if name == "movielens":
         from solaris_feast.data.movielens import load_movielens
 

@@ -441,10 +441,23 @@ measurement, not searched:
   impressions), the span a history of 8 events covers.
 """
 
+WORLD_STRUCTURES: dict[str, dict[str, int]] = {
+    "neither": {},
+    "sequential": {"successors_per_item": SURFACES_WORLD.successors_per_item},
+    "surfaces": {"num_surfaces": SURFACES_WORLD.num_surfaces},
+    "both": {
+        "num_surfaces": SURFACES_WORLD.num_surfaces,
+        "successors_per_item": SURFACES_WORLD.successors_per_item,
+    },
+}
+"""The structures of :data:`SURFACES_WORLD` switched on per world, as updates to any preset;
+``neither`` is the preset as it is."""
+
 STRUCTURE_ABLATIONS: dict[str, SyntheticConfig] = {
     "both": SURFACES_WORLD,
     "sequential": SURFACES_WORLD.model_copy(update={"num_surfaces": 1}),
     "surfaces": SURFACES_WORLD.model_copy(update={"successors_per_item": 0}),
     "neither": SURFACES_WORLD.model_copy(update={"num_surfaces": 1, "successors_per_item": 0}),
 }
-""":data:`SURFACES_WORLD` with each structure on or off; ``neither`` is the ``tiny`` preset."""
+""":data:`SURFACES_WORLD` with each structure on or off; ``neither`` is the ``tiny`` preset, and
+each is the ``tiny`` preset with :data:`WORLD_STRUCTURES`' switches."""

@@ -23,7 +23,9 @@ What differs from the first evaluation (``transfer.py``, kept for its keys):
   surfaces world has), every FM trains on engagement from all surfaces and reads its history
   across them, while every VM (and KD student and control) trains, reads its counters and is
   evaluated on its own surface's rows only, as in the SOLARIS setting; the FM's figures (the
-  denominator) are taken on the same test rows.
+  denominator) are taken on the same test rows. ``fm_history="own_surface"`` is the ablation
+  arm: the FMs train on the same rows of every surface, each row's history read on its own
+  surface only, so the other surfaces' engagement never reaches the FM's inputs.
 - **Statistics.** Forward-chaining splits (train on ``[start, end)``, test on
   ``[end, end + test_span)``) x seeds; TR per task is a ratio of means over them,
   ``sum(NE_vm - NE_x) / sum(NE_vm - NE_fm)``, with a user-cluster bootstrap 95% interval (users
@@ -43,7 +45,8 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Literal
 
 import numpy as np
 import pandas as pd
@@ -97,6 +100,7 @@ from solaris_feast.tiers import Tier
 
 logger = logging.getLogger(__name__)
 
+FmHistory = Literal["all_surfaces", "own_surface"]
 ZERO_Z_CONTROL = "vm_zero_z"
 """Contender: the served VM's tiers with zero vectors, the control for what z's content adds."""
 TIER_MIX_MODE = "tier_mix"
@@ -149,6 +153,39 @@ class ProtocolConfig(BaseModel):
     vm_surface: int | None = None
     """The surface the VM trains, reads its counters and is tested on (the log's ``surface``
     column); the FM trains on every surface. ``None``: every row is the VM's."""
+    fm_history: FmHistory = "all_surfaces"
+    """Which events every FM's history reads. ``all_surfaces``: the user's events on every
+    surface (the cross-surface signal). ``own_surface``: only those on the row's own surface;
+    the FMs still train on every surface's rows, the same rows with the same labels and steps,
+    so against ``all_surfaces`` this withholds the other surfaces' engagement from the FM's
+    inputs and nothing else (the ablation arm that tells the cross-surface signal from the
+    larger training set). Needs ``vm_surface``."""
+
+
+DEFAULT_VM_SURFACE = 0
+"""The VM's surface when a log has surfaces and the caller names none."""
+
+
+def protocol_for(
+    dataset: InteractionDataset,
+    fm_history: FmHistory = "all_surfaces",
+    base: ProtocolConfig | None = None,
+) -> ProtocolConfig:
+    """``base`` (the defaults when ``None``) for ``dataset``: on a log with surfaces the VM gets
+    :data:`DEFAULT_VM_SURFACE` unless ``base`` names one; ``fm_history`` as given. What
+    ``solaris evaluate transfer`` and ``benchmarks/bench_transfer_surfaces.py`` both run."""
+    cfg = base or ProtocolConfig()
+    update: dict[str, object] = {"fm_history": fm_history}
+    if SURFACE in dataset.interactions.columns and cfg.vm_surface is None:
+        update["vm_surface"] = DEFAULT_VM_SURFACE
+    # Validated again: model_copy does not, and a bad fm_history should fail here.
+    out = cfg.model_validate({**cfg.model_dump(), **update})
+    if out.fm_history == "own_surface" and out.vm_surface is None:
+        raise ValueError(
+            "fm_history='own_surface' needs a log with surfaces (a synthetic world "
+            "with surfaces: surfaces or both)"
+        )
+    return out
 
 
 @dataclass
@@ -197,7 +234,7 @@ def run_protocol(
         raise ValueError("the protocol needs at least one seed")
     started = time.perf_counter()
     with torch_threads(cfg.torch_threads):
-        world = _World(dataset, mc, cfg.vm_surface)
+        world = _World(dataset, mc, cfg.vm_surface, cfg.fm_history)
         splits = []
         for k, end in enumerate(cfg.train_ends):
             train_rows, test_rows = _split(dataset.interactions, end, cfg.test_span)
@@ -243,10 +280,15 @@ def run_protocol(
 
 class _World:
     """Featurizers over the whole log: every row's inputs are cut strictly before its time.
-    The FM's history reads every surface; the VM's counters its own (``vm_surface``) only."""
+    The FM's history reads every surface (``fm_history="own_surface"``: the row's own); the VM's
+    counters read its own surface (``vm_surface``) only."""
 
     def __init__(
-        self, dataset: InteractionDataset, mc: TransferConfig, vm_surface: int | None = None
+        self,
+        dataset: InteractionDataset,
+        mc: TransferConfig,
+        vm_surface: int | None = None,
+        fm_history: FmHistory = "all_surfaces",
     ) -> None:
         self.dataset = dataset
         self.tasks = dataset.label_columns
@@ -254,23 +296,54 @@ class _World:
         log = dataset.interactions
         if vm_surface is not None and SURFACE not in log.columns:
             raise ValueError(f"vm_surface={vm_surface} needs a {SURFACE!r} column in the log")
+        if fm_history == "own_surface" and vm_surface is None:
+            raise ValueError("fm_history='own_surface' needs a vm_surface (a log with surfaces)")
         self.vm_mask = self.vm_rows(log)
         if not self.vm_mask.any():
             raise ValueError(f"no rows on the VM's surface {vm_surface}")
         self.fm_featurizer = PairFeaturizer(dataset, mc.history_len)
+        # Per surface, a featurizer over that surface's events only: the FM's inputs when its
+        # history reads the row's own surface.
+        self.fm_by_surface: dict[int, PairFeaturizer] | None = None
+        if fm_history == "own_surface":
+            self.fm_by_surface = {
+                int(s): PairFeaturizer(
+                    dataset.with_interactions(log.loc[(log[SURFACE] == s).to_numpy()]),
+                    mc.history_len,
+                )
+                for s in np.unique(log[SURFACE].to_numpy())
+            }
         own = dataset if vm_surface is None else dataset.with_interactions(log.loc[self.vm_mask])
         self.history = StreamingHistory(own)
         self.fm_schema = self.fm_featurizer.schema
         self.vm_schema = schema_with_history(self.fm_schema)
+
+    def fm_batch(self, log: pd.DataFrame, at: pd.Series | None = None) -> PairBatch:
+        """FM inputs of ``log``'s rows as of ``at`` (a series beside ``log``; by default each
+        row's own time), with the history ``fm_history`` says."""
+        when = log[EVENT_TIMESTAMP] if at is None else at
+        users, items = log[USER_ID].to_numpy(np.int64), log[ITEM_ID].to_numpy(np.int64)
+        if self.fm_by_surface is None:
+            return self.fm_featurizer.batch(users, items, when)
+        when = when.reset_index(drop=True)
+        surface = log[SURFACE].to_numpy()
+        parts = []
+        for s, featurizer in self.fm_by_surface.items():
+            rows = np.flatnonzero(surface == s)
+            if len(rows):
+                parts.append((rows, featurizer.batch(users[rows], items[rows], when.iloc[rows])))
+        if len(surface) and sum(len(rows) for rows, _ in parts) != len(surface):
+            raise ValueError("log has rows on a surface the world's log does not have")
+        if not parts:
+            return self.fm_featurizer.batch(users, items, when)
+        return _merge_rows(len(log), parts)
 
     def fm_inputs(self, log: pd.DataFrame, round_seconds: int) -> PairBatch:
         """FM inputs as of the last round at or before each row (the row's time for 0)."""
         at = log[EVENT_TIMESTAMP]
         if round_seconds > 0:
             at = at.dt.floor(f"{round_seconds}s")
-        return self.fm_featurizer.batch(
-            log[USER_ID].to_numpy(np.int64), log[ITEM_ID].to_numpy(np.int64), at
-        )
+        return self.fm_batch(log, at)
 
     def vm_rows(self, log: pd.DataFrame) -> np.ndarray:
         """Mask of ``log``'s rows on the VM's surface (all rows without one)."""
@@ -285,6 +358,18 @@ class _World:
     def vm_inputs(self, log: pd.DataFrame) -> PairBatch:
         """VM inputs at request time: ids, attributes and the streaming counters."""
         return with_history(self.fm_featurizer.for_log(log), self.history.for_log(log))
+
+
+def _merge_rows(n: int, parts: list[tuple[np.ndarray, PairBatch]]) -> PairBatch:
+    """One batch of ``n`` rows from batches of the rows ``parts`` name (together all of them)."""
+    merged: dict[str, torch.Tensor] = {}
+    for f in fields(PairBatch):
+        first = getattr(parts[0][1], f.name)
+        out = first.new_zeros((n, *first.shape[1:]))
+        for rows, batch in parts:
+            out[torch.from_numpy(rows)] = getattr(batch, f.name)
+        merged[f.name] = out
+    return PairBatch(**merged)
 
 
 def _split(log: pd.DataFrame, end: float, span: float) -> tuple[np.ndarray, np.ndarray]:
@@ -303,7 +388,7 @@ def _fit_fm(world: _World, log: pd.DataFrame, seed: int, mc: TransferConfig) -> 
         fm = FoundationModel(world.fm_schema, len(world.tasks), mc.foundation)
     train_foundation(
         fm,
-        world.fm_featurizer.for_log(log),
+        world.fm_batch(log),
         labels_of(log, world.tasks),
         mc.fm_training.model_copy(update={"seed": seed}),
     )
@@ -434,7 +519,7 @@ def _served_vm_probabilities(
     prev_rows = earliest_rows(train_log, prev_fraction)
     prev_log = train_log.loc[prev_rows]
     fm_prev = _fit_fm(world, prev_log, seed, mc)
-    compressor = _fit_compressor(fm_prev, world.fm_featurizer.for_log(prev_log), seed, mc)
+    compressor = _fit_compressor(fm_prev, world.fm_batch(prev_log), seed, mc)
     own = world.vm_rows(train_log)
     vm_train_log = train_log.loc[own].reset_index(drop=True)
     both = pd.concat([vm_train_log, test_log], ignore_index=True)
@@ -477,8 +562,8 @@ def _contenders(
     test_log = log.loc[test_rows].reset_index(drop=True)
     fm_full = _fit_fm(world, train_log, seed, mc)
     vm_train_log = world.vm_log(train_log)
-    _, p_train = foundation_outputs(fm_full, world.fm_featurizer.for_log(vm_train_log))
-    _, p_test = foundation_outputs(fm_full, world.fm_featurizer.for_log(test_log))
+    _, p_train = foundation_outputs(fm_full, world.fm_batch(vm_train_log))
+    _, p_test = foundation_outputs(fm_full, world.fm_batch(test_log))
     train_batch, test_batch = world.vm_inputs(vm_train_log), world.vm_inputs(test_log)
     y_train = labels_of(vm_train_log, world.tasks)
     out = {"fm": p_test.numpy()}
@@ -545,9 +630,7 @@ def _choose_soft_label_weights(
     val_log = world.vm_log(window.loc[~fit_rows])
     y_fit, y_val = labels_of(fit_log, world.tasks), labels_of(val_log, world.tasks)
     fit_batch, val_batch = world.vm_inputs(fit_log), world.vm_inputs(val_log)
-    _, teacher = foundation_outputs(
-        _fit_fm(world, fm_fit_log, seed, mc), world.fm_featurizer.for_log(fit_log)
-    )
+    _, teacher = foundation_outputs(_fit_fm(world, fm_fit_log, seed, mc), world.fm_batch(fit_log))
     targets = {
         "kd": teacher,
         "label_smoothing": y_fit.mean(dim=0, keepdim=True).expand_as(y_fit),
