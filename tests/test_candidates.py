@@ -55,6 +55,26 @@ def test_same_log_in_any_row_order_gives_the_same_table() -> None:
     assert len(first) > 0
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_users_scored_in_chunks_get_what_one_pass_gives(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Candidates are generated a chunk of users at a time from the round's tables (memory is
+    the chunk's); every step per user is independent, so the table is the one-pass table."""
+    import solaris_feast.precompute.candidates as candidates
+
+    log = _random_log(3)
+    items = pd.DataFrame({"item_id": np.arange(400), "category": np.arange(400) % 9})
+    config = CandidateConfig(candidates_per_user=12, category_column="category")
+    whole = generate_candidates(log, NOW, config, items=items)
+    monkeypatch.setattr(candidates, "USERS_PER_CHUNK", chunk)
+    pd.testing.assert_frame_equal(generate_candidates(log, NOW, config, items=items), whole)
+    seen = config.model_copy(update={"exclude_seen_items": True})
+    chunked = generate_candidates(log, NOW, seen, items=items)
+    monkeypatch.setattr(candidates, "USERS_PER_CHUNK", 10**9)
+    pd.testing.assert_frame_equal(chunked, generate_candidates(log, NOW, seen, items=items))
+
+
 def test_each_active_user_gets_at_most_n_distinct_items_sorted_by_score() -> None:
     log = _random_log(1)
     cfg = CandidateConfig(candidates_per_user=25, category_column="genre")
