@@ -300,6 +300,33 @@ def _exponents(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def markdown_table(report: dict[str, Any]) -> str:
+    """The JSON's rounds as the table in ``benchmarks/README.md``."""
+    lines = [
+        "| users | events | shards | workers | round s | round s, 2 workers (computed) "
+        "| peak MB: rank_shard / precompute_shard / aggregate / fill | same pairs as 1 shard |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in report["rows"]:
+        for r in row["rounds"]:
+            workers = r.get("parallelism", "")
+            head = f"| {row['users']:,} | {row['events']:,} | {r['shards']} | {workers}"
+            if "failed" in r:
+                lines.append(f"{head} | not run: {r['failed'].splitlines()[0][:90]} | | | |")
+                continue
+            peak = r["peak_rss_mb_by_task"]
+            mb = " / ".join(
+                f"{peak.get(k, 0):,.0f}"
+                for k in ("rank_shard", "precompute_shard", "aggregate_users", "fill_similar")
+            )
+            lines.append(
+                f"{head} | {r['round_seconds']:.0f} | "
+                f"{r['round_seconds_computed_for_2_workers']:.0f} | {mb} | "
+                f"{r['same_pairs_as_first_measured']:.4f} |"
+            )
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", default="20000,1000000")
@@ -382,9 +409,15 @@ def main() -> None:
                 f"{done['peak_rss_mb_max']:.0f} MB per task",
                 flush=True,
             )
+        for r in rounds:
+            r["parallelism"] = args.parallelism
+        # --append: this run's shard counts replace those of an earlier run, the others stay.
+        earlier = [r for r in rows if r["users"] == users]
+        kept = [r for row in earlier for r in row["rounds"] if r["shards"] not in shard_counts]
         rows = [r for r in rows if r["users"] != users]
-        rows.append({**facts, "parallelism": args.parallelism, "rounds": rounds})
+        rows.append({**facts, "rounds": sorted(kept + rounds, key=lambda r: r["shards"])})
         save()
+    print(markdown_table(json.loads(args.json.read_text())))
     print(f"exponent of round seconds vs users by shards: {_exponents(rows)}; JSON: {args.json}")
 
 
