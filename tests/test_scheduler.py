@@ -43,6 +43,7 @@ POSTGRES_ENV = "SOLARIS_TEST_POSTGRES"
 DEFAULT_POSTGRES = "postgresql+psycopg2://postgres@127.0.0.1:5432"
 ROUNDS = 2
 BUDGET_PAIRS = 100_000  # every candidate: the second round finds its pairs fresh
+SHARDS = 2
 ROUNDS_DEADLINE_SECONDS = 1200.0  # a hang guard, not a timing
 
 
@@ -160,7 +161,7 @@ def test_two_scheduled_rounds_under_a_real_scheduler_succeed_fresh_and_without_d
     raw = config_dict(
         root,
         feast=raw["feast"],
-        precompute={"budget_pairs": BUDGET_PAIRS, "shards": 2},
+        precompute={"budget_pairs": BUDGET_PAIRS, "shards": SHARDS},
         schedules={"precompute": "* * * * *", "precompute_on_promotion": True},
         airflow={"precompute": {"task_timeout_seconds": 300, "retry_delay_seconds": 5}},
     )
@@ -239,7 +240,11 @@ def test_two_scheduled_rounds_under_a_real_scheduler_succeed_fresh_and_without_d
             for proc in reversed(procs):
                 stop(proc)
     assert all(state == "success" for _, _, state, _ in tries), tries
-    assert len(tries) == ROUNDS * 9  # seven tasks and two mapped shards per round
+    # Six tasks, and per shard a ranking and an FM task, in every round; each ran once.
+    assert len(tries) == ROUNDS * (6 + 2 * SHARDS)
+    assert {(t, i) for t, i, _, _ in tries if i >= 0} == {
+        (task, shard) for task in ("rank_shard", "precompute_shard") for shard in range(SHARDS)
+    }
 
     # Each scheduled round has its folder and coverage.json, with its place on the cron.
     reports = [
