@@ -24,6 +24,17 @@ from solaris_feast.evaluation.transfer_report import format_transfer_table
 from solaris_feast.models.training import TrainConfig
 
 
+def bench_models(history_len: int, fm_epochs: int, vm_epochs: int) -> TransferConfig:
+    """The protocol benchmarks' model sizes (smaller than the CLI's, for a shared 2-core box)."""
+    return TransferConfig(
+        history_len=history_len,
+        fm_training=TrainConfig(epochs=fm_epochs, batch_size=256, learning_rate=2e-3),
+        compressor_training=TrainConfig(epochs=1, batch_size=512, learning_rate=1e-3),
+        vm_training=TrainConfig(epochs=vm_epochs, batch_size=256, learning_rate=3e-3),
+        coverages=(1.0,),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("dataset", choices=("synthetic", "movielens"))
@@ -36,13 +47,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    models = TransferConfig(
-        history_len=args.history_len,
-        fm_training=TrainConfig(epochs=args.fm_epochs, batch_size=256, learning_rate=2e-3),
-        compressor_training=TrainConfig(epochs=1, batch_size=512, learning_rate=1e-3),
-        vm_training=TrainConfig(epochs=args.vm_epochs, batch_size=256, learning_rate=3e-3),
-        coverages=(1.0,),
-    )
+    models = bench_models(args.history_len, args.fm_epochs, args.vm_epochs)
     data = load_dataset(args.dataset, args.size)
     started = time.perf_counter()
     seeds = list(range(args.base_seed, args.base_seed + args.seeds))

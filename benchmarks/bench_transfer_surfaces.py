@@ -27,12 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench_transfer_protocol import bench_models
+
 from solaris_feast.data.datasets import SYNTHETIC_PRESETS, load_dataset
 from solaris_feast.data.synthetic import SURFACE, WORLD_STRUCTURES
-from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
+from solaris_feast.evaluation.transfer import evaluate_transfer
 from solaris_feast.evaluation.transfer_protocol import FmHistory, protocol_for, run_protocol
 from solaris_feast.evaluation.transfer_report import format_protocol_table
-from solaris_feast.models.training import TrainConfig
 
 MAIN_WORLD = "both"
 SIZE = "tiny"
@@ -60,13 +61,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    models = TransferConfig(
-        history_len=args.history_len,
-        fm_training=TrainConfig(epochs=args.fm_epochs, batch_size=256, learning_rate=2e-3),
-        compressor_training=TrainConfig(epochs=1, batch_size=512, learning_rate=1e-3),
-        vm_training=TrainConfig(epochs=args.vm_epochs, batch_size=256, learning_rate=3e-3),
-        coverages=(1.0,),
-    )
+    models = bench_models(args.history_len, args.fm_epochs, args.vm_epochs)
     seeds = list(range(args.base_seed, args.base_seed + args.seeds))
     worlds = args.worlds.split(",")
     unknown = set(worlds) - set(ARMS)

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from solaris_feast.data.schema import ITEM_ID, USER_ID
 from solaris_feast.evaluation.funnel import (
+    FUNNEL_PLANNERS,
     FunnelConfig,
     FunnelWorldConfig,
     World,
@@ -162,14 +163,7 @@ def test_oracle_is_an_upper_bound_on_the_same_pool(tiny_rounds: _Rounds) -> None
             oracle = _planned_hits(pool, requested, "oracle", budget)
             in_pool = len(pool.merge(requested, on=[USER_ID, ITEM_ID]))
             assert oracle == min(budget, in_pool)
-            for planner in (
-                "verifier",
-                "random",
-                "popular",
-                "retrieval",
-                "early_stage",
-                "request_model",
-            ):
+            for planner in (p for p in FUNNEL_PLANNERS if p != "oracle"):
                 assert _planned_hits(pool, requested, planner, budget) <= oracle, planner
 
 
