@@ -300,6 +300,10 @@ def _exponents(rows: list[dict[str, Any]]) -> dict[str, float | None]:
     return out
 
 
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
+
+
 def markdown_table(report: dict[str, Any]) -> str:
     """The JSON's rounds as the table in ``benchmarks/README.md``."""
     lines = [
@@ -322,7 +326,7 @@ def markdown_table(report: dict[str, Any]) -> str:
             lines.append(
                 f"{head} | {r['round_seconds']:.0f} | "
                 f"{r['round_seconds_computed_for_2_workers']:.0f} | {mb} | "
-                f"{r['same_pairs_as_first_measured']:.4f} |"
+                f"{_share(r.get('same_pairs_as_first_measured'))} |"
             )
     return "\n".join(lines)
 
