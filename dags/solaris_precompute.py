@@ -114,7 +114,7 @@ def solaris_precompute() -> None:
         from solaris_feast.pipeline import precompute
 
         precompute.drain_miss_queue(run)
-        return list(run["shard_indexes"])
+        return list(range(run["settings"]["shards"]))
 
     @task(execution_timeout=timedelta(seconds=TASK_POLICY.shard_timeout_seconds))
     @fail_fast_on_final_errors

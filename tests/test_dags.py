@@ -645,7 +645,7 @@ IDLE_TASKS_SCRIPT = """
 import json, sys
 from solaris_feast.pipeline import coverage, precompute
 run = json.loads(open(sys.argv[1]).read())
-out = {"rankings": [precompute.rank_shard(run, i) for i in run["shard_indexes"]]}
+out = {"rankings": [precompute.rank_shard(run, i) for i in range(run["settings"]["shards"])]}
 out["plan"] = precompute.split_round_budget(run)
 out["shards"] = [precompute.precompute_shard(run, i) for i in out["plan"]["shard_indexes"]]
 out["users"] = precompute.aggregate_users(run)

@@ -151,7 +151,6 @@ def start_precompute(
         vm_version=vm.version,
         fm_version=chain.fm.version,
         embedding_version=chain.embedding_version,
-        shard_indexes=list(range(cfg.shards)),
         ticks=dict(ticks) if ticks is not None else None,
     )
     write_once(run_dir / "manifest.json", spec.model_dump_json(indent=2))
@@ -414,7 +413,6 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         ShardRanking,
         plan_precompute,
         users_of_shard,
-        write_plan,
     )
 
     spec = PrecomputeRun.model_validate(dict(run))
@@ -476,14 +474,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     )
     scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
     ranking = ranked(scored_candidates, scored_misses)
-    ranked_dir = shard_ranked_dir(run_dir, shard_index)
-    staging = staging_folder(ranked_dir)
-    write_plan(ranking, staging)
-    if ranked_dir.exists():  # a try that died between the folder and ranking.json
-        import shutil
-
-        shutil.rmtree(ranked_dir)
-    replace_folder_atomic(staging, ranked_dir)
+    _publish_plan(ranking, shard_ranked_dir(run_dir, shard_index))
     facts = ShardRanking.of(ranking)
     report = {
         "shard": shard_index,
@@ -550,7 +541,7 @@ def split_round_budget(run: Mapping[str, Any]) -> dict[str, Any]:
 
 def shard_plan(spec: PrecomputeRun, shard_index: int) -> Plan:
     """The shard's plan: its ranking cut to its part of the round's budget (written once)."""
-    from solaris_feast.precompute.plan import read_plan, take_budget, write_plan
+    from solaris_feast.precompute.plan import read_plan, take_budget
 
     run_dir = Path(spec.run_dir)
     plan_dir = shard_plan_dir(run_dir, shard_index)
@@ -558,14 +549,17 @@ def shard_plan(spec: PrecomputeRun, shard_index: int) -> Plan:
         return read_plan(plan_dir)
     budget = json.loads(budget_path(run_dir).read_text())["budgets"][shard_index]
     plan = take_budget(read_plan(shard_ranked_dir(run_dir, shard_index)), int(budget))
-    staging = staging_folder(plan_dir)
-    write_plan(plan, staging)
-    if plan_dir.exists():
-        import shutil
-
-        shutil.rmtree(plan_dir)
-    replace_folder_atomic(staging, plan_dir)
+    _publish_plan(plan, plan_dir)
     return plan
+
+
+def _publish_plan(plan: Plan, folder: Path) -> None:
+    """Write ``plan`` to a staging folder, then move it to ``folder`` in one rename."""
+    from solaris_feast.precompute.plan import write_plan
+
+    staging = staging_folder(folder)
+    write_plan(plan, staging)
+    replace_folder_atomic(staging, folder)
 
 
 def round_plan(spec: PrecomputeRun, uncovered_rows: int | None = None) -> Plan:

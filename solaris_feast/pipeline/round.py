@@ -25,7 +25,7 @@ def precompute_round(
     say(f"round {run['interval_key']} at {run['now']} with VM {run['vm_version']}")
     misses = precompute.drain_miss_queue(run)
     say(f"misses      {misses['misses']} taken from the queue")
-    rankings = [precompute.rank_shard(run, shard) for shard in run["shard_indexes"]]
+    rankings = [precompute.rank_shard(run, shard) for shard in range(run["settings"]["shards"])]
     say(
         f"candidates  {sum(r['candidates'] for r in rankings)} pairs in {len(rankings)} "
         f"shard(s), {sum(r['eligible'] for r in rankings)} not fresh"

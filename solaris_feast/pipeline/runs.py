@@ -148,7 +148,12 @@ def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
 
 def replace_folder_atomic(staging: Path, target: Path) -> None:
     """Move a fully written ``staging`` folder to ``target`` in one rename: a reader (a shard
-    reading the plan) never sees half of it."""
+    reading the plan) never sees half of it. A ``target`` left by a try that died before its
+    step's marker file was written is replaced."""
+    if target.exists():
+        import shutil
+
+        shutil.rmtree(target)
     os.replace(staging, target)
 
 

@@ -166,8 +166,6 @@ class PrecomputeRun(BaseModel):
     """The FM behind the compressor."""
     embedding_version: str
     """The compressor's version, stored beside every vector as model_version."""
-    shard_indexes: list[int] = Field(default_factory=list)
-    """``0 .. shards-1``: what the round's mapped tasks (ranking, FM) run over."""
     ticks: dict[str, Any] | None = None
     """A scheduled round's place on its cron (skipped ticks, late start), from
     :func:`solaris_feast.pipeline.runs.round_ticks`; None for a manual or asset-triggered one."""
