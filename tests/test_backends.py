@@ -376,6 +376,86 @@ def test_open_repo_store_derives_the_redis_connection_without_touching_the_envir
     )
 
 
+@pytest.mark.parametrize(
+    "connection_string",
+    [
+        "127.0.0.1:6379",
+        "127.0.0.1:6379,db=3,password=s3cr=t,ssl=true",
+        "redis1:7000,redis2:7001,skip_full_coverage_check=true,username=me",
+        "host:1,socket_keepalive=false,db=0",
+    ],
+)
+def test_connection_strings_parse_as_feasts_own_parser_does(connection_string: str) -> None:
+    from feast.infra.online_stores.redis import RedisOnlineStore
+
+    from solaris_feast.store.backends.redis import parse_connection_string
+
+    assert parse_connection_string(connection_string) == (
+        RedisOnlineStore._parse_connection_string(connection_string)
+    )
+
+
+@pytest.mark.parametrize(
+    ("yaml_name", "text"),
+    [
+        ("feature_store.yaml", None),
+        ("feature_store.redis.yaml", None),
+        ("defaults.yaml", "project: defaults_check\nprovider: local\nregistry: reg.db\n"),
+        (
+            "cluster.yaml",
+            "project: cluster_check\nprovider: local\nregistry: data/registry.db\n"
+            "online_store:\n  type: redis\n  redis_type: redis_cluster\n"
+            "  connection_string: 127.0.0.1:7000,127.0.0.1:7001\n"
+            "entity_key_serialization_version: 3\n",
+        ),
+        (
+            "absolute.yaml",
+            "project: absolute_check\nprovider: local\nregistry: data/registry.db\n"
+            "online_store:\n  type: sqlite\n  path: /tmp/elsewhere/online.db\n",
+        ),
+    ],
+)
+def test_the_online_store_read_from_the_yaml_without_feast_equals_feasts_reading(
+    yaml_name: str, text: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """drain_miss_queue opens the queue from the yaml alone; it must see the store Feast sees."""
+    import shutil
+
+    from solaris_feast.store.backends import OnlineFacts
+    from solaris_feast.store.config import repo_online_facts
+
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6390/2")
+    monkeypatch.delenv(REDIS_CONNECTION_ENV, raising=False)
+    if text is None:
+        shutil.copy(Path(__file__).parents[1] / "feature_repo" / yaml_name, tmp_path / yaml_name)
+    else:
+        (tmp_path / yaml_name).write_text(text)
+    from_feast = OnlineFacts.of_store(open_repo_store(tmp_path, Path(yaml_name)))
+    assert repo_online_facts(tmp_path, Path(yaml_name)) == from_feast
+    assert repo_online_facts(tmp_path, tmp_path / yaml_name) == from_feast
+
+
+def test_the_registry_fingerprint_follows_the_registry_file_and_the_config(
+    tmp_path: Path,
+) -> None:
+    from solaris_feast.store.config import registry_fingerprint
+
+    yaml_file = tmp_path / "feature_store.yaml"
+    yaml_file.write_text("project: fp_check\nprovider: local\nregistry: data/registry.db\n")
+    assert registry_fingerprint(tmp_path) is None  # no registry written yet: read with Feast
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "registry.db").write_bytes(b"first")
+    first = registry_fingerprint(tmp_path)
+    assert first is not None and registry_fingerprint(tmp_path, yaml_file) == first
+    (tmp_path / "data" / "registry.db").write_bytes(b"second")  # feast apply rewrote it
+    assert registry_fingerprint(tmp_path) not in (None, first)
+    yaml_file.write_text(
+        "project: fp_check\nprovider: local\nregistry:\n  registry_type: sql\n"
+        "  path: postgresql://127.0.0.1/feast\n"
+    )
+    assert registry_fingerprint(tmp_path) is None  # a SQL registry is read through Feast
+
+
 # -- the contract, on every backend ---------------------------------------------------------------
 
 

@@ -644,8 +644,10 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
 IDLE_TASKS_SCRIPT = """
 import json, sys
 from solaris_feast.pipeline import coverage, precompute
-run = json.loads(open(sys.argv[1]).read())
-out = {"rankings": [precompute.rank_shard(run, i) for i in range(run["settings"]["shards"])]}
+conf, interval = json.loads(open(sys.argv[1]).read())
+run = precompute.start_precompute(conf, interval)
+out = {"run": run, "misses": precompute.drain_miss_queue(run)}
+out["rankings"] = [precompute.rank_shard(run, i) for i in range(run["settings"]["shards"])]
 out["plan"] = precompute.split_round_budget(run)
 out["shards"] = [precompute.precompute_shard(run, i) for i in out["plan"]["shard_indexes"]]
 out["users"] = precompute.aggregate_users(run)
@@ -656,15 +658,15 @@ print("RESULT " + json.dumps({"out": out, "heavy": heavy}, default=str))
 """
 
 
-def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast_after_its_start(
+def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast(
     trained: Trained, feast_project: str, tmp_path: Path, airflow_env: dict[str, str]
 ) -> None:
     """Five minutes after a round that computed every candidate, nothing is stale: the plan
     scores no pair (the VM is not loaded), the shards are empty, no aggregate changed, nothing
-    is filled, and the tasks after drain_miss_queue import neither torch nor feast nor faiss
-    (each would cost its task process seconds under a real executor)."""
-    from solaris_feast.pipeline import precompute
-
+    is filled, and no task imports torch, feast or faiss (each would cost its task process
+    seconds under a real executor): ``start`` reuses the registry snapshot of the first round,
+    whose registry file has not changed, and ``drain_miss_queue`` reads the online store's
+    address from the yaml."""
     models = own_models(trained, tmp_path)
     repo = make_feature_repo(tmp_path / "repo", feast_project)
     conf = precompute_conf(repo, models, budget_pairs=100_000)
@@ -677,14 +679,12 @@ def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast_after_its_s
     later = {
         "data_interval_start": None,
         "data_interval_end": None,
-        "logical_date": hour + timedelta(minutes=5),
+        "logical_date": (hour + timedelta(minutes=5)).isoformat(),
         "run_after": None,
         "run_id": "idle",
     }
-    run = precompute.start_precompute(conf, later)
-    precompute.drain_miss_queue(run)
     spec_path = tmp_path / "run.json"
-    spec_path.write_text(json.dumps(run))
+    spec_path.write_text(json.dumps([conf, later], default=str))
     proc = subprocess.run(
         [sys.executable, "-c", IDLE_TASKS_SCRIPT, str(spec_path)],
         env=airflow_env,
@@ -695,7 +695,9 @@ def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast_after_its_s
     )
     result = _result(proc)
     out = result["out"]
+    run = out["run"]
     assert result["heavy"] == [], f"imported on a round with nothing to compute: {result['heavy']}"
+    assert out["misses"] == {"misses": 0, "reused": False}
     assert out["plan"]["planned"] == 0
     assert [r["scored"] for r in out["rankings"]] == [0, 0]
     assert all(r["skipped_fresh"] > 0 for r in out["rankings"])
@@ -707,6 +709,20 @@ def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast_after_its_s
     # Served as before: the round's coverage is the previous round's.
     idle = coverage_of(Path(run["run_dir"]))
     assert idle["coverage"] == coverage_of(first)["coverage"]
+
+    # feast apply rewrites the registry: the next round's start reads it through Feast again.
+    from solaris_feast.pipeline import precompute
+    from solaris_feast.pipeline.registry_snapshot import read_snapshot
+    from solaris_feast.store.config import open_repo_store
+
+    store = open_repo_store(repo)
+    view = store.get_feature_view("solaris_pair")
+    view.tags["owner"] = "re-applied"
+    store.apply([view])
+    after_apply = {**later, "logical_date": hour + timedelta(minutes=10), "run_id": "re_applied"}
+    spec = precompute.start_precompute(conf, after_apply)
+    snapshot = read_snapshot(Path(spec["run_dir"]))
+    assert snapshot is not None and snapshot.view("solaris_pair").tags["owner"] == "re-applied"
 
 
 def test_task_wrapper_fails_final_errors_at_once_and_lets_retryable_ones_retry(

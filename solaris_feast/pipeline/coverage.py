@@ -56,9 +56,11 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
 
     from solaris_feast.pipeline.precompute import (
         MISS_QUEUE_GROUP,
+        keep_snapshot,
         open_run_store,
         round_candidates,
         round_plan,
+        run_online_facts,
         run_snapshot,
     )
     from solaris_feast.tiers import Tier
@@ -105,12 +107,14 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     if "entry_id" in misses.columns and not misses.empty:
         from solaris_feast.serving.miss_queue import MissQueue
 
-        acknowledged = MissQueue.for_store(open_run_store(spec.settings)).ack(
+        acknowledged = MissQueue.for_store(run_online_facts(spec.settings)).ack(
             MISS_QUEUE_GROUP, misses
         )
     retagged: list[str] = []
     if _tags_outdated(snapshot, spec):
-        retagged = tag_views_with_versions(open_run_store(spec.settings), spec)
+        store = open_run_store(spec.settings)
+        retagged = tag_views_with_versions(store, spec)
+        keep_snapshot(spec.settings, store)  # the next round's start reads the new registry
     logger.info(
         "coverage %s: exact=%.3f similar=%.3f user=%.3f zero=%.3f over %d pairs (%s)",
         spec.interval_key,

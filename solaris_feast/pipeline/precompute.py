@@ -27,8 +27,9 @@ that needs them: ``start`` writes the registry's facts to the run folder
 (:mod:`~solaris_feast.pipeline.registry_snapshot`), so a task opens Feast only to write or to read
 the online store; the planner scores only the pairs that are not fresh (no VM, no torch when
 every candidate is), an empty shard loads no model, and an unchanged aggregate or an empty fill
-writes nothing. A round with nothing to compute imports Feast in ``start`` and
-``drain_miss_queue`` alone.
+writes nothing. ``drain_miss_queue`` reads the online store's address from the repo's yaml,
+and ``start`` reads the registry through Feast only when the registry file changed since an
+earlier round, so a round with nothing to compute imports Feast in no task.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION
 from solaris_feast.pipeline.log import load_log
 from solaris_feast.pipeline.registry_snapshot import (
     RegistrySnapshot,
+    cache_snapshot,
+    cached_snapshot,
     read_snapshot,
     take_snapshot,
     write_snapshot,
@@ -53,6 +56,7 @@ from solaris_feast.pipeline.runs import (
     precompute_run_dir,
     replace_folder_atomic,
     run_time,
+    runs_root,
     shard_candidates_path,
     shard_plan_dir,
     shard_ranked_dir,
@@ -81,6 +85,7 @@ if TYPE_CHECKING:
     from solaris_feast.data.schema import InteractionDataset
     from solaris_feast.models.interface import ChainModels
     from solaris_feast.precompute.plan import Plan
+    from solaris_feast.store.backends import OnlineFacts
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +116,8 @@ def start_precompute(
     from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 
     cfg = PrecomputeSettings.model_validate(dict(settings))
-    store = open_run_store(cfg)  # refuses a repo without the views before any work is done
+    # Refuses a repo without the views before any work is done.
+    snapshot, fingerprint = start_snapshot(cfg)
     now, key = run_time(**interval)
     models_dir = Path(cfg.models_dir)
     chain = serving_chain(models_dir, cfg.serving_vm or None) if models_dir.is_dir() else None
@@ -124,13 +130,14 @@ def start_precompute(
     if cfg.candidates is not None:
         _candidate_table(cfg, dataset, now)
     problems = chain_mismatches(chain, dataset, models_dir)
-    view_dim = store.get_feature_view(PAIR_VIEW).tags.get(TAG_EMBEDDING_DIM, "")
+    pair_tags = snapshot.view(PAIR_VIEW).tags
+    view_dim = pair_tags.get(TAG_EMBEDDING_DIM, "")
     dim_problem = embedding_dim_mismatch(
         chain, int(view_dim) if view_dim.isdigit() else None, PAIR_VIEW
     )
     if dim_problem is not None:
         problems.append(dim_problem)
-    view_codec = store.get_feature_view(PAIR_VIEW).tags.get(TAG_EMBEDDING_CODEC, "float32")
+    view_codec = pair_tags.get(TAG_EMBEDDING_CODEC, "float32")
     if view_codec != cfg.embedding_codec:
         raise ConfigError(
             f"the precompute's embedding_codec is {cfg.embedding_codec} but the views in "
@@ -142,7 +149,9 @@ def start_precompute(
         raise ChainMismatchError(vm.version, problems)
     run_dir = precompute_run_dir(cfg, key, vm.version)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_snapshot(run_dir, take_snapshot(store, SOLARIS_VIEWS, RESOLVED_VIEW))
+    write_snapshot(run_dir, snapshot)
+    if fingerprint is not None:  # the next round's start need not open Feast
+        cache_snapshot(runs_root(cfg), fingerprint, snapshot)
     spec = PrecomputeRun(
         settings=cfg,
         now=now,
@@ -193,6 +202,50 @@ def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
     return store
 
 
+def start_snapshot(settings: PrecomputeSettings) -> tuple[RegistrySnapshot, str | None]:
+    """The registry's snapshot for a new round: from the runs folder when an earlier round
+    saw the same file registry (:func:`~solaris_feast.store.config.registry_fingerprint`), so
+    ``start`` does not import Feast; else read through Feast (:func:`open_run_store` refuses a
+    repo without the views). Also returns the fingerprint to keep the snapshot under once the
+    round is accepted (:func:`keep_snapshot`; None when there is nothing to keep)."""
+    from solaris_feast.store.config import registry_fingerprint
+
+    repo = Path(settings.feature_repo).resolve()
+    yaml_file = repo / settings.feature_store_yaml
+    before = registry_fingerprint(repo, yaml_file)
+    if before is not None:
+        cached = cached_snapshot(runs_root(settings), before)
+        if cached is not None:
+            logger.info("registry unchanged since an earlier round: its snapshot is reused")
+            return cached, None
+    snapshot = take_snapshot(open_run_store(settings), SOLARIS_VIEWS, RESOLVED_VIEW)
+    # Kept only when the file did not change while Feast read it.
+    unchanged = before is not None and registry_fingerprint(repo, yaml_file) == before
+    return snapshot, before if unchanged else None
+
+
+def keep_snapshot(settings: PrecomputeSettings, store: FeatureStore) -> None:
+    """Keep the registry's snapshot in the runs folder under its fingerprint, for the next
+    round's ``start``; called after a round changed the registry
+    (:func:`~solaris_feast.pipeline.coverage.tag_views_with_versions`)."""
+    from solaris_feast.store.config import registry_fingerprint
+
+    repo = Path(settings.feature_repo).resolve()
+    yaml_file = repo / settings.feature_store_yaml
+    before = registry_fingerprint(repo, yaml_file)
+    snapshot = take_snapshot(store, SOLARIS_VIEWS, RESOLVED_VIEW)
+    if before is not None and registry_fingerprint(repo, yaml_file) == before:
+        cache_snapshot(runs_root(settings), before, snapshot)
+
+
+def run_online_facts(settings: PrecomputeSettings) -> OnlineFacts:
+    """The run's online store as the backends need it, read from its yaml without Feast."""
+    from solaris_feast.store.config import repo_online_facts
+
+    repo = Path(settings.feature_repo).resolve()
+    return repo_online_facts(repo, repo / settings.feature_store_yaml)
+
+
 def run_snapshot(spec: PrecomputeRun) -> RegistrySnapshot:
     """The registry as the round's ``start`` saw it (opened again, with Feast, for a run folder
     written before snapshots were kept)."""
@@ -235,10 +288,11 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     if path.is_file():
         misses = pd.read_parquet(path)
         return {"misses": len(misses), "reused": True}
-    store = open_run_store(spec.settings)
-    queue = MissQueue.for_store(store)
+    # The queue needs only the online store's address: read from the yaml, not through Feast.
+    online = run_online_facts(spec.settings)
+    queue = MissQueue.for_store(online)
     limit = spec.settings.max_drained_misses
-    if online_kind(store) == "redis" and limit > 0:
+    if online_kind(online) == "redis" and limit > 0:
         misses = queue.read_group(MISS_QUEUE_GROUP, spec.interval_key, max_pairs=limit)
     else:
         misses = queue.drain(limit)

@@ -5,11 +5,18 @@ torch too, through ``feast.torch_wrapper``), and under a real executor every tas
 process. Most tasks of a round need only the views' TTLs, tags, columns and offline folders, so
 ``start`` (which opens the store anyway, to check the views) writes them to ``registry.json`` in
 the run folder, and the other tasks read that file; they open Feast only to write or to read the
-online store. A round with nothing to compute then imports Feast in ``start`` and
-``drain_miss_queue`` alone (the miss queue lives in the online store).
+online store (the miss queue reaches it from the yaml alone,
+:func:`~solaris_feast.store.config.repo_online_facts`).
 
 The snapshot is the registry as the round started: a view re-applied during the round takes
 effect at the next round, as a retried task sees the same inputs as its first try.
+
+For a file registry ``start`` need not open Feast either: the newest snapshot is also kept in
+the runs folder with the registry's fingerprint
+(:func:`~solaris_feast.store.config.registry_fingerprint`: the registry file's bytes, the
+expanded config and the repo folder), and a round whose registry has not changed since an
+earlier round reads it from there. ``feast apply`` rewrites the file, so the next round reads
+the registry through Feast again.
 
 Cost: pydantic only.
 """
@@ -20,9 +27,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from solaris_feast.pipeline.runs import write_once
+from solaris_feast.pipeline.runs import write_atomic, write_once
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -81,6 +88,32 @@ def take_snapshot(
         (dict(v.tags) for v in store.list_on_demand_feature_views() if v.name == resolved), None
     )
     return RegistrySnapshot(project=store.config.project, views=views, resolved_tags=resolved_tags)
+
+
+SNAPSHOT_CACHE = ".registry_snapshot.json"
+"""File in the runs folder with the newest snapshot and its registry's fingerprint (a file, so
+that the runs folder's ``<interval>/<vm version>/`` layout holds rounds only)."""
+
+
+def cached_snapshot(runs_dir: Path, fingerprint: str) -> RegistrySnapshot | None:
+    """The snapshot an earlier round took of the registry with this fingerprint, if it is the
+    one kept (one that no longer parses, written by another version, counts as none)."""
+    path = runs_dir / SNAPSHOT_CACHE
+    if not path.is_file():
+        return None
+    try:
+        kept = json.loads(path.read_text())
+        if kept.get("fingerprint") != fingerprint:
+            return None
+        return RegistrySnapshot.model_validate(kept["snapshot"])
+    except (ValueError, KeyError, AttributeError, ValidationError):
+        return None
+
+
+def cache_snapshot(runs_dir: Path, fingerprint: str, snapshot: RegistrySnapshot) -> None:
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    kept = {"fingerprint": fingerprint, "snapshot": snapshot.model_dump(mode="json")}
+    write_atomic(runs_dir / SNAPSHOT_CACHE, json.dumps(kept))
 
 
 def write_snapshot(run_dir: Path, snapshot: RegistrySnapshot) -> None:

@@ -75,12 +75,16 @@ def _stamp(ts: pd.Timestamp) -> str:
     return str(ts.tz_convert("UTC").strftime("%Y%m%dT%H%M%SZ"))
 
 
-def precompute_run_dir(settings: PrecomputeSettings, interval_key: str, vm_version: str) -> Path:
-    """``<runs_dir>/<interval>/<vm version>/`` (``runs_dir`` empty: inside the Feast repo)."""
-    runs_dir = (
+def runs_root(settings: PrecomputeSettings) -> Path:
+    """The folder of every round's folder: ``runs_dir``, or inside the Feast repo when empty."""
+    return (
         Path(settings.runs_dir) if settings.runs_dir else Path(settings.feature_repo) / RUNS_SUBDIR
     )
-    return runs_dir / interval_key / vm_version
+
+
+def precompute_run_dir(settings: PrecomputeSettings, interval_key: str, vm_version: str) -> Path:
+    """``<runs_dir>/<interval>/<vm version>/`` (:func:`runs_root`)."""
+    return runs_root(settings) / interval_key / vm_version
 
 
 def training_stage_marker(models_dir: Path, interval_key: str, stage: str) -> Path:

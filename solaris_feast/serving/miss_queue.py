@@ -46,6 +46,8 @@ from solaris_feast.store.layout import miss_marker_prefix, miss_round_key, miss_
 if TYPE_CHECKING:
     from feast import FeatureStore
 
+    from solaris_feast.store.backends import OnlineFacts
+
 DEFAULT_ROUND_TTL_SECONDS = 3600
 DEFAULT_MAX_STREAM_LENGTH = 1_000_000
 DEFAULT_QUEUE_TIMEOUT_SECONDS = 1.0
@@ -102,13 +104,17 @@ class MissQueue:
 
     @classmethod
     def for_store(
-        cls, store: FeatureStore, round_ttl_seconds: int = DEFAULT_ROUND_TTL_SECONDS
+        cls,
+        store: FeatureStore | OnlineFacts,
+        round_ttl_seconds: int = DEFAULT_ROUND_TTL_SECONDS,
     ) -> MissQueue:
-        """The queue beside a Feast store's online store (a stream on Redis, a table on SQLite)."""
-        from solaris_feast.store.backends import backend_for
+        """The queue beside a Feast store's online store (a stream on Redis, a table on SQLite);
+        ``store`` may be its :class:`~solaris_feast.store.backends.OnlineFacts`, read from the
+        repo's yaml without importing Feast."""
+        from solaris_feast.store.backends import backend_for, online_facts
 
         return cls(
-            store.config.project,
+            online_facts(store).project,
             backend=backend_for(store, timeout_seconds=DEFAULT_QUEUE_TIMEOUT_SECONDS),
             round_ttl_seconds=round_ttl_seconds,
         )

@@ -17,11 +17,11 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 from solaris_feast.errors import ConfigError
-from solaris_feast.store.backends import OnlineKind
+from solaris_feast.store.backends import OnlineFacts, OnlineKind
 
 if TYPE_CHECKING:
     from feast import FeatureStore, RepoConfig
@@ -133,6 +133,9 @@ __all__ = [
     "open_repo_store",
     "open_store",
     "redis_connection_string",
+    "registry_fingerprint",
+    "repo_online_facts",
+    "repo_yaml",
 ]
 
 
@@ -150,12 +153,11 @@ def expand_config_text(text: str, environment: Mapping[str, str]) -> str:
     return _ENV_REFERENCE.sub(replace, text)
 
 
-def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
-    """The Feast store of a repo folder, from ``feature_store.yaml`` or another config file
-    (a relative ``config`` resolves against the repo); a Redis config's connection comes from
-    ``SOLARIS_REDIS_CONNECTION``, derived from ``REDIS_URL`` when unset. ``os.environ`` is read,
-    never written."""
-    from feast import FeatureStore
+def repo_yaml(repo: Path, config: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """A repo's Feast config file and its mapping, expanded as Feast expands it (a relative
+    ``config`` resolves against the repo); ``SOLARIS_REDIS_CONNECTION`` is derived from
+    ``REDIS_URL`` when unset. ``os.environ`` is read, never written."""
+    import yaml
 
     repo = Path(repo)
     yaml_file = Path(config) if config is not None else repo / "feature_store.yaml"
@@ -167,12 +169,8 @@ def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
             "folder you run `feast apply` in, or --config naming its yaml"
         )
     # Feast's load_repo_config expands the yaml with os.environ; here the same expansion runs
-    # over a copy of it, with SOLARIS_REDIS_CONNECTION derived from REDIS_URL when unset, so
-    # opening a store changes nothing process-wide (a SQLite config ignores the variable).
-    import yaml
-    from feast.repo_config import FeastConfigError, RepoConfig
-    from pydantic import ValidationError
-
+    # over a copy of it, so opening a store changes nothing process-wide (a SQLite config
+    # ignores the variable).
     environment = dict(os.environ)
     if REDIS_CONNECTION_ENV not in environment:
         environment[REDIS_CONNECTION_ENV] = redis_connection_string(
@@ -181,9 +179,86 @@ def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
     raw = yaml.safe_load(expand_config_text(yaml_file.read_text(), environment))
     if not isinstance(raw, dict):
         raise ConfigError(f"{yaml_file} is not a Feast config (expected a mapping at the top)")
+    return yaml_file, raw
+
+
+def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
+    """The Feast store of a repo folder, from ``feature_store.yaml`` or another config file
+    (:func:`repo_yaml`)."""
+    from feast import FeatureStore
+    from feast.repo_config import FeastConfigError, RepoConfig
+    from pydantic import ValidationError
+
+    yaml_file, raw = repo_yaml(repo, config)
     try:
         repo_config = RepoConfig(**raw)
     except ValidationError as exc:
         raise FeastConfigError(exc, str(yaml_file)) from exc
-    repo_config.repo_path = repo
+    repo_config.repo_path = Path(repo)
     return FeatureStore(repo_path=str(repo), config=repo_config)
+
+
+# Feast's defaults for the fields read below (feast.repo_config, local provider).
+_DEFAULT_ONLINE_TYPE = "sqlite"
+_DEFAULT_SQLITE_PATH = "data/online.db"
+_DEFAULT_SERIALIZATION_VERSION = 3
+
+
+def repo_online_facts(repo: Path, config: Path | None = None) -> OnlineFacts:
+    """The online store of a repo's config as the backends need it, without importing Feast.
+
+    Reads the same yaml as :func:`open_repo_store` with Feast's defaults for what it leaves out;
+    ``tests/test_backends.py`` pins it to :meth:`OnlineFacts.of_store` of the opened store.
+    """
+    yaml_file, raw = repo_yaml(repo, config)
+    project = raw.get("project")
+    if not isinstance(project, str) or not project:
+        raise ConfigError(f"{yaml_file}: no project name (the 'project' key)")
+    online = raw.get("online_store") or _DEFAULT_ONLINE_TYPE
+    if isinstance(online, str):
+        online = {"type": online}
+    if not isinstance(online, dict):
+        raise ConfigError(f"{yaml_file}: online_store must be a mapping or a type name")
+    online_type = str(online.get("type", _DEFAULT_ONLINE_TYPE))
+    path = ""
+    if online_type == "sqlite" or online_type.endswith("SqliteOnlineStore"):
+        path = str(online.get("path") or _DEFAULT_SQLITE_PATH)
+        if not Path(path).is_absolute():
+            path = str(Path(repo) / path)
+    return OnlineFacts(
+        project=project,
+        serialization_version=int(
+            raw.get("entity_key_serialization_version", _DEFAULT_SERIALIZATION_VERSION)
+        ),
+        type=online_type,
+        redis_type=str(online.get("redis_type", "redis")),
+        connection_string=str(online.get("connection_string", "") or ""),
+        sqlite_path=path,
+        repo=str(repo),
+    )
+
+
+def registry_fingerprint(repo: Path, config: Path | None = None) -> str | None:
+    """A digest of what a round reads of its registry, for a file registry on a local path:
+    the registry file's bytes, the expanded config and the repo folder (the offline folders
+    resolve against it). None for a SQL or remote registry, or a registry not yet written:
+    those are read through Feast every time."""
+    import hashlib
+
+    _, raw = repo_yaml(repo, config)
+    registry = raw.get("registry")
+    if isinstance(registry, str):
+        registry = {"path": registry}
+    if not isinstance(registry, dict) or registry.get("registry_type", "file") != "file":
+        return None
+    location = str(registry.get("path") or "")
+    if not location or "://" in location:
+        return None
+    path = Path(location) if Path(location).is_absolute() else Path(repo) / location
+    if not path.is_file():
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(str(Path(repo).resolve()).encode())
+    digest.update(repr(sorted(raw.items(), key=lambda kv: str(kv[0]))).encode())
+    digest.update(path.read_bytes())
+    return digest.hexdigest()

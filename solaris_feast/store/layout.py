@@ -38,7 +38,8 @@ DEFAULT_EMBEDDING_CODEC: EmbeddingCodecName = "float32"
 INT8_SCALE_BYTES = 4
 
 
-def _check_serialization_version(version: int) -> None:
+def check_serialization_version(version: int) -> None:
+    """Refuse a Feast key serialization this layout does not build (before any key is)."""
     if version < MIN_SERIALIZATION_VERSION:
         raise ConfigError(
             f"entity_key_serialization_version {version} is not supported; "
@@ -62,7 +63,7 @@ class EntityKeyLayout:
         from feast.infra.key_encoding_utils import serialize_entity_key_prefix
         from feast.protos.feast.types.Value_pb2 import ValueType
 
-        _check_serialization_version(serialization_version)
+        check_serialization_version(serialization_version)
         self.join_keys = list(join_keys)
         self.serialization_version = serialization_version
         self._sorted = sorted(self.join_keys)

@@ -24,8 +24,10 @@ Miss queue: a stream ``solaris:{project}:misses``, per-pair markers with a TTL, 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,15 +43,18 @@ from solaris_feast.store.backends import (
     READ_FEATURES,
     BackendKind,
     OnlineBatch,
+    OnlineFacts,
     QueuedMiss,
     StoredScan,
     StoredValues,
     TierReads,
+    online_facts,
     split_tiers,
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
     EntityKeyLayout,
+    check_serialization_version,
     miss_marker_prefix,
     miss_round_key,
     miss_stream_key,
@@ -202,12 +207,32 @@ def _hmget_template(fields: list[bytes]) -> tuple[bytes, bytes]:
     return head, tail
 
 
-def connection_kwargs(store: FeatureStore) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Nodes and client options from the store's ``connection_string`` (Feast's own parser)."""
-    from feast.infra.online_stores.redis import RedisOnlineStore
+def parse_connection_string(connection_string: str) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """Nodes and options of Feast's ``host:port[,host:port...],key=value,...`` form, parsed as
+    ``RedisOnlineStore._parse_connection_string`` does (values JSON-decoded where they parse);
+    kept here so a task that only touches Redis need not import Feast, and pinned to Feast's
+    parser by ``tests/test_backends.py``."""
+    nodes = [
+        dict(zip(["host", "port"], part.split(":"), strict=False))
+        for part in connection_string.split(",")
+        if "=" not in part
+    ]
+    params: dict[str, Any] = {}
+    for part in connection_string.split(","):
+        if "=" in part:
+            key, raw = part.split("=", 1)
+            try:
+                params[key] = json.loads(raw)
+            except json.JSONDecodeError:
+                params[key] = raw
+    return nodes, params
 
-    cfg = store.config.online_store
-    nodes, params = RedisOnlineStore._parse_connection_string(cfg.connection_string)
+
+def connection_kwargs(
+    store: FeatureStore | OnlineFacts,
+) -> tuple[list[dict[str, str]], dict[str, Any]]:
+    """Nodes and client options from the store's ``connection_string``."""
+    nodes, params = parse_connection_string(online_facts(store).connection_string)
     kwargs = {
         k: v
         for k, v in params.items()
@@ -216,7 +241,7 @@ def connection_kwargs(store: FeatureStore) -> tuple[list[dict[str, Any]], dict[s
     return nodes, kwargs
 
 
-def redis_client(store: FeatureStore, timeout_seconds: float | None = None) -> Any:
+def redis_client(store: FeatureStore | OnlineFacts, timeout_seconds: float | None = None) -> Any:
     """A redis-py client on the store's Redis (a ``RedisCluster`` for ``redis_cluster``), with no
     retries (fallback code retries itself); ``redis_sentinel`` is refused."""
     from solaris_feast.store.backends import redis_type
@@ -347,8 +372,8 @@ class RedisBackend:
         self.project = project
         self.packed = packed
         self._project_bytes = project.encode()
-        self.pair_key = EntityKeyLayout([USER_ID, ITEM_ID], serialization_version)
-        self.user_key = EntityKeyLayout([USER_ID], serialization_version)
+        check_serialization_version(serialization_version)
+        self.serialization_version = serialization_version
         self._stream_key = miss_stream_key(project)
         self._round_key = miss_round_key(project)
         self._marker_prefix = miss_marker_prefix(project)
@@ -359,13 +384,22 @@ class RedisBackend:
         # Made on the first packed read: a cluster client has no single pool to take it from.
         self._reads: DeadlineConnections | None = None
 
+    # Built on first use (each checks itself against Feast's serializer, which imports Feast):
+    # a backend used only for its miss queue never builds them.
+    @cached_property
+    def pair_key(self) -> EntityKeyLayout:
+        return EntityKeyLayout([USER_ID, ITEM_ID], self.serialization_version)
+
+    @cached_property
+    def user_key(self) -> EntityKeyLayout:
+        return EntityKeyLayout([USER_ID], self.serialization_version)
+
     @classmethod
-    def for_store(cls, store: FeatureStore, timeout_seconds: float | None) -> RedisBackend:
-        return cls(
-            redis_client(store, timeout_seconds),
-            store.config.project,
-            store.config.entity_key_serialization_version,
-        )
+    def for_store(
+        cls, store: FeatureStore | OnlineFacts, timeout_seconds: float | None
+    ) -> RedisBackend:
+        facts = online_facts(store)
+        return cls(redis_client(facts, timeout_seconds), facts.project, facts.serialization_version)
 
     # -- reading ------------------------------------------------------------------------------
 

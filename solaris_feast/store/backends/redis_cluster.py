@@ -34,7 +34,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from solaris_feast.errors import RetryableStoreError, is_retryable
-from solaris_feast.store.backends import BackendKind, OnlineBatch, TierReads, split_tiers
+from solaris_feast.store.backends import (
+    BackendKind,
+    OnlineBatch,
+    OnlineFacts,
+    TierReads,
+    online_facts,
+    split_tiers,
+)
 from solaris_feast.store.backends.redis import (
     WRITE_SCRIPT,
     DeadlineConnections,
@@ -56,7 +63,7 @@ REPLICA_ACK_TIMEOUT_MS = 1000
 _WRITE_SHA = hashlib.sha1(WRITE_SCRIPT.encode()).hexdigest()
 
 
-def cluster_client(store: FeatureStore, timeout_seconds: float | None) -> Any:
+def cluster_client(store: FeatureStore | OnlineFacts, timeout_seconds: float | None) -> Any:
     """A ``RedisCluster`` on the store's startup nodes, with no retries."""
     from redis.backoff import NoBackoff
     from redis.cluster import ClusterNode, RedisCluster
@@ -100,11 +107,12 @@ class RedisClusterBackend(RedisBackend):
         self._refreshing = threading.Event()
 
     @classmethod
-    def for_store(cls, store: FeatureStore, timeout_seconds: float | None) -> RedisClusterBackend:
+    def for_store(
+        cls, store: FeatureStore | OnlineFacts, timeout_seconds: float | None
+    ) -> RedisClusterBackend:
+        facts = online_facts(store)
         return cls(
-            cluster_client(store, timeout_seconds),
-            store.config.project,
-            store.config.entity_key_serialization_version,
+            cluster_client(facts, timeout_seconds), facts.project, facts.serialization_version
         )
 
     # -- the slot map -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,14 +32,20 @@ from solaris_feast.store.backends import (
     READ_FEATURES,
     BackendKind,
     OnlineBatch,
+    OnlineFacts,
     QueuedMiss,
     StoredScan,
     StoredValues,
     TierRead,
     TierReads,
+    online_facts,
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
-from solaris_feast.store.layout import EntityKeyLayout, quoted_sqlite_table
+from solaris_feast.store.layout import (
+    EntityKeyLayout,
+    check_serialization_version,
+    quoted_sqlite_table,
+)
 from solaris_feast.tiers import SEARCH_ORDER, Tier
 
 if TYPE_CHECKING:
@@ -50,13 +57,9 @@ _PROGRESS_STEPS = 1000
 """SQLite VM instructions between two deadline checks (microseconds each)."""
 
 
-def sqlite_path(store: FeatureStore) -> str:
+def sqlite_path(store: FeatureStore | OnlineFacts) -> str:
     """The online store's database file (a relative path resolves against the repo)."""
-    cfg = store.config
-    path = Path(cfg.online_store.path)
-    if not path.is_absolute() and cfg.repo_path is not None:
-        path = Path(cfg.repo_path) / path
-    return str(path)
+    return online_facts(store).sqlite_path
 
 
 def _queue_value(value: EntityId) -> int | str:
@@ -103,20 +106,32 @@ class SqliteBackend:
             DEFAULT_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds
         )
         self.repo = repo or str(Path(path).parent)
-        self.pair_key = EntityKeyLayout([USER_ID, ITEM_ID], serialization_version)
-        self.user_key = EntityKeyLayout([USER_ID], serialization_version)
+        check_serialization_version(serialization_version)
+        self.serialization_version = serialization_version
         self._conn: sqlite3.Connection | None = None
         self._queue_ready = False
 
+    # Built on first use (each checks itself against Feast's serializer, which imports Feast):
+    # a backend used only for its miss queue never builds them.
+    @cached_property
+    def pair_key(self) -> EntityKeyLayout:
+        return EntityKeyLayout([USER_ID, ITEM_ID], self.serialization_version)
+
+    @cached_property
+    def user_key(self) -> EntityKeyLayout:
+        return EntityKeyLayout([USER_ID], self.serialization_version)
+
     @classmethod
-    def for_store(cls, store: FeatureStore, timeout_seconds: float | None) -> SqliteBackend:
-        repo = store.config.repo_path
+    def for_store(
+        cls, store: FeatureStore | OnlineFacts, timeout_seconds: float | None
+    ) -> SqliteBackend:
+        facts = online_facts(store)
         return cls(
-            sqlite_path(store),
-            store.config.project,
-            store.config.entity_key_serialization_version,
+            facts.sqlite_path,
+            facts.project,
+            facts.serialization_version,
             timeout_seconds=timeout_seconds,
-            repo=str(repo) if repo is not None else None,
+            repo=facts.repo,
         )
 
     def _connection(self) -> sqlite3.Connection:
