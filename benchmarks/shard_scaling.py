@@ -15,6 +15,9 @@ and peak resident memory (the process's ``VmHWM``); per round: the sum of the ph
 walls (what a scheduler with that parallelism takes, start-up included) and how the sharded
 plan compares with the 1-shard plan of the same log (share of the same pairs).
 
+``--preset large`` runs the synthetic ``large`` preset's world as it is (20,000 users over 7
+days, about 3.7 M events) instead of ``--users``; its rows say ``preset``.
+
 The round's cost against users is the least-squares slope of log(round seconds) against
 log(users) at each shard count.
 """
@@ -122,20 +125,29 @@ def run_task_measured(task: str, state_path: Path, max_rss_kb: int) -> dict[str,
     }
 
 
-def prepare(root: Path, users: int, train_hours: float) -> tuple[Path, dict[str, Any]]:
-    """Log, item table, trained chain and the config for ``users``; the config and facts.
+def prepare(
+    root: Path, users: int, train_hours: float, preset: str | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Log, item table, trained chain and the config for ``users`` (or the synthetic
+    ``preset``'s world as it is, ending now); the config and facts.
 
     A ``root`` prepared before (its ``facts.json``) is reused as it is."""
+    from solaris_feast.data.datasets import SYNTHETIC_PRESETS
     from solaris_feast.data.synthetic import SyntheticConfig, generate
 
     if (root / "facts.json").is_file():
         return root / "solaris.yaml", json.loads((root / "facts.json").read_text())
 
     end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
-    days = 1.0
-    started = time.perf_counter()
-    world = generate(
-        SyntheticConfig(
+    if preset is not None:
+        world_config = SYNTHETIC_PRESETS[preset]
+        days = world_config.days
+        world_config = world_config.model_copy(
+            update={"start": (pd.Timestamp(end) - pd.Timedelta(days=days)).isoformat()}
+        )
+    else:
+        days = 1.0
+        world_config = SyntheticConfig(
             num_users=users,
             num_items=5_000,
             num_categories=40,
@@ -144,7 +156,8 @@ def prepare(root: Path, users: int, train_hours: float) -> tuple[Path, dict[str,
             impressions_per_session=8,
             start=(pd.Timestamp(end) - pd.Timedelta(days=days)).isoformat(),
         )
-    )
+    started = time.perf_counter()
+    world = generate(world_config)
     log = world.interactions
     (root / "log").mkdir(parents=True, exist_ok=True)
     log.to_parquet(root / "log" / "events.parquet", index=False)
@@ -200,6 +213,7 @@ def prepare(root: Path, users: int, train_hours: float) -> tuple[Path, dict[str,
         "train_seconds": round(trained, 1),
         "end": end.isoformat(),
         "train_hours": train_hours,
+        "preset": preset,
     }
     (root / "facts.json").write_text(json.dumps(facts, indent=2))
     return config, facts
@@ -334,6 +348,11 @@ def markdown_table(report: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--users", default="20000,1000000")
+    parser.add_argument(
+        "--preset",
+        default=None,
+        help="a synthetic preset's world as it is (its own users and days) instead of --users",
+    )
     parser.add_argument("--shards", default="1,2,4")
     parser.add_argument("--parallelism", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--train-hours", type=float, default=2.0)
@@ -373,11 +392,17 @@ def main() -> None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=float))
 
-    for users in [int(u) for u in args.users.split(",")]:
-        root = base / f"users_{users}"
+    if args.preset is not None:
+        from solaris_feast.data.datasets import SYNTHETIC_PRESETS
+
+        user_counts = [SYNTHETIC_PRESETS[args.preset].num_users]
+    else:
+        user_counts = [int(u) for u in args.users.split(",")]
+    for users in user_counts:
+        root = base / (f"preset_{args.preset}" if args.preset else f"users_{users}")
         root.mkdir(parents=True, exist_ok=True)
         print(f"{users} users: generating the log and training the chain ...", flush=True)
-        config, facts = prepare(root, users, args.train_hours)
+        config, facts = prepare(root, users, args.train_hours, args.preset)
         print(
             f"  {facts['events']} events ({facts['log_mb']} MB), generated in "
             f"{facts['generate_seconds']} s, trained in {facts['train_seconds']} s",
