@@ -42,10 +42,11 @@ from test_scheduler import (  # noqa: E402
     AIRFLOW,
     airflow_cli,
     free_port_in_range,
+    local_executor_env,
     log_tails,
     metadata_database,
     query,
-    start,
+    start_deployment,
     stop,
 )
 
@@ -96,36 +97,13 @@ def measure_tree(label: str, tree: Path, workdir: Path) -> dict[str, Any]:
     logs.mkdir()
     port = free_port_in_range()
     with metadata_database(workdir / label) as conn_uri:
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
-            "PYTHONPATH": str(tree),
-            "SOLARIS_CONFIG": str(config),
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": conn_uri,
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": str(os.cpu_count() or 2),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(tree / "dags"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-        }
+        # The tree's own dags/ and code first on the path (the editable install is this one).
+        env = local_executor_env(tree, config, home, conn_uri, port, os.cpu_count() or 2)
+        env["PYTHONPATH"] = str(tree)
         airflow_cli(env, "db", "migrate")
-        procs = []
+        procs: list[Any] = []
         try:
-            api = ["api-server", "--apps", "execution", "--host", "127.0.0.1", "--port", str(port)]
-            procs.append(start("api-server", [*api, "--workers", "1"], env, logs))
-            procs.append(start("dag-processor", ["dag-processor"], env, logs))
-            procs.append(start("scheduler", ["scheduler", "--skip-serve-logs"], env, logs))
-            deadline = time.monotonic() + 400
-            while not query(conn_uri, "SELECT 1 FROM dag WHERE dag_id = :d", d=DAG_ID):
-                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    raise RuntimeError(f"the DAG was never parsed\n{log_tails(logs)}")
-                time.sleep(1)
+            start_deployment(procs, env, port, logs, conn_uri)
             airflow_cli(env, "dags", "unpause", DAG_ID)
             states = {}
             for run_id in ("full", "idle"):

@@ -138,6 +138,48 @@ def query(conn_uri: str, sql: str, **params: Any) -> list[Any]:
         engine.dispose()
 
 
+def local_executor_env(
+    tree: Path, config: Path, home: Path, conn_uri: str, port: int, parallelism: int
+) -> dict[str, str]:
+    """The environment of every Airflow process of a LocalExecutor deployment of ``tree``'s
+    DAGs: its own home and metadata database, the API server on loopback ``port``."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
+        "PYTHONPATH": os.pathsep.join([str(tree), os.environ.get("PYTHONPATH", "")]),
+        "SOLARIS_CONFIG": str(config),
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": conn_uri,
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__PARALLELISM": str(parallelism),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(tree / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+        "AIRFLOW__API__HOST": "127.0.0.1",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
+    }
+
+
+def start_deployment(
+    procs: list[subprocess.Popen[bytes]], env: dict[str, str], port: int, logs: Path, conn_uri: str
+) -> None:
+    """Start the API server (execution API only, loopback), the dag-processor and the scheduler
+    into ``procs`` (the caller stops them), and wait until the precompute DAG is parsed."""
+    api = ["api-server", "--apps", "execution", "--host", "127.0.0.1", "--port", str(port)]
+    procs.append(start("api-server", [*api, "--workers", "1"], env, logs))
+    procs.append(start("dag-processor", ["dag-processor"], env, logs))
+    # No log server: it would bind every interface; the task logs are read from the files.
+    procs.append(start("scheduler", ["scheduler", "--skip-serve-logs"], env, logs))
+    deadline = time.monotonic() + 400
+    while not query(conn_uri, "SELECT 1 FROM dag WHERE dag_id = 'solaris_precompute'"):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise AssertionError(f"the DAG was never parsed\n{log_tails(logs)}")
+        time.sleep(2)
+
+
 def log_tails(logs: Path) -> str:
     return "\n".join(
         f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
@@ -175,24 +217,7 @@ def test_two_scheduled_rounds_under_a_real_scheduler_succeed_fresh_and_without_d
     logs.mkdir()
     port = free_port_in_range()
     with metadata_database(tmp_path) as conn_uri:
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")},
-            "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-            "SOLARIS_CONFIG": str(config),
-            "AIRFLOW_HOME": str(home),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": conn_uri,
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": "3",
-            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO_ROOT / "dags"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(port),
-            "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__LOGGING__LOGGING_LEVEL": "WARNING",
-        }
+        env = local_executor_env(REPO_ROOT, config, home, conn_uri, port, parallelism=3)
         started = time.monotonic()
         airflow_cli(env, "db", "migrate")
         print(
@@ -200,16 +225,7 @@ def test_two_scheduled_rounds_under_a_real_scheduler_succeed_fresh_and_without_d
         )
         procs = []
         try:
-            api = ["api-server", "--apps", "execution", "--host", "127.0.0.1", "--port", str(port)]
-            procs.append(start("api-server", [*api, "--workers", "1"], env, logs))
-            procs.append(start("dag-processor", ["dag-processor"], env, logs))
-            # No log server: it would bind every interface; the test reads the task logs itself.
-            procs.append(start("scheduler", ["scheduler", "--skip-serve-logs"], env, logs))
-            deadline = time.monotonic() + 400
-            while not query(conn_uri, "SELECT 1 FROM dag WHERE dag_id = 'solaris_precompute'"):
-                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    raise AssertionError(f"the DAG was never parsed\n{log_tails(logs)}")
-                time.sleep(2)
+            start_deployment(procs, env, port, logs, conn_uri)
             airflow_cli(env, "dags", "unpause", "solaris_precompute")
             unpaused = time.monotonic()
 

@@ -22,8 +22,10 @@ calls these.
 from __future__ import annotations
 
 import struct
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from solaris_feast.columns import ITEM_ID, USER_ID
 from solaris_feast.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -148,6 +150,22 @@ class EntityKeyLayout:
                 return None
             offset += size
         return values if offset == len(key) else None
+
+
+class SolarisKeyLayouts:
+    """The pair and user key layouts of a backend, built on first use: each checks itself
+    against Feast's serializer, which imports Feast, so a backend used only for its miss queue
+    (the precompute's ``drain_miss_queue``) never pays that import."""
+
+    serialization_version: int
+
+    @cached_property
+    def pair_key(self) -> EntityKeyLayout:
+        return EntityKeyLayout([USER_ID, ITEM_ID], self.serialization_version)
+
+    @cached_property
+    def user_key(self) -> EntityKeyLayout:
+        return EntityKeyLayout([USER_ID], self.serialization_version)
 
 
 class FloatListCodec:

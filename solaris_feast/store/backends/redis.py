@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -53,7 +52,7 @@ from solaris_feast.store.backends import (
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
-    EntityKeyLayout,
+    SolarisKeyLayouts,
     check_serialization_version,
     miss_marker_prefix,
     miss_round_key,
@@ -351,7 +350,7 @@ class DeadlineConnections:
             conn.disconnect()
 
 
-class RedisBackend:
+class RedisBackend(SolarisKeyLayouts):
     """One Redis server (see the module docstring for layout, atomicity and cost).
 
     Args:
@@ -383,16 +382,6 @@ class RedisBackend:
         self._scripts: dict[str, Any] = {}
         # Made on the first packed read: a cluster client has no single pool to take it from.
         self._reads: DeadlineConnections | None = None
-
-    # Built on first use (each checks itself against Feast's serializer, which imports Feast):
-    # a backend used only for its miss queue never builds them.
-    @cached_property
-    def pair_key(self) -> EntityKeyLayout:
-        return EntityKeyLayout([USER_ID, ITEM_ID], self.serialization_version)
-
-    @cached_property
-    def user_key(self) -> EntityKeyLayout:
-        return EntityKeyLayout([USER_ID], self.serialization_version)
 
     @classmethod
     def for_store(

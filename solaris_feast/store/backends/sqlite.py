@@ -20,13 +20,12 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
-from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING, MODEL_VERSION
 from solaris_feast.errors import DeadlineExceededError, ViewsNotAppliedError
 from solaris_feast.store.backends import (
     READ_FEATURES,
@@ -42,7 +41,7 @@ from solaris_feast.store.backends import (
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
-    EntityKeyLayout,
+    SolarisKeyLayouts,
     check_serialization_version,
     quoted_sqlite_table,
 )
@@ -76,7 +75,7 @@ def _no_such_table(exc: sqlite3.OperationalError) -> bool:
     return "no such table" in str(exc)
 
 
-class SqliteBackend:
+class SqliteBackend(SolarisKeyLayouts):
     """Feast's SQLite online store (see the module docstring for layout and atomicity).
 
     Args:
@@ -110,16 +109,6 @@ class SqliteBackend:
         self.serialization_version = serialization_version
         self._conn: sqlite3.Connection | None = None
         self._queue_ready = False
-
-    # Built on first use (each checks itself against Feast's serializer, which imports Feast):
-    # a backend used only for its miss queue never builds them.
-    @cached_property
-    def pair_key(self) -> EntityKeyLayout:
-        return EntityKeyLayout([USER_ID, ITEM_ID], self.serialization_version)
-
-    @cached_property
-    def user_key(self) -> EntityKeyLayout:
-        return EntityKeyLayout([USER_ID], self.serialization_version)
 
     @classmethod
     def for_store(
