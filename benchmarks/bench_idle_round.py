@@ -97,9 +97,8 @@ def measure_tree(label: str, tree: Path, workdir: Path) -> dict[str, Any]:
     logs.mkdir()
     port = free_port_in_range()
     with metadata_database(workdir / label) as conn_uri:
-        # The tree's own dags/ and code first on the path (the editable install is this one).
+        # The tree's own dags/ and code come first on the path (the editable install is this one).
         env = local_executor_env(tree, config, home, conn_uri, port, os.cpu_count() or 2)
-        env["PYTHONPATH"] = str(tree)
         airflow_cli(env, "db", "migrate")
         procs: list[Any] = []
         try:

@@ -187,14 +187,20 @@ def _candidate_table(
     )
 
 
+def _repo_config(settings: PrecomputeSettings) -> tuple[Path, Path]:
+    """The run's Feast repo folder and its config file."""
+    repo = Path(settings.feature_repo).resolve()
+    return repo, repo / settings.feature_store_yaml
+
+
 def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
     """The run's Feast store, refused with :class:`~solaris_feast.errors.ViewsNotAppliedError`
     when its registry lacks any of the SOLARIS views (a final error: no retry adds them)."""
     from solaris_feast.errors import ViewsNotAppliedError
     from solaris_feast.store.config import open_repo_store
 
-    repo = Path(settings.feature_repo).resolve()
-    store = open_repo_store(repo, repo / settings.feature_store_yaml)
+    repo, yaml_file = _repo_config(settings)
+    store = open_repo_store(repo, yaml_file)
     applied = {view.name for view in store.list_feature_views()}
     missing = [name for name in SOLARIS_VIEWS if name not in applied]
     if missing:
@@ -207,43 +213,46 @@ def start_snapshot(settings: PrecomputeSettings) -> tuple[RegistrySnapshot, str 
     saw the same file registry (:func:`~solaris_feast.store.config.registry_fingerprint`), so
     ``start`` does not import Feast; else read through Feast (:func:`open_run_store` refuses a
     repo without the views). Also returns the fingerprint to keep the snapshot under once the
-    round is accepted (:func:`keep_snapshot`; None when there is nothing to keep)."""
+    round is accepted (None when there is nothing to keep)."""
     from solaris_feast.store.config import registry_fingerprint
 
-    repo = Path(settings.feature_repo).resolve()
-    yaml_file = repo / settings.feature_store_yaml
-    before = registry_fingerprint(repo, yaml_file)
-    if before is not None:
-        cached = cached_snapshot(runs_root(settings), before)
+    fingerprint = registry_fingerprint(*_repo_config(settings))
+    if fingerprint is not None:
+        cached = cached_snapshot(runs_root(settings), fingerprint)
         if cached is not None:
             logger.info("registry unchanged since an earlier round: its snapshot is reused")
             return cached, None
-    snapshot = take_snapshot(open_run_store(settings), SOLARIS_VIEWS, RESOLVED_VIEW)
-    # Kept only when the file did not change while Feast read it.
-    unchanged = before is not None and registry_fingerprint(repo, yaml_file) == before
-    return snapshot, before if unchanged else None
+    return _snapshot_through_feast(settings, open_run_store(settings))
 
 
 def keep_snapshot(settings: PrecomputeSettings, store: FeatureStore) -> None:
     """Keep the registry's snapshot in the runs folder under its fingerprint, for the next
     round's ``start``; called after a round changed the registry
     (:func:`~solaris_feast.pipeline.coverage.tag_views_with_versions`)."""
+    snapshot, fingerprint = _snapshot_through_feast(settings, store)
+    if fingerprint is not None:
+        cache_snapshot(runs_root(settings), fingerprint, snapshot)
+
+
+def _snapshot_through_feast(
+    settings: PrecomputeSettings, store: FeatureStore
+) -> tuple[RegistrySnapshot, str | None]:
+    """The snapshot read through ``store`` and the registry's fingerprint, None when the file
+    changed while Feast read it (or the registry is not a local file): nothing to keep then."""
     from solaris_feast.store.config import registry_fingerprint
 
-    repo = Path(settings.feature_repo).resolve()
-    yaml_file = repo / settings.feature_store_yaml
+    repo, yaml_file = _repo_config(settings)
     before = registry_fingerprint(repo, yaml_file)
     snapshot = take_snapshot(store, SOLARIS_VIEWS, RESOLVED_VIEW)
-    if before is not None and registry_fingerprint(repo, yaml_file) == before:
-        cache_snapshot(runs_root(settings), before, snapshot)
+    unchanged = before is not None and registry_fingerprint(repo, yaml_file) == before
+    return snapshot, before if unchanged else None
 
 
 def run_online_facts(settings: PrecomputeSettings) -> OnlineFacts:
     """The run's online store as the backends need it, read from its yaml without Feast."""
     from solaris_feast.store.config import repo_online_facts
 
-    repo = Path(settings.feature_repo).resolve()
-    return repo_online_facts(repo, repo / settings.feature_store_yaml)
+    return repo_online_facts(*_repo_config(settings))
 
 
 def run_snapshot(spec: PrecomputeRun) -> RegistrySnapshot:

@@ -219,10 +219,6 @@ def online_facts(store: FeatureStore | OnlineFacts) -> OnlineFacts:
     return store if isinstance(store, OnlineFacts) else OnlineFacts.of_store(store)
 
 
-def _online_type(store: FeatureStore | OnlineFacts) -> str:
-    return online_facts(store).type
-
-
 def redis_type(store: FeatureStore | OnlineFacts) -> str:
     """``redis`` or ``redis_cluster``; ``redis_sentinel`` is refused with what to do instead.
 
@@ -247,7 +243,7 @@ def redis_type(store: FeatureStore | OnlineFacts) -> str:
 
 def online_kind(store: FeatureStore | OnlineFacts) -> OnlineKind:
     """``"redis"`` (one Redis or a cluster) or ``"sqlite"``; any other store is refused."""
-    kind = _online_type(store)
+    kind = online_facts(store).type
     if kind == "redis" or kind.endswith("RedisOnlineStore"):
         redis_type(store)  # refuses a sentinel config here already
         return "redis"
@@ -275,6 +271,7 @@ def backend_for(store: FeatureStore | OnlineFacts, timeout_seconds: float | None
     Raises:
         ConfigError: another online store, or ``redis_type: redis_sentinel``.
     """
+    store = online_facts(store)  # read the Feast config once
     kind = backend_kind(store)
     if kind == "sqlite":
         from solaris_feast.store.backends.sqlite import SqliteBackend
