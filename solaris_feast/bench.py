@@ -520,9 +520,15 @@ def run_memory_benchmark(
 ) -> dict[str, Any]:
     """Redis bytes per stored pair embedding per codec, and the NE cost of quantizing ``z``."""
     import redis
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
     from solaris_feast.store.backends.redis import redis_client
-    from solaris_feast.store.layout import EMBEDDING_CODECS, EntityKeyLayout, online_field
+    from solaris_feast.store.layout import (
+        EMBEDDING_CODECS,
+        EntityKeyLayout,
+        online_field,
+        stored_model_version,
+    )
     from solaris_feast.store.write import EmbeddingWriter
 
     rng = np.random.default_rng(3)
@@ -530,6 +536,44 @@ def run_memory_benchmark(
     users = np.arange(pairs, dtype=np.int64) // 50
     # A scheduled round stores computed_at = the round's time, a whole second.
     computed_at = pd.Timestamp.now(tz="UTC").floor("h")
+    # A model card's version has this shape and length (models/cards.py).
+    version = f"compressor-{computed_at:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}"
+    version_field = online_field("solaris_pair", MODEL_VERSION)
+    full_version = ValueProto(string_val=version).SerializeToString()
+    tagged_version = ValueProto(string_val=stored_model_version(version)).SerializeToString()
+    # The default feature repo's project name is "solaris": the same hashes are also rebuilt
+    # under a throwaway name of its length (7), never under a name a deployment may use.
+    short_project = f"s{uuid.uuid4().hex[:6]}".encode()
+
+    def rebuilt_usage(
+        client: Any, keys: list[bytes], edit: Any, stored_under: bytes, project: bytes
+    ) -> list[int]:
+        """MEMORY USAGE of the hashes rebuilt from scratch (a hash never converts back to a
+        listpack after HDEL) with ``edit`` applied to their fields, under the key with the
+        project name ``stored_under`` replaced by ``project``; other keys are removed after."""
+        usage = []
+        for k in keys:
+            fields = edit(dict(client.hgetall(k)))
+            target = k[: -len(stored_under)] + project
+            client.delete(target)
+            client.hset(target, mapping=fields)
+            usage.append(int(client.memory_usage(target, samples=0) or 0))
+            if target != k:
+                client.delete(target)
+        return usage
+
+    embedding_field = online_field("solaris_pair", EMBEDDING)
+
+    def same(fields: dict[bytes, bytes]) -> dict[bytes, bytes]:
+        return fields
+
+    def with_full_version(fields: dict[bytes, bytes]) -> dict[bytes, bytes]:
+        return fields | {version_field: full_version}
+
+    def without_embedding(fields: dict[bytes, bytes]) -> dict[bytes, bytes]:
+        tagged = fields | {version_field: tagged_version}  # as written, after `full` below
+        return {f: v for f, v in tagged.items() if f != embedding_field}
+
     per_codec: dict[str, dict[str, Any]] = {}
     for codec in EMBEDDING_CODECS:
         with bench_store(redis_url, dim, codec) as store:
@@ -542,32 +586,42 @@ def run_memory_benchmark(
                         USER_ID: users,
                         ITEM_ID: np.arange(pairs, dtype=np.int64),
                         EMBEDDING: list(vectors),
-                        MODEL_VERSION: "bench-v1",
+                        MODEL_VERSION: version,
                         COMPUTED_AT: computed_at,
                     }
                 )
             )
             writer.close()
             after = int(client.info("memory")["used_memory"])
-            project = store.config.project.encode()
+            store_project = store.config.project.encode()
             key = EntityKeyLayout([USER_ID, ITEM_ID], 3).key
-            sample = [key(int(users[i]), int(i)) + project for i in range(0, pairs, 7)]
+            sample = [key(int(users[i]), int(i)) + store_project for i in range(0, pairs, 7)]
             usage = [int(client.memory_usage(k, samples=0) or 0) for k in sample]
             encodings = sorted({client.object("encoding", k).decode() for k in sample})
-            # The same hashes rebuilt without the embedding (a hash never converts back to a
-            # listpack after HDEL): what Feast's layout costs per pair before any vector bytes.
-            field = online_field("solaris_pair", EMBEDDING)
-            for k in sample:
-                rest = {f: v for f, v in client.hgetall(k).items() if f != field}
-                client.delete(k)
-                client.hset(k, mapping=rest)
-            floor = [int(client.memory_usage(k, samples=0) or 0) for k in sample]
+            short_tag = rebuilt_usage(client, sample, same, store_project, short_project)
+            short_full = rebuilt_usage(
+                client, sample, with_full_version, store_project, short_project
+            )
+            short_floor = rebuilt_usage(
+                client, sample, without_embedding, store_project, short_project
+            )
+            full = rebuilt_usage(client, sample, with_full_version, store_project, store_project)
+            # The floor of Feast's layout: the same hashes without the embedding (last: it
+            # rewrites the bench's own keys).
+            floor = rebuilt_usage(client, sample, without_embedding, store_project, store_project)
             per_codec[codec] = {
                 "memory_usage_bytes_per_pair": round(float(np.mean(usage)), 1),
+                "full_version_bytes_per_pair": round(float(np.mean(full)), 1),
+                "default_project_bytes_per_pair": round(float(np.mean(short_tag)), 1),
+                "default_project_full_version_bytes_per_pair": round(float(np.mean(short_full)), 1),
                 "used_memory_delta_bytes_per_pair": round((after - before) / pairs, 1),
                 "hash_encoding": encodings,
                 "without_embedding_bytes_per_pair": round(float(np.mean(floor)), 1),
+                "default_project_without_embedding_bytes_per_pair": round(
+                    float(np.mean(short_floor)), 1
+                ),
                 "key_bytes": len(sample[0]),
+                "default_project_key_bytes": len(sample[0]) - len(store_project) + 7,
             }
             client.close()
     probe = redis.Redis.from_url(redis_url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))
@@ -585,11 +639,24 @@ def run_memory_benchmark(
         },
         "per_codec": per_codec,
         "redis_hash_max_listpack_value": listpack_value,
+        "bytes_per_pair_full_version": {
+            c: v["full_version_bytes_per_pair"] for c, v in per_codec.items()
+        },
+        "bytes_per_pair_default_project": {
+            c: v["default_project_bytes_per_pair"] for c, v in per_codec.items()
+        },
+        "bytes_per_pair_default_project_full_version": {
+            c: v["default_project_full_version_bytes_per_pair"] for c, v in per_codec.items()
+        },
+        "model_version": version,
         "memory_note": (
             "MEMORY USAGE (samples=0) of (user, item) hashes holding only the pair view: key, "
-            f"embedding ({dim}-d, by codec), model_version, computed_at, _ts; computed_at a "
-            "whole hour. without_embedding: the same hashes rebuilt without the embedding "
-            "field, the floor of Feast's layout."
+            f"embedding ({dim}-d, by codec), model_version (the stored 8-character tag of a "
+            f"{len(version)}-character card version), computed_at, _ts; computed_at a whole "
+            "hour. full_version: the same hashes rebuilt with the full version stored, as "
+            "before the tag. default_project: rebuilt under a 7-character project name, the "
+            "length of the default repo's 'solaris'. without_embedding: rebuilt without the "
+            "embedding field, the floor of Feast's layout."
         ),
     }
     if ne_seeds:

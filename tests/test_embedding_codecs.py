@@ -341,6 +341,8 @@ def test_bench_memory_reports_bytes_per_pair_for_every_codec(
     # int8's 38-byte value keeps the hash a listpack; float32's 135 bytes do not.
     assert sizes["int8"] < sizes["float16"] <= sizes["float32"]
     assert report["per_codec"]["int8"]["hash_encoding"] == ["listpack"]
+    # The stored 8-character version tag against the 35-character card version it stands for.
+    assert sizes["int8"] < report["bytes_per_pair_full_version"]["int8"]
     assert "ne_cost" not in report
     client = redis.Redis.from_url(redis_url)
     assert not list(client.scan_iter(match="*sp_bench_test_*"))

@@ -14,8 +14,13 @@ import pytest
 from solaris_feast.errors import WriteBatchError
 from solaris_feast.serving.retriever import SolarisRetriever
 from solaris_feast.store.config import open_store
-from solaris_feast.store.definitions import solaris_definitions
-from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec
+from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD, solaris_definitions
+from solaris_feast.store.layout import (
+    EntityKeyLayout,
+    FloatListCodec,
+    stored_model_version,
+    version_matches,
+)
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
@@ -179,6 +184,49 @@ def test_offline_log_is_partitioned_by_day_and_idempotent(store: FeatureStore) -
         np.asarray(row["embedding"], np.float32), frame.at[3, "embedding"]
     )
     assert row["event_timestamp"] == pd.Timestamp("2026-01-03 00:30", tz="UTC")
+
+
+def test_online_keeps_the_version_tag_offline_the_version_and_clients_ask_in_full(
+    store: FeatureStore,
+) -> None:
+    """The online store holds an 8-character tag of the version (memory), the offline log the
+    version itself; a plain Feast client asks the resolved view with the full version."""
+    version = "compressor-20261201T120000-1a2b3c4d"  # a card version's shape and length
+    frame = pair_batch(3).assign(model_version=version)
+    EmbeddingWriter(store, "solaris_pair").write(frame)
+
+    stored = store.get_online_features(
+        features=["solaris_pair:model_version"],
+        entity_rows=[{"user_id": 1, "item_id": 100}],
+    ).to_dict()["model_version"]
+    assert stored == [stored_model_version(version)] and len(stored[0]) == 8
+    table = pd.concat([pq.read_table(p).to_pandas() for p in offline_files(store)])
+    assert set(table["model_version"]) == {version}
+
+    def resolved_tiers(asked: str) -> list[int]:
+        rows = [
+            {"user_id": 1, "item_id": int(i), MODEL_VERSION_REQUEST_FIELD: asked}
+            for i in frame["item_id"]
+        ]
+        return store.get_online_features(
+            features=["solaris_resolved:resolved_tier"], entity_rows=rows, full_feature_names=True
+        ).to_dict()["solaris_resolved__resolved_tier"]
+
+    assert resolved_tiers(version) == [int(Tier.EXACT)] * 3
+    assert resolved_tiers("compressor-20261201T120000-ffffffff") == [int(Tier.ZERO)] * 3
+    fetched = SolarisRetriever(store, version, record_misses=False).fetch(1, [100, 101, 102])
+    assert fetched.tiers.tolist() == [Tier.EXACT] * 3
+
+
+def test_version_matches_takes_the_tag_or_the_full_version_and_nothing_else() -> None:
+    version = "compressor-20261201T120000-1a2b3c4d"
+    tag = stored_model_version(version)
+    stored = [tag, version, "other", None, 7, stored_model_version("other"), tag]
+    assert version_matches(stored, version).tolist() == [1, 1, 0, 0, 0, 0, 1]
+    # One expected version per row, as the resolved view's request column gives them.
+    per_row = [version, version, "other", version, None, "other", ""]
+    assert version_matches(stored, per_row).tolist() == [1, 1, 1, 0, 0, 1, 0]
+    assert version_matches([], version).tolist() == []
 
 
 def test_user_and_similar_writers_share_the_path(store: FeatureStore) -> None:

@@ -31,6 +31,7 @@ from solaris_feast.pipeline.settings import (
     USER_VIEW,
     PrecomputeRun,
 )
+from solaris_feast.store.layout import version_matches
 
 if TYPE_CHECKING:
     import numpy as np
@@ -221,8 +222,10 @@ def _tier_values(
         vectors[present] = np.stack(
             [np.asarray(rows[EMBEDDING].iat[i], dtype=np.float32) for i in index[present]]
         )
-    version_matches = np.zeros(n, dtype=bool)
-    version_matches[found] = rows[MODEL_VERSION].to_numpy()[index[found]] == embedding_version
+    made_by_version = np.zeros(n, dtype=bool)
+    made_by_version[found] = version_matches(
+        rows[MODEL_VERSION].to_numpy()[index[found]], embedding_version
+    )
     computed_at_s = np.full(n, np.nan)
     stamps = rows["_at"]
     seconds = (stamps - pd.Timestamp(0, tz="UTC")).dt.total_seconds().to_numpy(dtype=np.float64)
@@ -230,7 +233,7 @@ def _tier_values(
     return TierValues(
         vectors=vectors,
         present=present,
-        version_matches=version_matches,
+        version_matches=made_by_version,
         computed_at_s=computed_at_s,
     )
 

@@ -25,6 +25,7 @@ from solaris_feast.errors import SchemaError
 from solaris_feast.keys import dense_pair_keys, id_array
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
 from solaris_feast.serving.resolve import usable_rows
+from solaris_feast.store.layout import version_matches
 
 logger = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class PairEmbeddings:
         keep = usable_rows(
             self.vectors,
             np.ones(len(self), dtype=bool),
-            self.model_versions == model_version,
+            version_matches(self.model_versions, model_version),
             self.computed_at_s,
             now_s,
             ttl_seconds,

@@ -50,6 +50,7 @@ from solaris_feast.keys import (
     split_pair_keys,
     stable_id_hash,
 )
+from solaris_feast.store.layout import version_matches
 
 logger = logging.getLogger(__name__)
 
@@ -525,7 +526,7 @@ def _remaining_seconds(
             raise SchemaError("fresh_state", column, "is missing")
     state = fresh_state
     if model_version is not None and MODEL_VERSION in state.columns:
-        state = state.loc[state[MODEL_VERSION] == model_version]
+        state = state.loc[version_matches(state[MODEL_VERSION], model_version)]
     computed_s = unix_seconds(state[COMPUTED_AT])
     # Stored pairs of ids this round does not plan cannot matter; the rest get their codes.
     state_user, state_item = id_array(state[USER_ID]), id_array(state[ITEM_ID])

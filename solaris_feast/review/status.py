@@ -27,7 +27,7 @@ import os
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -41,6 +41,7 @@ from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, usable_row
 from solaris_feast.store.backends import StoredScan, StoredValues, backend_for, online_kind
 from solaris_feast.store.config import open_repo_store
 from solaris_feast.store.definitions import SolarisFeastConfig
+from solaris_feast.store.layout import stored_model_version, version_matches
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -157,8 +158,10 @@ def _view_summary(
     computed = np.array(
         [np.nan if r.computed_at is None else r.computed_at for r in rows], dtype=np.float64
     )
-    is_current = np.array(
-        [expected is not None and r.model_version == expected for r in rows], dtype=bool
+    is_current = (
+        version_matches([r.model_version for r in rows], expected)
+        if expected is not None
+        else np.zeros(len(rows), dtype=bool)
     )
     dated = np.isfinite(computed)
     for age in (now - computed[dated]).tolist():
@@ -321,6 +324,7 @@ def store_status(
         expected = stored.most_common(1)[0][0] if stored else None
         source = "most common stored version" if expected else "none"
 
+    rows = _named_versions(rows, expected, models_dir)
     summaries = [
         _view_summary(
             view_names[tier],
@@ -352,6 +356,26 @@ def store_status(
         "coverage": coverage,
         "scan": {"max_keys": max_keys, "keys_read": scan.keys_read, "truncated": scan.truncated},
     }
+
+
+def _named_versions(
+    rows: list[StoredRow], expected: str | None, models_dir: Path | None
+) -> list[StoredRow]:
+    """The rows with each stored version tag (what the online store keeps) replaced by the full
+    version it stands for, where the expected version or a model card says which."""
+    from solaris_feast.models.cards import scan_cards
+
+    known = [expected] if expected else []
+    if models_dir is not None and models_dir.is_dir():
+        # A card that does not parse only leaves its tag unnamed here.
+        known += [card.version for card in scan_cards(models_dir).cards]
+    full_by_tag = {stored_model_version(v): v for v in known}
+    return [
+        replace(r, model_version=full_by_tag[r.model_version])
+        if r.model_version in full_by_tag
+        else r
+        for r in rows
+    ]
 
 
 # -- presentation ------------------------------------------------------------------------------

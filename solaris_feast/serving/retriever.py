@@ -54,7 +54,7 @@ from solaris_feast.serving.resolve import (
 from solaris_feast.store.backends import OnlineBackend, TierRead, backend_for
 from solaris_feast.store.definitions import SolarisFeastConfig
 from solaris_feast.store.ids import EntityId, IdType, check_id, check_ids, join_key_types
-from solaris_feast.store.layout import embedding_codec
+from solaris_feast.store.layout import accepted_model_versions, embedding_codec
 from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 from solaris_feast.tiers import Tier
 
@@ -238,10 +238,12 @@ class SolarisRetriever:
         # The views' codec (store/layout.py): Feast's float list, or quantized Feast bytes.
         self.codec = embedding_codec(codecs.pop(), self.dim)
         # Stored model versions are compared as bytes: Feast serializes a string value the same
-        # way every time, so equal bytes mean equal versions without parsing each value.
-        self._expected_version_bytes = ValueProto(
-            string_val=expected_model_version
-        ).SerializeToString()
+        # way every time, so equal bytes mean equal versions without parsing each value. The
+        # store holds the version's tag or, from the offline log, the version itself.
+        self._accepted_version_bytes = tuple(
+            ValueProto(string_val=v).SerializeToString()
+            for v in accepted_model_versions(expected_model_version)
+        )
         # The backend's timeouts bound a single wait; each read is bounded by its own deadline.
         self.backend: OnlineBackend = backend_for(store, timeout_seconds=self.deadline_ms / 1000)
         self.kind = self.backend.kind
@@ -419,7 +421,9 @@ class SolarisRetriever:
         present[rows] = True
         # Feast serializes a string the same way every time: equal bytes, equal versions.
         version_matches = np.zeros(n, dtype=bool)
-        version_matches[stored] = np.asarray(versions, dtype=object) == self._expected_version_bytes
+        stored_versions = np.asarray(versions, dtype=object)
+        for accepted in self._accepted_version_bytes:
+            version_matches[stored] |= stored_versions == accepted
         version_matches &= present
         computed = np.full(n, np.nan)
         computed[stored] = stamps

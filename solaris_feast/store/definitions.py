@@ -31,7 +31,9 @@ with ``float16`` or ``int8`` it is Feast ``Bytes`` holding the quantized vector 
 with the text of :func:`solaris_feast.store.layout.dequantize_payloads` (a value of the wrong
 size is a miss, served ZERO when no other tier has it). The offline parquet log keeps the
 float32 vectors either way (training reads them at full precision), so ``feast materialize``
-of a quantized view is not supported: the writer writes online itself.
+of a quantized view is not supported: the writer writes online itself. Online, ``model_version``
+holds the version's 8-character tag (:func:`solaris_feast.store.layout.stored_model_version`);
+the resolved view accepts the tag or the full version, so a client asks with the full one.
 """
 
 from __future__ import annotations
@@ -61,7 +63,10 @@ from solaris_feast.store.ids import IdType, feast_value_type
 from solaris_feast.store.layout import (
     DEFAULT_EMBEDDING_CODEC,
     EmbeddingCodecName,
+    accepted_model_versions,
     dequantize_payloads,
+    stored_model_version,
+    version_matches,
 )
 from solaris_feast.store.tags import (
     TAG_COMPRESSOR_VERSION,
@@ -246,6 +251,7 @@ def {function_name}(inputs):
 
     # <usable_rows>
     # <dequantize_payloads>
+    # <version_matches>
     tiers = ({tiers})
     dim = {dim}
     codec = {codec!r}
@@ -323,7 +329,7 @@ def {function_name}(inputs):
         take = open_rows & usable_rows(
             vectors,
             present,
-            versions == expected,
+            version_matches(versions, expected),
             computed,
             now_s,
             ttl_seconds,
@@ -343,6 +349,7 @@ def {function_name}(inputs):
 '''
 _USABLE_ROWS_MARK = "    # <usable_rows>\n"
 _DEQUANTIZE_MARK = "    # <dequantize_payloads>\n"
+_VERSION_MARK = "    # <version_matches>\n"
 
 
 def resolved_view_source(config: SolarisFeastConfig) -> tuple[str, str]:
@@ -370,6 +377,12 @@ def resolved_view_source(config: SolarisFeastConfig) -> tuple[str, str]:
     # The codec's own decoder, not a copy, for the same reason.
     decoder = textwrap.indent(inspect.getsource(dequantize_payloads), "    ")
     source = source.replace(_DEQUANTIZE_MARK, decoder + "\n")
+    # The stored-version rule's own text (tag, accepted values, match), for the same reason.
+    versions = "\n".join(
+        textwrap.indent(inspect.getsource(f), "    ")
+        for f in (stored_model_version, accepted_model_versions, version_matches)
+    )
+    source = source.replace(_VERSION_MARK, versions + "\n")
     return source.strip() + "\n", function_name
 
 

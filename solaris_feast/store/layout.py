@@ -16,6 +16,9 @@ calls these.
   (2D bytes), ``int8`` a little-endian float32 scale then D int8 (4 + D bytes; the vector is
   ``q * scale``). The codec of a view is its ``solaris.embedding_codec`` tag; every reader
   decodes quantized bytes with :func:`dequantize_payloads` (the resolved view carries its text).
+- Model versions: the online store keeps an 8-character tag of the embedding version beside
+  every value (:func:`stored_model_version`), the offline log the version in full; a reader
+  accepts either (:func:`version_matches`; the resolved view carries its text).
 - The miss queue's Redis keys, all under the hash tag ``{project}`` (one cluster slot).
 """
 
@@ -239,6 +242,57 @@ class FloatListCodec:
         if proto.WhichOneof("val") != "float_list_val" or len(proto.float_list_val.val) != self.dim:
             return None
         return np.asarray(proto.float_list_val.val, dtype=np.float32)
+
+
+MODEL_VERSION_TAG_BYTES = 4
+"""Bytes of blake2b behind a stored model version tag (8 hex characters)."""
+
+
+def stored_model_version(version: str) -> str:
+    """The embedding version as the online store keeps it beside each value: 8 hex characters of
+    blake2b of the full version.
+
+    A card's version (``compressor-20261201T120000-1a2b3c4d``) is 35 characters; beside an int8
+    vector of D = 32 it takes a Redis hash from 232 to 280 bytes (listpack, allocator size
+    classes; ``benchmarks/README.md``, Memory). 32 bits tell apart the few embedding spaces a
+    deployment holds at once (two clash with chance 2**-32). The offline log keeps the full
+    version, and a full version stored online (``feast materialize`` of that log, rows written
+    before the tag) is still accepted (:func:`accepted_model_versions`). Copied verbatim into the
+    resolved view's source: no closures.
+    """
+    import hashlib
+
+    return hashlib.blake2b(version.encode(), digest_size=4).hexdigest()
+
+
+def accepted_model_versions(expected: str) -> tuple[str, str]:
+    """The stored ``model_version`` values that mean "made by ``expected``": its tag, as solaris
+    writes online, and the full version, as the offline log and ``feast materialize`` keep it.
+    Copied verbatim into the resolved view's source."""
+    return stored_model_version(expected), expected
+
+
+def version_matches(stored: Any, expected: Any) -> np.ndarray:
+    """``(N,)`` bool: which of N stored ``model_version`` values (str, None or anything else) were
+    made by the embedding version ``expected``, one version for all rows or one per row (the
+    resolved view's request column); see :func:`accepted_model_versions`. An expected value that
+    is not a non-empty string matches nothing. Copied verbatim into the resolved view's source:
+    numpy only, no closures.
+    """
+    import numpy as np
+
+    values = np.fromiter(stored, dtype=object, count=len(stored))
+    n = len(values)
+    if isinstance(expected, str):
+        wanted = np.full(n, expected, dtype=object)
+    else:
+        wanted = np.fromiter(expected, dtype=object, count=n)
+    matches = np.zeros(n, dtype=bool)
+    for version in {v for v in wanted.tolist() if isinstance(v, str) and v}:
+        rows = wanted == version
+        for accepted in accepted_model_versions(version):
+            matches[rows] |= values[rows] == accepted
+    return matches
 
 
 def quantized_payload_size(codec: str, dim: int) -> int:

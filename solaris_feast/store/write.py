@@ -13,7 +13,9 @@ nothing of it is written.
 
 Embeddings are encoded by the view's codec (its ``solaris.embedding_codec`` tag, see
 :mod:`solaris_feast.store.layout`): online as Feast's float list or quantized bytes, offline
-always as float32 lists (training reads the log at full precision).
+always as float32 lists (training reads the log at full precision). ``model_version`` is stored
+online as the version's 8-character tag (:func:`~solaris_feast.store.layout.stored_model_version`:
+a 35-character card version costs a quarter of an int8 pair's Redis bytes), offline in full.
 
 Offline: parquet under ``<source path>/<YYYY-MM-DD of computed_at>/part-<content hash>.parquet``.
 The log is append-only and the file name is a hash of the rows, so writing the same batch again
@@ -44,11 +46,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from solaris_feast.columns import COMPUTED_AT, EMBEDDING, EVENT_TIMESTAMP, WRITTEN_AT
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING, EVENT_TIMESTAMP, MODEL_VERSION, WRITTEN_AT
 from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.ids import join_key_types
-from solaris_feast.store.layout import EntityKeyLayout, embedding_codec
+from solaris_feast.store.layout import EntityKeyLayout, embedding_codec, stored_model_version
 from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 
 if TYPE_CHECKING:
@@ -453,6 +455,8 @@ class EmbeddingWriter:
                 if value not in cache:
                     if kind == "timestamp":
                         proto = ValueProto(unix_timestamp_val=int(value) // NANOS_PER_SECOND)
+                    elif name == MODEL_VERSION:
+                        proto = ValueProto(string_val=stored_model_version(value))
                     elif kind == "string":
                         proto = ValueProto(string_val=value)
                     elif kind == "int64":
