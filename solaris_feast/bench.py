@@ -162,13 +162,18 @@ def feast_server(store: FeatureStore, port: int) -> Iterator[Callable[[dict[str,
                     time.sleep(0.3)
 
             def post(body: dict[str, Any]) -> Any:
-                connection.request(
-                    "POST",
-                    "/get-online-features",
-                    body=json.dumps(body),
-                    headers={"Content-Type": "application/json"},
-                )
-                response = connection.getresponse()
+                payload = json.dumps(body)
+                headers = {"Content-Type": "application/json"}
+                try:
+                    connection.request("POST", "/get-online-features", payload, headers)
+                    response = connection.getresponse()
+                except (ConnectionError, http.client.RemoteDisconnected):
+                    # feast serve (uvicorn) closes a kept-alive connection idle for 5 s, as
+                    # between two contenders; http.client does not reconnect by itself. The
+                    # timed calls follow warm-up calls, so a reconnect is never timed.
+                    connection.close()
+                    connection.request("POST", "/get-online-features", payload, headers)
+                    response = connection.getresponse()
                 answer = json.loads(response.read())
                 if response.status != 200:
                     raise RuntimeError(f"feast serve answered {response.status}: {answer}")
