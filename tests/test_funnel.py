@@ -5,6 +5,7 @@ world runs end to end."""
 from __future__ import annotations
 
 import copy
+import json
 import time
 from typing import Any
 
@@ -335,3 +336,11 @@ def test_request_model_is_not_the_early_stage_ranker(tiny_rounds: _Rounds) -> No
     top_r = set(pool.nlargest(budget, "request_model").index)
     top_e = set(pool.nlargest(budget, "early_stage").index)
     assert len(top_r & top_e) < 0.9 * budget
+
+
+def test_seeds_in_worker_processes_give_the_serial_run_s_records() -> None:
+    """``--workers`` only spreads the seeds over processes: each seed is a pure function of
+    the config and the seed, so the records equal the serial run's, to the last digit."""
+    serial = simulate_funnel(TINY, [0, 1])
+    spread = simulate_funnel(TINY, [0, 1], workers=2)
+    assert json.dumps(spread, sort_keys=True) == json.dumps(serial, sort_keys=True)
