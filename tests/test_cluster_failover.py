@@ -41,7 +41,12 @@ from test_hardening_support import DIM, VERSION, OwnedRedis, pair_frame, redis_c
 from solaris_feast.errors import is_retryable
 from solaris_feast.serving.retriever import SolarisRetriever
 from solaris_feast.store.definitions import solaris_definitions
-from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec, online_field
+from solaris_feast.store.layout import (
+    EntityKeyLayout,
+    FloatListCodec,
+    online_field,
+    stored_model_version,
+)
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
@@ -427,7 +432,7 @@ def assert_row_of_time(row: dict[bytes, bytes], computed_at: pd.Timestamp) -> No
 
     version = ValueProto()
     version.ParseFromString(row[online_field("solaris_pair", "model_version")])
-    assert version.string_val == VERSION
+    assert version.string_val == stored_model_version(VERSION)  # the online store's tag
     stamp = ValueProto()
     stamp.ParseFromString(row[online_field("solaris_pair", "computed_at")])
     assert stamp.unix_timestamp_val == int(computed_at.timestamp())

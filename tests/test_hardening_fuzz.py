@@ -41,6 +41,7 @@ from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.serving.retriever import SolarisRetriever
 from solaris_feast.store.config import open_store
 from solaris_feast.store.definitions import SolarisFeastConfig, solaris_definitions
+from solaris_feast.store.layout import stored_model_version
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
@@ -192,6 +193,7 @@ def test_a_100k_item_request_is_answered_or_flagged_never_raised(
 
 STORED_USER = 2**40 + 7  # no other test of this module reads or writes it
 NOW_S = float(int(time.time()))
+VERSION_TAG = stored_model_version(VERSION)
 
 
 def _value(**field: Any) -> bytes:
@@ -218,7 +220,8 @@ def _reference_served(embedding: bytes, version: bytes, computed_at: bytes, ttl:
         return False
     if not np.isfinite(np.asarray(vector.float_list_val.val)).all():
         return False
-    if model.WhichOneof("val") != "string_val" or model.string_val != VERSION:
+    # Online, solaris writes the version's tag; Feast's own writes (materialize) the version.
+    if model.WhichOneof("val") != "string_val" or model.string_val not in (VERSION, VERSION_TAG):
         return False
     if stamp.WhichOneof("val") != "unix_timestamp_val":
         return False
@@ -257,7 +260,9 @@ stored_embeddings = _maybe_broken(
     | st.just(_value(string_val="not a vector"))
 )
 stored_versions = _maybe_broken(
-    st.sampled_from([VERSION, "cmp-old", ""]).map(lambda v: _value(string_val=v))
+    st.sampled_from([VERSION, VERSION_TAG, "cmp-old", stored_model_version("cmp-old"), ""]).map(
+        lambda v: _value(string_val=v)
+    )
 )
 stored_stamps = _maybe_broken(
     st.sampled_from([0.0, 60.0, 6 * 3600.0, 6 * 3600.0 + 1, -299.0, -301.0, -1e9]).map(
