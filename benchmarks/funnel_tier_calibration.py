@@ -97,22 +97,22 @@ def run(seed: int, scored_hours: int, budget: float) -> dict[str, Any]:
                             _add(
                                 arm.setdefault(tier.name, {}), p[rows], p0[rows], rec.click_p[rows]
                             )
-                    rows = served.tiers == int(Tier.USER_AGG)
-                    if rows.any():
-                        _add(
-                            arm.setdefault("user_tier_zero_vector", {}),
-                            pu0[rows],
-                            p0[rows],
-                            rec.click_p[rows],
-                        )
-                    rows = (served.tiers == int(Tier.EXACT)) & (user.tiers == int(Tier.USER_AGG))
-                    if rows.any():
-                        _add(
-                            arm.setdefault("user_aggregate_on_exact_pairs", {}),
-                            pu[rows],
-                            p0[rows],
-                            rec.click_p[rows],
-                        )
+                    covered_by_user = user.tiers == int(Tier.USER_AGG)
+                    for name, rows, predicted in (
+                        ("user_tier_zero_vector", served.tiers == int(Tier.USER_AGG), pu0),
+                        (
+                            "user_aggregate_on_exact_pairs",
+                            (served.tiers == int(Tier.EXACT)) & covered_by_user,
+                            pu,
+                        ),
+                    ):
+                        if rows.any():
+                            _add(
+                                arm.setdefault(name, {}),
+                                predicted[rows],
+                                p0[rows],
+                                rec.click_p[rows],
+                            )
         return serve_arms(run, records, outcome, scored, shown)
 
     cfg = loop.FunnelConfig(scored_hours=scored_hours, planners=("verifier", "oracle"))

@@ -626,7 +626,9 @@ def run_memory_benchmark(
                     float(np.mean(short_floor)), 1
                 ),
                 "key_bytes": len(sample[0]),
-                "default_project_key_bytes": len(sample[0]) - len(store_project) + 7,
+                "default_project_key_bytes": len(sample[0])
+                - len(store_project)
+                + len(short_project),
             }
             client.close()
     probe = redis.Redis.from_url(redis_url or os.environ.get("REDIS_URL", "redis://127.0.0.1:6379"))

@@ -158,11 +158,7 @@ def _view_summary(
     computed = np.array(
         [np.nan if r.computed_at is None else r.computed_at for r in rows], dtype=np.float64
     )
-    is_current = (
-        version_matches([r.model_version for r in rows], expected)
-        if expected is not None
-        else np.zeros(len(rows), dtype=bool)
-    )
+    is_current = version_matches([r.model_version for r in rows], expected)
     dated = np.isfinite(computed)
     for age in (now - computed[dated]).tolist():
         histogram[age_bucket(age)] += 1

@@ -244,10 +244,6 @@ class FloatListCodec:
         return np.asarray(proto.float_list_val.val, dtype=np.float32)
 
 
-MODEL_VERSION_TAG_BYTES = 4
-"""Bytes of blake2b behind a stored model version tag (8 hex characters)."""
-
-
 def stored_model_version(version: str) -> str:
     """The embedding version as the online store keeps it beside each value: 8 hex characters of
     blake2b of the full version.
@@ -283,11 +279,13 @@ def version_matches(stored: Any, expected: Any) -> np.ndarray:
 
     values = np.fromiter(stored, dtype=object, count=len(stored))
     n = len(values)
-    if isinstance(expected, str):
-        wanted = np.full(n, expected, dtype=object)
-    else:
-        wanted = np.fromiter(expected, dtype=object, count=n)
     matches = np.zeros(n, dtype=bool)
+    if isinstance(expected, str):
+        if expected:
+            for accepted in accepted_model_versions(expected):
+                matches |= values == accepted
+        return matches
+    wanted = np.fromiter(expected, dtype=object, count=n)
     for version in {v for v in wanted.tolist() if isinstance(v, str) and v}:
         rows = wanted == version
         for accepted in accepted_model_versions(version):
