@@ -38,8 +38,10 @@ from redis.cluster import ClusterNode, RedisCluster
 from test_hardening_cluster import cluster_store
 from test_hardening_support import DIM, VERSION, OwnedRedis, pair_frame, redis_cli, wait_until
 
-from solaris_feast.errors import is_retryable
+from solaris_feast.errors import RetryableStoreError, is_retryable
 from solaris_feast.serving.retriever import SolarisRetriever
+from solaris_feast.store.backends import backend_for
+from solaris_feast.store.backends.redis_cluster import RedisClusterBackend
 from solaris_feast.store.definitions import solaris_definitions
 from solaris_feast.store.layout import (
     EntityKeyLayout,
@@ -47,7 +49,7 @@ from solaris_feast.store.layout import (
     online_field,
     stored_model_version,
 )
-from solaris_feast.store.write import EmbeddingWriter
+from solaris_feast.store.write import WRITE_TIMEOUT_SECONDS, EmbeddingWriter
 from solaris_feast.tiers import Tier
 
 pytestmark = [pytest.mark.redis, pytest.mark.cluster_failover]
@@ -407,6 +409,59 @@ def test_primary_killed_while_serving_and_writing(replicated_cluster: Cluster, t
         f"({unreplicated} acknowledged while the link was cut), "
         f"{len(log.retried)} retries ({sorted(set(log.retried))})"
     )
+
+
+def test_write_waits_for_the_replica_its_primary_has_not_the_slot_map(
+    replicated_cluster: Cluster, tmp_path: Path
+):
+    """``CLUSTER SLOTS`` leaves out a replica its answering node has not yet heard report an
+    offset (for a second or so after the replica syncs) and one flagged failing. A writer whose
+    slot map was read then must still wait for the replica the primary has: with every replica
+    taken out of its map, a write to the primary whose replication link is cut fails as
+    retryable instead of being acknowledged unreplicated, and the other primaries' rows are
+    on their replicas when the write returns."""
+    cluster = replicated_cluster
+    project = f"cl_wait_{uuid.uuid4().hex[:8]}"
+    store = cluster_store(project, tmp_path / "repo", cluster.connection)
+    store.apply(solaris_definitions().all())
+    backend = backend_for(store, timeout_seconds=WRITE_TIMEOUT_SECONDS)
+    assert isinstance(backend, RedisClusterBackend)
+    slots = backend.client.nodes_manager.slots_cache
+    for slot, nodes in slots.items():
+        slots[slot] = nodes[:1]  # the map as read before any replica's offset was heard
+    layout = EntityKeyLayout(["user_id", "item_id"], store.config.entity_key_serialization_version)
+    victim = f"127.0.0.1:{cluster.announced(PROXIED)}"
+
+    def primary_of(user: int, item: int) -> str:
+        return str(slots[backend.client.keyslot(layout.key(user, item) + project.encode())][0].name)
+
+    # A batch with rows on the victim and on another primary.
+    user = next(
+        u
+        for u in range(FIRST_WRITTEN_USER, FIRST_WRITTEN_USER + 1000)
+        if len({primary_of(u, i) == victim for i in WRITTEN_ITEMS.tolist()}) == 2
+    )
+    computed_at = pd.Timestamp.now(tz="UTC").floor("s")
+    vectors = np.stack([written_vector(user, i) for i in WRITTEN_ITEMS.tolist()])
+    others = [i for i in WRITTEN_ITEMS.tolist() if primary_of(user, i) != victim]
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False, backend=backend)
+    try:
+        healthy = pair_frame(user, WRITTEN_ITEMS, vectors, computed_at=computed_at)
+        assert writer.write(healthy).online_applied == len(WRITTEN_ITEMS)
+        for item in others:  # WAIT returned: each row is on its primary's replica already
+            key = layout.key(user, item) + project.encode()
+            primary = int(primary_of(user, item).rsplit(":", 1)[1])
+            on_replica = redis.Redis(port=cluster.replica_of(primary))
+            on_replica.execute_command("READONLY")
+            assert on_replica.hexists(key, b"_ts:solaris_pair"), f"item {item} not replicated"
+        cluster.cut_replication()
+        later = pair_frame(
+            user, WRITTEN_ITEMS, vectors, computed_at=computed_at + pd.Timedelta(1, "s")
+        )
+        with pytest.raises(RetryableStoreError, match="replicas acknowledged"):
+            writer.write(later)
+    finally:
+        writer.close()
 
 
 def cut_replication_then_kill(cluster: Cluster, victim: int, log: WriterLog) -> int:
