@@ -25,7 +25,7 @@ from solaris_feast.models.training import (
     train_vertical,
     transfer_ratio,
 )
-from solaris_feast.models.vertical import VerticalModel
+from solaris_feast.models.vertical import FM_SPAN_TIER, VerticalModel, fm_span_tiers
 from solaris_feast.tiers import Tier
 
 
@@ -278,3 +278,56 @@ def test_bf16_autocast_trains_and_encodes_close_to_fp32_and_hands_models_back_on
     assert fast.dtype == torch.float32 and fast.device.type == "cpu"
     assert float((fast - exact).abs().max()) < 0.1
     assert not torch.equal(fast, exact)  # bf16 really ran
+
+
+def test_rows_the_fm_trained_on_teach_their_own_tier_not_zero(dataset: InteractionDataset) -> None:
+    """The FM's training rows carry no ``z`` the VM may see. Trained as tier ZERO, they teach
+    ZERO *their* click rate (the earliest rows of the log, ranked by an older policy); with the
+    training-only FM-span tier, ZERO keeps the rate of the rows it is served on. Here the two
+    groups differ only in their labels (5 % against 40 %, rows assigned at random, so no input
+    tells them apart) and in the tier they are given."""
+    n = 2048
+    f = PairFeaturizer(dataset, history_len=8)
+    b = f.for_log(dataset.interactions.iloc[:n])
+    gen = torch.Generator().manual_seed(0)
+    fm_rows = (torch.rand(n, generator=gen) < 0.75).numpy()
+    later = torch.from_numpy(~fm_rows)
+    rate = torch.where(later, 0.4, 0.05)
+    y = (torch.rand(n, 2, generator=gen) < rate.unsqueeze(-1)).float()
+    z = torch.randn(n, 32, generator=gen)
+    draw = torch.rand(n, generator=gen)
+    tier = torch.where(draw < 0.5, int(Tier.EXACT), int(Tier.ZERO)).long()
+    tier[~later] = int(Tier.ZERO)
+    cfg = TrainConfig(epochs=10, batch_size=128, learning_rate=3e-3, seed=0)
+    zero_later = later & (tier == int(Tier.ZERO))
+    served_zero = torch.full((int(zero_later.sum()),), int(Tier.ZERO))
+    predicted = {}
+    for name, tiers in (("as ZERO", tier), ("own tier", fm_span_tiers(tier, fm_rows))):
+        torch.manual_seed(0)
+        vm = VerticalModel(f.schema, 2)
+        train_vertical(vm, b, y, cfg, z=z, tier=tiers)
+        with torch.no_grad():
+            head = b.select(torch.nonzero(zero_later).squeeze(-1))
+            p = vm.predict_proba(head, torch.zeros(len(head), 32), served_zero)[:, 0]
+        predicted[name] = float(p.mean())
+    true = float(y[zero_later, 0].mean())
+    assert abs(predicted["own tier"] - true) < 0.1, (predicted, true)
+    assert predicted["as ZERO"] < true - 0.15, (predicted, true)
+
+
+def test_the_fm_span_tier_reads_no_vector_and_old_cards_load(dataset: InteractionDataset) -> None:
+    f = PairFeaturizer(dataset, history_len=8)
+    b = f.for_log(dataset.interactions.iloc[:6])
+    vm = VerticalModel(f.schema, 2)
+    span = torch.full((6,), FM_SPAN_TIER)
+    assert torch.equal(vm(b, torch.randn(6, 32), span), vm(b, torch.zeros(6, 32), span))
+    assert fm_span_tiers(torch.full((3,), int(Tier.EXACT)), [True, False, True]).tolist() == [
+        FM_SPAN_TIER,
+        int(Tier.EXACT),
+        FM_SPAN_TIER,
+    ]
+    saved = {k: v for k, v in vm.state_dict().items() if k != "fm_span_tier"}  # an older card
+    loaded = VerticalModel(f.schema, 2)
+    loaded.load_state_dict(saved)
+    assert not loaded.fm_span_tier.any()
+    assert torch.equal(loaded(b), vm(b))

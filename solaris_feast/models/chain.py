@@ -75,7 +75,7 @@ from solaris_feast.models.training import (
     train_vertical,
     vertical_probabilities,
 )
-from solaris_feast.models.vertical import VerticalModel
+from solaris_feast.models.vertical import VerticalModel, fm_span_tiers
 from solaris_feast.models.vocabulary import Vocabulary, VocabularyFeaturizer, featurizer_for
 from solaris_feast.progress import StageProgress
 from solaris_feast.tiers import Tier
@@ -357,6 +357,9 @@ def fit_vertical(
         ~data.fm_rows,
         round_seconds=config.precompute_interval_seconds,
     )
+    # The FM's own rows (the earliest) train beside a tier of their own, not ZERO: ZERO must
+    # learn what serving means by it, a pair the store holds nothing for, not the early log.
+    tier = fm_span_tiers(tier, data.fm_rows)
     vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
     schema = data.featurizer.schema
     with seeded_torch(config.seed):

@@ -9,6 +9,7 @@ which pairs get the FM.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
@@ -17,6 +18,13 @@ from solaris_feast.models.features import FeatureSchema, PairBatch
 from solaris_feast.tiers import NUM_TIERS, Tier
 
 _ENRICHMENT_TIERS = (Tier.SIMILAR, Tier.USER_AGG)
+
+FM_SPAN_TIER = NUM_TIERS
+"""A tier for training only: the row is one the FM trained on, so it has no ``z`` the VM may
+see. Without it those rows, the earliest of the log, are tier ZERO, and ZERO learns the early
+log's click rate rather than "nothing known" (measured in the funnel world: a USER_AGG pair
+served a zero vector scored 0.15 against 0.08 as ZERO, true rate 0.09). Serving never sends it.
+"""
 
 
 class VerticalConfig(BaseModel):
@@ -56,6 +64,10 @@ class VerticalModel(nn.Module):
             nn.Embedding(c, cfg.attribute_dim) for c in schema.item_cardinalities
         )
         self.tier = nn.Embedding(NUM_TIERS, cfg.tier_dim) if cfg.embedding_dim else None
+        # Zeros, not a random draw: every other initial weight stays as it was.
+        self.fm_span_tier = nn.Parameter(torch.zeros(cfg.tier_dim if cfg.embedding_dim else 0))
+        # Cards saved before this tier existed load with it at its initial zeros.
+        self.register_load_state_dict_pre_hook(_default_fm_span_tier)
         width = (
             2 * cfg.id_dim
             + cfg.attribute_dim * (len(schema.user_cardinalities) + len(schema.item_cardinalities))
@@ -104,8 +116,13 @@ class VerticalModel(nn.Module):
                 raise ValueError(f"z must be ({b}, {d}), got {tuple(z.shape)}")
             # Zero tier means the store had nothing: force the vector to zero so garbage in a
             # missing slot can never leak into the score.
-            present = (tier != int(Tier.ZERO)).unsqueeze(-1).to(z.dtype)
-            parts += [z * present, self.tier(tier.long())]
+            tier = tier.long()
+            in_span = tier == FM_SPAN_TIER
+            present = ((tier != int(Tier.ZERO)) & ~in_span).unsqueeze(-1).to(z.dtype)
+            tier_vectors = self.tier(tier.masked_fill(in_span, int(Tier.ZERO)))
+            if bool(in_span.any()):
+                tier_vectors = torch.where(in_span.unsqueeze(-1), self.fm_span_tier, tier_vectors)
+            parts += [z * present, tier_vectors]
             for enrichment in _ENRICHMENT_TIERS:
                 # Only the rows of this tier pay for its reading.
                 rows = torch.nonzero(tier == int(enrichment)).squeeze(-1)
@@ -126,3 +143,19 @@ class VerticalModel(nn.Module):
     def verifier_score(self, batch: PairBatch) -> torch.Tensor:
         """Main-task probability ``(B,)`` with no embedding: what the VM knows before the FM."""
         return self.predict_proba(batch)[:, 0]
+
+
+def _default_fm_span_tier(
+    module: nn.Module, state_dict: dict[str, torch.Tensor], prefix: str, *_: object
+) -> None:
+    key = prefix + "fm_span_tier"
+    if key not in state_dict:
+        state_dict[key] = torch.zeros_like(module.fm_span_tier)  # type: ignore[arg-type]
+
+
+def fm_span_tiers(tier: torch.Tensor, fm_rows: np.ndarray) -> torch.Tensor:
+    """``tier`` with the rows the FM trained on (``fm_rows``, ``(N,)`` bool) set to
+    :data:`FM_SPAN_TIER`: the tiers a VM trains on beside an FM that saw part of its rows."""
+    out = tier.clone()
+    out[torch.from_numpy(np.asarray(fm_rows, dtype=bool))] = FM_SPAN_TIER
+    return out
