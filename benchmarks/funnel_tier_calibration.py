@@ -18,7 +18,7 @@ It reads the loop through an observer of ``_serve_arms`` and changes nothing tha
 clicks it prints are the run's own ablation.
 
     python benchmarks/funnel_tier_calibration.py --seeds 0,1,2 --scored-hours 4 \\
-        --json benchmarks/results/funnel_tier_calibration.json
+        [--fm-rows own_tier] --json benchmarks/results/funnel_tier_calibration.json
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _summary(bucket: dict[str, float]) -> dict[str, float]:
     }
 
 
-def run(seed: int, scored_hours: int, budget: float) -> dict[str, Any]:
+def run(seed: int, scored_hours: int, budget: float, fm_rows: str = "zero") -> dict[str, Any]:
     """One seed: per arm and tier, the sums above; then the arms' ablation clicks."""
     sums: dict[str, dict[str, dict[str, float]]] = {}
     serve_arms = loop._serve_arms
@@ -117,7 +117,11 @@ def run(seed: int, scored_hours: int, budget: float) -> dict[str, Any]:
 
     cfg = loop.FunnelConfig(scored_hours=scored_hours, planners=("verifier", "oracle"))
     cfg = cfg.model_copy(
-        update={"precompute": cfg.precompute.model_copy(update={"budgets": (budget,)})}
+        update={
+            "precompute": cfg.precompute.model_copy(
+                update={"budgets": (budget,), "fm_rows_tier": fm_rows}
+            )
+        }
     )
     started = time.perf_counter()
     loop._serve_arms = observed
@@ -144,16 +148,24 @@ def main() -> None:
     parser.add_argument("--scored-hours", type=int, default=4)
     parser.add_argument("--budget", type=float, default=0.1)
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument(
+        "--fm-rows", choices=("zero", "own_tier"), default="zero", help="TierMix.fm_rows"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = []
     for seed in (int(s) for s in args.seeds.split(",")):
-        results.append(run(seed, args.scored_hours, args.budget))
+        results.append(run(seed, args.scored_hours, args.budget, args.fm_rows))
         print(f"seed {seed} done in {results[-1]['seconds']} s", flush=True)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(
             json.dumps(
-                {"scored_hours": args.scored_hours, "budget": args.budget, "seeds": results},
+                {
+                    "scored_hours": args.scored_hours,
+                    "budget": args.budget,
+                    "fm_rows": args.fm_rows,
+                    "seeds": results,
+                },
                 indent=2,
             )
         )

@@ -9,6 +9,7 @@ stores them, so never renumber.
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Literal
 
 
 class Tier(IntEnum):
@@ -27,3 +28,8 @@ NUM_TIERS = len(Tier)
 
 SEARCH_ORDER: tuple[Tier, ...] = (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)
 """Tiers that hold vectors, best first: the order the tier rule searches them."""
+
+
+FmRowsTier = Literal["zero", "own_tier"]
+"""How a VM's training gives a tier to the rows its FM trained on
+(:attr:`solaris_feast.models.chain.TierMix.fm_rows`); serving never sends ``own_tier``."""

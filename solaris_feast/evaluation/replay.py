@@ -313,9 +313,9 @@ def _train_models(
     cfg: SimulationConfig,
     progress: StageProgress | None,
 ) -> ModelBundle:
-    from solaris_feast.models.chain import TrainingConfig, train_and_register
+    from solaris_feast.models.chain import TierMix, TrainingConfig, train_and_register
 
-    training = TrainingConfig(seed=cfg.seed)
+    training = TrainingConfig(seed=cfg.seed, tier_mix=TierMix(fm_rows=cfg.fm_rows_tier))
     if cfg.fm_epochs is not None:
         models = training.models.model_copy(
             update={
@@ -833,16 +833,26 @@ def simulate_command(
         Path | None, typer.Option("--json", help="Write the records here.")
     ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="PNG of coverage and NE.")] = None,
+    fm_rows: Annotated[
+        str,
+        typer.Option(
+            "--fm-rows",
+            help="The VM's training tier for the rows its FM trained on: zero (default) or "
+            "own_tier (a training-only tier; see TierMix.fm_rows).",
+        ),
+    ] = "zero",
 ) -> None:
     """Replay the log hour by hour: coverage and NE per planner and budget.
 
     ``--world funnel`` runs the closed-loop funnel world instead
     (:mod:`solaris_feast.evaluation.funnel`), with its own planners and ``--seeds``.
     """
+    if fm_rows not in ("zero", "own_tier"):
+        raise typer.BadParameter(f"--fm-rows must be zero or own_tier, got {fm_rows!r}")
     if world == "funnel":
         from solaris_feast.evaluation.funnel import run_funnel_command
 
-        run_funnel_command(budget, planner, seeds, json_path, plot, workers)
+        run_funnel_command(budget, planner, seeds, json_path, plot, workers, fm_rows)
         return
     if world != "log":
         raise typer.BadParameter(f"--world must be log or funnel, got {world!r}")
@@ -860,6 +870,7 @@ def simulate_command(
         warmup_steps=warmup,
         seed=seed,
         feast_check=feast_check,
+        fm_rows_tier=fm_rows,
     )
     records = simulate(config)
     write_report(records, json_path, plot)

@@ -15,7 +15,7 @@ from solaris_feast.store.definitions import (
     DEFAULT_SIMILAR_TTL_SECONDS,
     DEFAULT_USER_TTL_SECONDS,
 )
-from solaris_feast.tiers import Tier
+from solaris_feast.tiers import FmRowsTier, Tier
 
 PlannerName = Literal["verifier", "random", "popular", "oracle", "vm_only", "retrieval"]
 PLANNERS: tuple[PlannerName, ...] = ("verifier", "random", "popular", "oracle")
@@ -118,6 +118,9 @@ class SimulationConfig(BaseModel):
     """Step size of the tuning."""
     fm_epochs: int | None = Field(default=None, gt=0)
     """Override the FM's training epochs (smaller is faster, for tests)."""
+    fm_rows_tier: FmRowsTier = "zero"
+    """The VM's training tier for the rows its FM trained on
+    (:attr:`~solaris_feast.models.chain.TierMix.fm_rows`)."""
 
     def ttl_seconds_by_tier(self) -> dict[Tier, float]:
         """TTL of each vector tier, as :func:`~solaris_feast.serving.resolve.resolve` takes it."""

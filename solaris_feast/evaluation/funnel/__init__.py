@@ -82,6 +82,7 @@ def run_funnel_command(
     json_path: Path | None,
     plot: Path | None,
     workers: int = 1,
+    fm_rows: str = "zero",
 ) -> None:
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer
@@ -99,7 +100,9 @@ def run_funnel_command(
     config = default.model_copy(
         update={
             "planners": planners,
-            "precompute": default.precompute.model_copy(update={"budgets": budgets}),
+            "precompute": default.precompute.model_copy(
+                update={"budgets": budgets, "fm_rows_tier": fm_rows}
+            ),
         }
     )
     records = simulate_funnel(config, list(range(seeds)), workers)

@@ -394,9 +394,9 @@ def _dataset(world: World, log: pd.DataFrame) -> InteractionDataset:
 
 
 def _train_chain(ds: InteractionDataset, cfg: FunnelConfig, seed: int) -> ModelBundle:
-    from solaris_feast.models.chain import TrainingConfig, train_and_register
+    from solaris_feast.models.chain import TierMix, TrainingConfig, train_and_register
 
-    training = TrainingConfig(seed=seed)
+    training = TrainingConfig(seed=seed, tier_mix=TierMix(fm_rows=cfg.precompute.fm_rows_tier))
     if cfg.fm_epochs is not None:
         models = training.models.model_copy(
             update={
