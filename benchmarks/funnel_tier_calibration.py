@@ -27,14 +27,14 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 import numpy as np
 import torch
 
 from solaris_feast.evaluation.funnel import loop
 from solaris_feast.serving.resolve import resolve
-from solaris_feast.tiers import Tier
+from solaris_feast.tiers import FmRowsTier, Tier
 
 
 def _add(
@@ -63,7 +63,9 @@ def _summary(bucket: dict[str, float]) -> dict[str, float]:
     }
 
 
-def run(seed: int, scored_hours: int, budget: float, fm_rows: str = "zero") -> dict[str, Any]:
+def run(
+    seed: int, scored_hours: int, budget: float, fm_rows: FmRowsTier = "zero"
+) -> dict[str, Any]:
     """One seed: per arm and tier, the sums above; then the arms' ablation clicks."""
     sums: dict[str, dict[str, dict[str, float]]] = {}
     serve_arms = loop._serve_arms
@@ -149,13 +151,13 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=0.1)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument(
-        "--fm-rows", choices=("zero", "own_tier"), default="zero", help="TierMix.fm_rows"
+        "--fm-rows", choices=get_args(FmRowsTier), default="zero", help="TierMix.fm_rows"
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
     results = []
     for seed in (int(s) for s in args.seeds.split(",")):
-        results.append(run(seed, args.scored_hours, args.budget, args.fm_rows))
+        results.append(run(seed, args.scored_hours, args.budget, cast(FmRowsTier, args.fm_rows)))
         print(f"seed {seed} done in {results[-1]['seconds']} s", flush=True)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(

@@ -433,7 +433,7 @@ def test_write_waits_for_the_replica_its_primary_has_not_the_slot_map(
     victim = f"127.0.0.1:{cluster.announced(PROXIED)}"
 
     def primary_of(user: int, item: int) -> str:
-        return str(slots[backend.client.keyslot(layout.key(user, item) + project.encode())][0].name)
+        return str(backend._primary_of(layout.key(user, item) + project.encode()).name)
 
     # A batch with rows on the victim and on another primary.
     user = next(

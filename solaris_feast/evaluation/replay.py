@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast, get_args
 
 import numpy as np
 import pandas as pd
@@ -74,7 +74,7 @@ from solaris_feast.precompute.candidates import (
 from solaris_feast.precompute.plan import VERIFIER_SCORE, plan_precompute, request_score
 from solaris_feast.precompute.similarity import build_user_index, similarity_fill
 from solaris_feast.serving.resolve import Resolution, TierValues, resolve
-from solaris_feast.tiers import Tier
+from solaris_feast.tiers import FmRowsTier, Tier
 
 if TYPE_CHECKING:
     from solaris_feast.models.features import PairBatch, PairFeaturizer
@@ -313,18 +313,9 @@ def _train_models(
     cfg: SimulationConfig,
     progress: StageProgress | None,
 ) -> ModelBundle:
-    from solaris_feast.models.chain import TierMix, TrainingConfig, train_and_register
+    from solaris_feast.models.chain import simulation_training, train_and_register
 
-    training = TrainingConfig(seed=cfg.seed, tier_mix=TierMix(fm_rows=cfg.fm_rows_tier))
-    if cfg.fm_epochs is not None:
-        models = training.models.model_copy(
-            update={
-                "fm_training": training.models.fm_training.model_copy(
-                    update={"epochs": cfg.fm_epochs}
-                )
-            }
-        )
-        training = training.model_copy(update={"models": models})
+    training = simulation_training(cfg.seed, cfg.fm_epochs, cfg.fm_rows_tier)
     if cfg.models_dir is not None:
         from solaris_feast.models.registry import list_cards, load_bundle
 
@@ -847,12 +838,16 @@ def simulate_command(
     ``--world funnel`` runs the closed-loop funnel world instead
     (:mod:`solaris_feast.evaluation.funnel`), with its own planners and ``--seeds``.
     """
-    if fm_rows not in ("zero", "own_tier"):
-        raise typer.BadParameter(f"--fm-rows must be zero or own_tier, got {fm_rows!r}")
+    if fm_rows not in get_args(FmRowsTier):
+        raise typer.BadParameter(
+            f"--fm-rows must be one of {get_args(FmRowsTier)}, got {fm_rows!r}"
+        )
     if world == "funnel":
         from solaris_feast.evaluation.funnel import run_funnel_command
 
-        run_funnel_command(budget, planner, seeds, json_path, plot, workers, fm_rows)
+        run_funnel_command(
+            budget, planner, seeds, json_path, plot, workers, cast(FmRowsTier, fm_rows)
+        )
         return
     if world != "log":
         raise typer.BadParameter(f"--world must be log or funnel, got {world!r}")
@@ -870,7 +865,7 @@ def simulate_command(
         warmup_steps=warmup,
         seed=seed,
         feast_check=feast_check,
-        fm_rows_tier=fm_rows,
+        fm_rows_tier=cast(FmRowsTier, fm_rows),
     )
     records = simulate(config)
     write_report(records, json_path, plot)

@@ -121,6 +121,19 @@ class TrainingConfig(BaseModel):
     seed: int = 0
 
 
+def simulation_training(
+    seed: int, fm_epochs: int | None = None, fm_rows: FmRowsTier = "zero"
+) -> TrainingConfig:
+    """The chain a simulation (replay or funnel) trains: the defaults with its seed, the FM's
+    epochs where given (tests shorten them) and the tier of the FM's rows."""
+    training = TrainingConfig(seed=seed, tier_mix=TierMix(fm_rows=fm_rows))
+    if fm_epochs is None:
+        return training
+    fm_training = training.models.fm_training.model_copy(update={"epochs": fm_epochs})
+    models = training.models.model_copy(update={"fm_training": fm_training})
+    return training.model_copy(update={"models": models})
+
+
 @dataclass(frozen=True)
 class TrainingData:
     """The rows a training run fits on, their model inputs and labels.

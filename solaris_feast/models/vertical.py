@@ -117,12 +117,18 @@ class VerticalModel(nn.Module):
             # Zero tier means the store had nothing: force the vector to zero so garbage in a
             # missing slot can never leak into the score.
             tier = tier.long()
+            present = tier != int(Tier.ZERO)
             in_span = tier == FM_SPAN_TIER
-            present = ((tier != int(Tier.ZERO)) & ~in_span).unsqueeze(-1).to(z.dtype)
-            tier_vectors = self.tier(tier.masked_fill(in_span, int(Tier.ZERO)))
-            if bool(in_span.any()):
-                tier_vectors = torch.where(in_span.unsqueeze(-1), self.fm_span_tier, tier_vectors)
-            parts += [z * present, tier_vectors]
+            if bool(in_span.any()):  # training only; serving never sends the FM-span tier
+                present &= ~in_span
+                tier_vectors = torch.where(
+                    in_span.unsqueeze(-1),
+                    self.fm_span_tier,
+                    self.tier(tier.masked_fill(in_span, int(Tier.ZERO))),
+                )
+            else:
+                tier_vectors = self.tier(tier)
+            parts += [z * present.unsqueeze(-1).to(z.dtype), tier_vectors]
             for enrichment in _ENRICHMENT_TIERS:
                 # Only the rows of this tier pay for its reading.
                 rows = torch.nonzero(tier == int(enrichment)).squeeze(-1)

@@ -17,6 +17,7 @@ from solaris_feast.evaluation.funnel.report import (
     plot_funnel,
 )
 from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
+from solaris_feast.tiers import FmRowsTier
 
 __all__ = [
     "FUNNEL_PLANNERS",
@@ -82,7 +83,7 @@ def run_funnel_command(
     json_path: Path | None,
     plot: Path | None,
     workers: int = 1,
-    fm_rows: str = "zero",
+    fm_rows: FmRowsTier = "zero",
 ) -> None:
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer

@@ -394,18 +394,9 @@ def _dataset(world: World, log: pd.DataFrame) -> InteractionDataset:
 
 
 def _train_chain(ds: InteractionDataset, cfg: FunnelConfig, seed: int) -> ModelBundle:
-    from solaris_feast.models.chain import TierMix, TrainingConfig, train_and_register
+    from solaris_feast.models.chain import simulation_training, train_and_register
 
-    training = TrainingConfig(seed=seed, tier_mix=TierMix(fm_rows=cfg.precompute.fm_rows_tier))
-    if cfg.fm_epochs is not None:
-        models = training.models.model_copy(
-            update={
-                "fm_training": training.models.fm_training.model_copy(
-                    update={"epochs": cfg.fm_epochs}
-                )
-            }
-        )
-        training = training.model_copy(update={"models": models})
+    training = simulation_training(seed, cfg.fm_epochs, cfg.precompute.fm_rows_tier)
     import torch
 
     # The loop runs with gradients off; training turns them back on for itself.
