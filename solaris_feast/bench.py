@@ -101,8 +101,14 @@ def bench_store(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-FEAST_SERVER_PORT = 17310
-"""Default port of the ``feast serve`` the serve benchmark starts (loopback only)."""
+def free_loopback_port() -> int:
+    """A loopback port no one listens on now, for a server this benchmark starts: a fixed
+    default would collide with a second run (a developer's and CI's) on one machine."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 @contextmanager
@@ -152,6 +158,13 @@ def feast_server(store: FeatureStore, port: int) -> Iterator[Callable[[dict[str,
                 try:
                     connection.request("GET", "/health")
                     connection.getresponse().read()
+                    if proc.poll() is not None:
+                        # Another server answered on the port ours failed to bind: timing it
+                        # would time someone else's repo.
+                        raise RuntimeError(
+                            f"feast serve exited but port {port} answers: "
+                            f"{log_path.read_text()[-2000:]}"
+                        )
                     break
                 except (ConnectionError, OSError, http.client.HTTPException) as exc:
                     connection.close()
@@ -262,11 +275,13 @@ def run_serve_benchmark(
     candidates: tuple[int, ...] = DEFAULT_CANDIDATES,
     iterations: int = 300,
     dim: int = 32,
-    feast_server_port: int | None = FEAST_SERVER_PORT,
+    with_feast_server: bool = True,
+    feast_server_port: int | None = None,
     embedding_codec: str = "float32",
 ) -> dict[str, Any]:
     """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N; with
-    ``feast_server_port`` also Feast's two reads through ``feast serve`` on that port."""
+    ``with_feast_server`` also Feast's two reads through a ``feast serve`` started on
+    ``feast_server_port`` (``None``: a free loopback port)."""
     from solaris_feast.serving.retriever import SolarisRetriever
     from solaris_feast.store.backends.redis import RedisBackend, redis_client
     from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
@@ -278,9 +293,9 @@ def run_serve_benchmark(
         store = stack.enter_context(bench_store(redis_url, dim, embedding_codec))
         _populate(store, max(candidates), dim, version)
         server = (
-            None
-            if feast_server_port is None
-            else stack.enter_context(feast_server(store, feast_server_port))
+            stack.enter_context(feast_server(store, feast_server_port or free_loopback_port()))
+            if with_feast_server
+            else None
         )
         retriever = SolarisRetriever(store, version, deadline_ms=1000.0)
         client = redis_client(store, timeout_seconds=5.0)
@@ -516,6 +531,19 @@ def run_write_benchmark(
     return results
 
 
+PACKED_EXTRA_BYTES = (0, 2, 8, 16, 18)
+"""Bytes added to a stored value to see which Redis allocation class a packed layout lands in."""
+
+
+def _embedding_only(
+    embedding_field: bytes, extra: int, fields: dict[bytes, bytes]
+) -> dict[bytes, bytes]:
+    """A hash's embedding and ``_ts`` fields only, the embedding grown by ``extra`` bytes."""
+    kept = {f: v for f, v in fields.items() if f == embedding_field or f.startswith(b"_ts:")}
+    kept[embedding_field] = kept[embedding_field] + b"\0" * extra
+    return kept
+
+
 def run_memory_benchmark(
     redis_url: str | None = None,
     pairs: int = 5000,
@@ -610,6 +638,25 @@ def run_memory_benchmark(
             short_floor = rebuilt_usage(
                 client, sample, without_embedding, store_project, short_project
             )
+            # Room for the version and the time inside the value (a "packed" codec): the
+            # embedding and _ts alone, the value grown by `extra` bytes (throwaway keys).
+            packed = {
+                extra: round(
+                    float(
+                        np.mean(
+                            rebuilt_usage(
+                                client,
+                                sample,
+                                functools.partial(_embedding_only, embedding_field, extra),
+                                store_project,
+                                short_project,
+                            )
+                        )
+                    ),
+                    1,
+                )
+                for extra in PACKED_EXTRA_BYTES
+            }
             full = rebuilt_usage(client, sample, with_full_version, store_project, store_project)
             # The floor of Feast's layout: the same hashes without the embedding (last: it
             # rewrites the bench's own keys).
@@ -625,6 +672,9 @@ def run_memory_benchmark(
                 "default_project_without_embedding_bytes_per_pair": round(
                     float(np.mean(short_floor)), 1
                 ),
+                "default_project_embedding_and_ts_only_bytes_per_pair_by_extra_value_bytes": {
+                    str(k): v for k, v in packed.items()
+                },
                 "key_bytes": len(sample[0]),
                 "default_project_key_bytes": len(sample[0])
                 - len(store_project)
@@ -663,7 +713,9 @@ def run_memory_benchmark(
             "hour. full_version: the same hashes rebuilt with the full version stored, as "
             "before the tag. default_project: rebuilt under a 7-character project name, the "
             "length of the default repo's 'solaris'. without_embedding: rebuilt without the "
-            "embedding field, the floor of Feast's layout."
+            "embedding field, the floor of Feast's layout. embedding_and_ts_only: rebuilt "
+            "with the embedding (grown by the key's bytes) and _ts only, the room a layout "
+            "packing the version and the time into the value would have."
         ),
     }
     if ne_seeds:
@@ -1031,9 +1083,13 @@ def serve_command(
     embedding_codec: Annotated[
         str, typer.Option(help="Codec of the stored views: float32, float16 or int8.")
     ] = "float32",
+    feast_server: Annotated[
+        bool, typer.Option(help="Also time the two reads through a feast serve over HTTP.")
+    ] = True,
     feast_server_port: Annotated[
-        int, typer.Option(help="Port of the feast serve started for the HTTP reads; 0: none.")
-    ] = FEAST_SERVER_PORT,
+        int | None,
+        typer.Option(help="Port of that feast serve (loopback; default: a free one)."),
+    ] = None,
 ) -> None:
     """Resolved three-tier fetch vs Feast single-view read vs raw pipeline, p50/p99."""
     counts = tuple(int(part) for part in candidates.split(",") if part.strip())
@@ -1044,7 +1100,8 @@ def serve_command(
             redis_url=redis_url,
             candidates=counts,
             iterations=iterations,
-            feast_server_port=feast_server_port or None,
+            with_feast_server=feast_server,
+            feast_server_port=feast_server_port,
             embedding_codec=embedding_codec,
         ),
         json_path,
