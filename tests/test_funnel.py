@@ -207,6 +207,25 @@ def test_simulate_rejects_an_unknown_world() -> None:
     assert "--world must be log or funnel" in result.output
 
 
+def test_simulate_runs_the_funnel_on_seeds_the_caller_names(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--seed S --seeds N`` runs seeds S..S+N-1, so a reviewer can check a result on seeds
+    that were never published (the tiny world stands in for the default one)."""
+    import solaris_feast.evaluation.funnel as funnel
+
+    monkeypatch.setattr(funnel, "FunnelConfig", lambda: TINY)
+    app = typer.Typer()
+    app.command()(simulate_command)
+    out = tmp_path / "funnel.json"
+    args = ["--world", "funnel", "--seed", "7", "--seeds", "2", "--budget", "0.1"]
+    result = CliRunner().invoke(app, [*args, "--planner", "verifier,random", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    records = json.loads(out.read_text())
+    assert {r["planner"] for r in records} == {"verifier", "random"}
+    assert all(r["seeds"] == [7, 8] for r in records)
+
+
 def test_the_chain_retrains_on_its_own_traffic_on_schedule() -> None:
     """With chain_retrain_hours set, FM, compressor and VM are trained again on the log the
     funnel itself produced, and every arm's store starts over in the new embedding space."""

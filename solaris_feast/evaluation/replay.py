@@ -789,7 +789,10 @@ def simulate_command(
         ),
     ] = "log",
     seeds: Annotated[
-        int, typer.Option("--seeds", min=1, help="Seeds of the funnel world (0..seeds-1).")
+        int,
+        typer.Option(
+            "--seeds", min=1, help="Seeds of the funnel world (--seed .. --seed + seeds - 1)."
+        ),
     ] = 5,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Processes running funnel seeds.")
@@ -816,7 +819,14 @@ def simulate_command(
     ] = "verifier,random,popular,oracle",
     steps: Annotated[int, typer.Option("--steps", min=1, help="Scored replay steps.")] = 24,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Unscored warm-up steps.")] = 6,
-    seed: Annotated[int, typer.Option("--seed")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(
+            "--seed",
+            "--base-seed",
+            help="log: the seed of the data and the models; funnel: the first of --seeds seeds.",
+        ),
+    ] = 0,
     feast_check: Annotated[
         bool, typer.Option(help="Replay one step through the Feast writer and retriever.")
     ] = True,
@@ -846,7 +856,13 @@ def simulate_command(
         from solaris_feast.evaluation.funnel import run_funnel_command
 
         run_funnel_command(
-            budget, planner, seeds, json_path, plot, workers, cast(FmRowsTier, fm_rows)
+            budget,
+            planner,
+            list(range(seed, seed + seeds)),
+            json_path,
+            plot,
+            workers,
+            cast(FmRowsTier, fm_rows),
         )
         return
     if world != "log":

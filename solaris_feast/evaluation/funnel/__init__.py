@@ -79,7 +79,7 @@ def write_funnel_report(
 def run_funnel_command(
     budget: str,
     planner: str,
-    seeds: int,
+    seeds: list[int],
     json_path: Path | None,
     plot: Path | None,
     workers: int = 1,
@@ -106,7 +106,7 @@ def run_funnel_command(
             ),
         }
     )
-    records = simulate_funnel(config, list(range(seeds)), workers)
+    records = simulate_funnel(config, seeds, workers)
     write_funnel_report(records, json_path, plot)
     typer.echo(format_funnel_summary(records))
     if json_path is not None:
