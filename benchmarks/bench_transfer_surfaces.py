@@ -7,8 +7,10 @@ the VM trains, reads its counters and is tested on surface 0 only. Each world of
 seeds, the model sizes of ``bench_transfer_protocol.py``'s synthetic run), so the table says which
 structure carries the FM's advantage. Arms ending in ``_fm_own_surface`` run a world with every
 FM's history reading the row's own surface only (``ProtocolConfig.fm_history``): the same
-training rows, without the other surfaces' engagement in the FM's inputs. The JSON is rewritten
-after every arm.
+training rows, without the other surfaces' engagement in the FM's inputs. The arm
+``both_fm_rows_own_tier`` trains the served VMs with a tier of their own on the previous-window
+FM's rows (``ProtocolConfig.fm_rows``), so the served tiers no longer mark "after the cut". The
+JSON is rewritten after every arm.
 
 Data and protocol come from the same calls as ``solaris evaluate transfer --dataset synthetic
 --size tiny --world W [--fm-history own_surface]`` (``load_dataset`` and ``protocol_for``); this
@@ -34,15 +36,17 @@ from solaris_feast.data.synthetic import SURFACE, WORLD_STRUCTURES
 from solaris_feast.evaluation.transfer import evaluate_transfer
 from solaris_feast.evaluation.transfer_protocol import FmHistory, protocol_for, run_protocol
 from solaris_feast.evaluation.transfer_report import format_protocol_table
+from solaris_feast.tiers import FmRowsTier
 
 MAIN_WORLD = "both"
 SIZE = "tiny"
-ARMS: dict[str, tuple[str, FmHistory]] = {
-    **{world: (world, "all_surfaces") for world in WORLD_STRUCTURES},
-    "surfaces_fm_own_surface": ("surfaces", "own_surface"),
-    "both_fm_own_surface": ("both", "own_surface"),
+ARMS: dict[str, tuple[str, FmHistory, FmRowsTier]] = {
+    **{world: (world, "all_surfaces", "zero") for world in WORLD_STRUCTURES},
+    "surfaces_fm_own_surface": ("surfaces", "own_surface", "zero"),
+    "both_fm_own_surface": ("both", "own_surface", "zero"),
+    "both_fm_rows_own_tier": ("both", "all_surfaces", "own_tier"),
 }
-"""Arm name -> (world, FM history)."""
+"""Arm name -> (world, FM history, the served VMs' tier on the previous-window FM's rows)."""
 
 
 def main() -> None:
@@ -89,10 +93,10 @@ def main() -> None:
     for name in [MAIN_WORLD, *(w for w in worlds if w != MAIN_WORLD)]:
         if name in ablation:
             continue
-        world, fm_history = ARMS[name]
+        world, fm_history, fm_rows = ARMS[name]
         data = load_dataset("synthetic", SIZE, world=world)
         log = data.interactions
-        protocol = protocol_for(data, fm_history)
+        protocol = protocol_for(data, fm_history, fm_rows=fm_rows)
         t0 = time.perf_counter()
         if name == MAIN_WORLD:
             # The first evaluation (its keys; one seed, every surface as one) as the protocol
@@ -115,13 +119,14 @@ def main() -> None:
             .model_dump(),
             "world": world,
             "fm_history": fm_history,
+            "fm_rows": fm_rows,
             "rows": len(log),
             "vm_rows": vm_rows,
             "seconds": round(time.perf_counter() - t0, 1),
             **result,
         }
         print(f"{name}: {len(log)} rows ({vm_rows} on the VM's surface)")
-        print(format_protocol_table(result["protocol"]))  # type: ignore[arg-type]
+        print(format_protocol_table(result["protocol"], result["protocol_details"]))  # type: ignore[arg-type]
         record["ablation"] = ablation
         record["bench"] = {
             "world": MAIN_WORLD,

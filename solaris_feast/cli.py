@@ -190,6 +190,14 @@ def evaluate_transfer_command(
             "row's own surface only, the same training rows; the ablation).",
         ),
     ] = "all_surfaces",
+    fm_rows: Annotated[
+        str,
+        typer.Option(
+            "--fm-rows",
+            help="The served VMs' tier on the previous-window FM's rows: zero, or own_tier (a "
+            "training-only tier, so the served tiers do not mark the rows after the cut).",
+        ),
+    ] = "zero",
 ) -> None:
     """Train VM, VM + KD, VM + SOLARIS z and the FM on a time split; report NE and TR, and the
     protocol (z served from hourly rounds, full-span FM, splits x seeds, intervals)."""
@@ -208,6 +216,7 @@ def evaluate_transfer_command(
         plot_transfer_sweep,
     )
     from solaris_feast.progress import stage_bars
+    from solaris_feast.tiers import FmRowsTier
 
     if world not in WORLD_STRUCTURES:
         raise typer.BadParameter(f"choose one of {list(WORLD_STRUCTURES)}", param_hint="--world")
@@ -215,9 +224,16 @@ def evaluate_transfer_command(
         raise typer.BadParameter("a world is a synthetic data set's", param_hint="--world")
     if fm_history not in get_args(FmHistory):
         raise typer.BadParameter(f"choose one of {get_args(FmHistory)}", param_hint="--fm-history")
+    if fm_rows not in get_args(FmRowsTier):
+        raise typer.BadParameter(f"choose one of {get_args(FmRowsTier)}", param_hint="--fm-rows")
     data = load_dataset(dataset, size, world=world)
     try:
-        protocol = protocol_for(data, cast("FmHistory", fm_history), ProtocolConfig())
+        protocol = protocol_for(
+            data,
+            cast("FmHistory", fm_history),
+            ProtocolConfig(),
+            fm_rows=cast("FmRowsTier", fm_rows),
+        )
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--fm-history") from err
     with stage_bars(progress) as bars:

@@ -89,7 +89,7 @@ def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "transfer ratio" in result.output
 
 
-def test_cli_world_and_fm_history_reach_the_protocol(
+def test_cli_world_fm_history_and_fm_rows_reach_the_protocol(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import solaris_feast.data.datasets as datasets
@@ -112,13 +112,15 @@ def test_cli_world_and_fm_history_reach_the_protocol(
     )
     out = tmp_path / "t.json"
     args = ["evaluate", "transfer", "--dataset", "synthetic", "--size", "tiny", "--no-progress"]
-    result = CliRunner().invoke(
-        app, [*args, "--world", "surfaces", "--fm-history", "own_surface", "--json", str(out)]
-    )
+    own = ["--fm-history", "own_surface", "--fm-rows", "own_tier"]
+    result = CliRunner().invoke(app, [*args, "--world", "surfaces", *own, "--json", str(out)])
     assert result.exit_code == 0, result.output
     details = json.loads(out.read_text())["protocol_details"]
     assert details["vm_surface"] == 0
     assert details["config"]["fm_history"] == "own_surface"
+    assert details["fm_rows"] == details["config"]["fm_rows"] == "own_tier"
+    refused = CliRunner().invoke(app, [*args, "--fm-rows", "mine"])
+    assert refused.exit_code == 2 and "--fm-rows" in refused.output
     refused = CliRunner().invoke(app, [*args, "--fm-history", "own_surface"])
     assert refused.exit_code == 2 and "surfaces" in refused.output
     refused = CliRunner().invoke(app, [*args, "--world", "sideways"])

@@ -34,14 +34,17 @@ from solaris_feast.evaluation.transfer_protocol import (
     _contenders,
     _fit_compressor,
     _fit_fm,
+    _served_vm_probabilities,
     _split,
     _World,
+    earliest_rows,
     run_protocol,
     served_z,
     torch_threads,
 )
 from solaris_feast.models.features import HISTORY_FEATURES, StreamingHistory
 from solaris_feast.models.training import TrainConfig, foundation_outputs
+from solaris_feast.models.vertical import FM_SPAN_TIER
 from solaris_feast.tiers import Tier
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
@@ -207,6 +210,52 @@ def test_denominator_is_the_full_span_fm(trained: dict[str, Any]) -> None:
     np.testing.assert_allclose(probs["fm"], p_full.numpy(), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("fm_rows", ["zero", "own_tier"])
+def test_served_vms_train_the_fm_rows_under_the_tier_the_config_names(
+    small: InteractionDataset, fm_rows: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The z VM and the zero-z control train on the previous-window FM's rows with tier ZERO
+    (``zero``) or the training-only FM-span tier (``own_tier``), and on the rows after the cut
+    with what was served; nothing else changes between the two."""
+    import solaris_feast.evaluation.transfer_protocol as protocol
+
+    seen: list[torch.Tensor] = []
+    fit_vm = protocol._fit_vm
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        tier = args[6] if len(args) > 6 else kwargs.get("tier")
+        if tier is not None:
+            seen.append(tier.clone())
+        return fit_vm(*args, **kwargs)
+
+    monkeypatch.setattr(protocol, "_fit_vm", recording)
+    world = _World(small, FAST)
+    train_rows, test_rows = _split(small.interactions, 0.8, 0.1)
+    log = small.interactions
+    train_log = log.loc[train_rows].reset_index(drop=True)
+    cfg = ONE_SPLIT.model_copy(update={"fm_rows": fm_rows})
+    out = _served_vm_probabilities(
+        world,
+        train_log,
+        log.loc[test_rows].reset_index(drop=True),
+        0.75,
+        0,
+        FAST,
+        cfg,
+        [3600],
+        with_control=True,
+    )
+    assert set(out) == {"vm_z@3600", "vm_zero_z"}
+    assert len(seen) == 2  # the z VM, then the control: the same tiers
+    torch.testing.assert_close(seen[0], seen[1])
+    fm_span = earliest_rows(train_log, 0.75)
+    tiers = seen[0].numpy()
+    expected = FM_SPAN_TIER if fm_rows == "own_tier" else int(Tier.ZERO)
+    assert (tiers[fm_span] == expected).all()
+    assert (tiers[~fm_span] != FM_SPAN_TIER).all()
+    assert (tiers[~fm_span] == int(Tier.EXACT)).mean() > 0.9
+
+
 @pytest.fixture(scope="module")
 def protocol_record(tiny: InteractionDataset) -> dict[str, Any]:
     return run_protocol(tiny, [0], FAST, ONE_SPLIT)
@@ -229,6 +278,12 @@ def test_protocol_record_has_the_issue_keys(protocol_record: dict[str, Any]) -> 
     assert keys <= set(protocol["per_split"][0])
     lo, hi = protocol["tr_served_ci95"]
     assert lo <= protocol["tr_served"] <= hi
+    # z's content over the zero-z control shares TR's denominator, so the gaps add up.
+    details = protocol_record["details"]
+    content = details["tr_served_over_zero_z_control"]
+    assert abs(content - (protocol["tr_served"] - details["tr_zero_z_control"])) < 1e-3
+    lo, hi = details["tr_served_over_zero_z_control_ci95"]
+    assert lo <= content <= hi
 
 
 def test_soft_label_weights_are_chosen_on_the_validation_window(

@@ -88,7 +88,7 @@ from solaris_feast.models.training import (
     train_vertical,
     vertical_probabilities,
 )
-from solaris_feast.models.vertical import VerticalModel
+from solaris_feast.models.vertical import VerticalModel, fm_span_tiers
 from solaris_feast.progress import StageProgress
 from solaris_feast.serving.resolve import TierValues, resolve
 from solaris_feast.store.definitions import (
@@ -96,7 +96,7 @@ from solaris_feast.store.definitions import (
     DEFAULT_SIMILAR_TTL_SECONDS,
     DEFAULT_USER_TTL_SECONDS,
 )
-from solaris_feast.tiers import Tier
+from solaris_feast.tiers import FmRowsTier, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -160,6 +160,14 @@ class ProtocolConfig(BaseModel):
     so against ``all_surfaces`` this withholds the other surfaces' engagement from the FM's
     inputs and nothing else (the ablation arm that tells the cross-surface signal from the
     larger training set). Needs ``vm_surface``."""
+    fm_rows: FmRowsTier = "zero"
+    """The tier the served VMs (and the zero-z control) train with on the rows the
+    previous-window FM trained on, where it serves no ``z``. ``zero``: tier ZERO, as serving
+    sends for a pair with nothing stored, so ZERO also learns the FM span's base rate and the
+    served tiers mark "after the cut" (a time signal the zero-z control measures). ``own_tier``:
+    a training-only tier (:data:`~solaris_feast.models.vertical.FM_SPAN_TIER`), so ZERO and the
+    served tiers learn only from rows after the cut (as
+    :attr:`~solaris_feast.models.chain.TierMix.fm_rows` does for the chain)."""
 
 
 DEFAULT_VM_SURFACE = 0
@@ -170,12 +178,14 @@ def protocol_for(
     dataset: InteractionDataset,
     fm_history: FmHistory = "all_surfaces",
     base: ProtocolConfig | None = None,
+    fm_rows: FmRowsTier = "zero",
 ) -> ProtocolConfig:
     """``base`` (the defaults when ``None``) for ``dataset``: on a log with surfaces the VM gets
-    :data:`DEFAULT_VM_SURFACE` unless ``base`` names one; ``fm_history`` as given. What
-    ``solaris evaluate transfer`` and ``benchmarks/bench_transfer_surfaces.py`` both run."""
+    :data:`DEFAULT_VM_SURFACE` unless ``base`` names one; ``fm_history`` and ``fm_rows`` as
+    given. What ``solaris evaluate transfer`` and ``benchmarks/bench_transfer_surfaces.py`` both
+    run."""
     cfg = base or ProtocolConfig()
-    update: dict[str, object] = {"fm_history": fm_history}
+    update: dict[str, object] = {"fm_history": fm_history, "fm_rows": fm_rows}
     if SURFACE in dataset.interactions.columns and cfg.vm_surface is None:
         update["vm_surface"] = DEFAULT_VM_SURFACE
     # Validated again: model_copy does not, and a bad fm_history should fail here.
@@ -530,7 +540,10 @@ def _served_vm_probabilities(
     out: dict[str, np.ndarray] = {}
     for mode in modes:
         z, tier, _ = served_z(world, both, eligible, fm_prev, compressor, mode, cfg, seed)
-        vm = _fit_vm(world, train_batch, y_train, seed, mc, z[:n_train], tier[:n_train])
+        train_tier = tier[:n_train]
+        if cfg.fm_rows == "own_tier":
+            train_tier = fm_span_tiers(train_tier, ~eligible[:n_train])
+        vm = _fit_vm(world, train_batch, y_train, seed, mc, z[:n_train], train_tier)
         out[f"vm_z@{mode}"] = vertical_probabilities(
             vm, test_batch, z[n_train:], tier[n_train:]
         ).numpy()
@@ -538,7 +551,7 @@ def _served_vm_probabilities(
             # The control: the same tiers with zero vectors. The tier alone tells the VM which
             # rows come after the cut (a time signal); what z adds over this is z's content.
             zero = torch.zeros_like(z)
-            ctrl = _fit_vm(world, train_batch, y_train, seed, mc, zero[:n_train], tier[:n_train])
+            ctrl = _fit_vm(world, train_batch, y_train, seed, mc, zero[:n_train], train_tier)
             out[ZERO_Z_CONTROL] = vertical_probabilities(
                 ctrl, test_batch, zero[n_train:], tier[n_train:]
             ).numpy()
@@ -667,9 +680,14 @@ def _summarise(
     ]
 
     def gaps(
-        who: str, task: int, chosen: list[int], users_mask: Callable[[_SplitRows], np.ndarray]
+        who: str,
+        task: int,
+        chosen: list[int],
+        users_mask: Callable[[_SplitRows], np.ndarray],
+        base: str = "vm",
     ) -> tuple[float, tuple[float, float] | None]:
-        """Point TR and interval over the chosen splits for ``who`` against vm and fm."""
+        """Point TR and interval over the chosen splits for ``who``: ``NE_base - NE_who`` over
+        ``NE_vm - NE_fm``, summed (``base`` another contender to measure ``who`` over it)."""
         nums, dens, point_num, point_den = [], [], 0.0, 0.0
         for k in chosen:
             split = splits[k]
@@ -688,18 +706,19 @@ def _summarise(
                         weights=row_log_loss(probs[name][keep, task], split.labels[keep, task]),
                         minlength=len(uniq),
                     )
-                    for name in ("vm", who, "fm")
+                    for name in {"vm", base, who, "fm"}
                 }
-                vm, x, fm = (
-                    clustered_normalized_entropy(loss[n], rows, pos, w) for n in ("vm", who, "fm")
+                vm, b, x, fm = (
+                    clustered_normalized_entropy(loss[n], rows, pos, w)
+                    for n in ("vm", base, who, "fm")
                 )
-                nums.append(vm - x)
+                nums.append(b - x)
                 dens.append(vm - fm)
-                vm1, x1, fm1 = (
+                vm1, b1, x1, fm1 = (
                     float(clustered_normalized_entropy(loss[n], rows, pos, ones)[0])
-                    for n in ("vm", who, "fm")
+                    for n in ("vm", base, who, "fm")
                 )
-                point_num += vm1 - x1
+                point_num += b1 - x1
                 point_den += vm1 - fm1
         if not nums or point_den <= 0:
             return math.nan, None
@@ -741,6 +760,9 @@ def _summarise(
     ]
     tier_mix_tr, tier_mix_ci = gaps(f"vm_z@{TIER_MIX_MODE}", 0, all_splits, everyone)
     control_tr, control_ci = gaps(ZERO_Z_CONTROL, 0, all_splits, everyone)
+    # z's content: what the served VM gains over the same tiers with zero vectors, the share
+    # of the FM's gain left once the tiers' own signal (which rows come after the cut) is out.
+    content_tr, content_ci = gaps(served, 0, all_splits, everyone, base=ZERO_Z_CONTROL)
     by_user: dict[str, object] = {}
     for name, mask in (
         ("warm", lambda s: s.warm),
@@ -778,6 +800,10 @@ def _summarise(
         "tr_zero_z_control_ci95": None
         if control_ci is None
         else [round(control_ci[0], 4), round(control_ci[1], 4)],
+        "tr_served_over_zero_z_control": _finite(content_tr),
+        "tr_served_over_zero_z_control_ci95": None
+        if content_ci is None
+        else [round(content_ci[0], 4), round(content_ci[1], 4)],
         "warm_cold": by_user,
         "ne_mean": ne_means,
         "scheme": "previous-window FM (cut f chosen per split on a validation window)",
@@ -787,6 +813,7 @@ def _summarise(
         "splits": list(cfg.train_ends),
         "torch_threads": cfg.torch_threads,
         "vm_surface": cfg.vm_surface,
+        "fm_rows": cfg.fm_rows,
         "config": cfg.model_dump(),
     }
     return {"protocol": protocol, "details": details}

@@ -34,7 +34,11 @@ def format_transfer_table(record: dict[str, object]) -> str:
     lines[0:0] = ["(upper bound: z at the row's second, no VM history, partial-span FM)"]
     protocol = record.get("protocol")
     if isinstance(protocol, dict):
-        lines += ["", format_protocol_table(protocol)]
+        details = record.get("protocol_details")
+        lines += [
+            "",
+            format_protocol_table(protocol, details if isinstance(details, dict) else None),
+        ]
     return "\n".join(lines)
 
 
@@ -46,9 +50,12 @@ def _tr(value: object, interval: object = None) -> str:
     return f"{value:.3f}"
 
 
-def format_protocol_table(protocol: dict[str, object]) -> str:
+def format_protocol_table(
+    protocol: dict[str, object], details: dict[str, object] | None = None
+) -> str:
     """TR per task under the protocol (main task first): served from hourly rounds, KD, label
-    smoothing, and by staleness, with the 95% intervals."""
+    smoothing, and by staleness, with the 95% intervals; with ``details``, the main task's
+    zero-z control and z's content over it."""
     per_task = protocol["per_task"]
     if not isinstance(per_task, dict):
         raise TypeError("not a protocol record")
@@ -63,6 +70,16 @@ def format_protocol_table(protocol: dict[str, object]) -> str:
             f"{_tr(row['tr_kd_served'], row['tr_kd_served_ci95']):>26}"
             f"{_tr(row['tr_label_smoothing']):>14}  "
             + "  ".join(f"{s}s:{_tr(v)}" for s, v in stale.items())
+        )
+    if details is not None and "tr_served_over_zero_z_control" in details:
+        control = _tr(details["tr_zero_z_control"], details["tr_zero_z_control_ci95"])
+        content = _tr(
+            details["tr_served_over_zero_z_control"],
+            details["tr_served_over_zero_z_control_ci95"],
+        )
+        lines.append(
+            f"{details['main_task']}: zero-z control (the served tiers, zero vectors) {control}; "
+            f"TR served over it (z's content) {content}"
         )
     return "\n".join(lines)
 
