@@ -5,6 +5,7 @@ world runs end to end."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import time
 from typing import Any
@@ -191,7 +192,16 @@ def test_tiny_world_end_to_end_under_a_minute() -> None:
         lo, hi = r["exact_hit_rate_ci95"]
         assert lo <= r["exact_hit_rate"] <= hi
         assert [a["tiers"] for a in r["ablation"]] == ["exact", "exact+user", "exact+user+similar"]
-        assert all({"ne", "clicks_per_1k_requests"} <= set(a) for a in r["ablation"])
+        assert all(
+            {"ne", "clicks_per_1k_requests", "ne_final_stage"} <= set(a) for a in r["ablation"]
+        )
+        # NE on every final-stage pair is paired across steps: each step after the first
+        # carries its change from the one before, the difference of the two means.
+        for before, after in itertools.pairwise(r["ablation"]):
+            change = after["ne_final_stage"] - before["ne_final_stage"]
+            assert abs(after["ne_final_stage_change"] - change) < 1e-9
+            lo, hi = after["ne_final_stage_change_ci95"]
+            assert lo <= after["ne_final_stage_change"] <= hi
         assert r["fm_calls_per_request"] > 0
         assert r["clicks_per_1k_requests"] > 0
     by = {(r["planner"], r["budget"]): r for r in records}

@@ -163,6 +163,11 @@ class ArmTotals:
     conversions: dict[str, float] = field(default_factory=dict)
     probs: dict[str, list[np.ndarray]] = field(default_factory=dict)
     labels: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    """Per ablation step, the VM's click probabilities and the labels of what it showed."""
+    final_stage_probs: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    """Per ablation step, the VM's click probabilities on every final-stage pair: the same pairs
+    and labels for every step and arm, so NE compares paired (what is shown differs)."""
+    final_stage_labels: list[np.ndarray] = field(default_factory=list)
     fm_pairs_at_start: int = 0
 
 
@@ -721,6 +726,9 @@ def _serve_arms(
                 )
                 totals.probs.setdefault(step, []).append(probs[shown])
                 totals.labels.setdefault(step, []).append(rec.labels[shown, 0])
+                totals.final_stage_probs.setdefault(step, []).append(probs)
+                if step == ABLATION_STEPS[0]:
+                    totals.final_stage_labels.append(rec.labels[:, 0])
                 if step == ABLATION_STEPS[-1]:
                     totals.tier_counts += np.bincount(
                         got.tiers.astype(np.int64), minlength=len(Tier)

@@ -65,6 +65,9 @@ def _seed_row(outcome: SeedOutcome, name: str) -> dict[str, Any]:
         "ablation": {
             step: {
                 "ne": _ne(totals.probs.get(step, []), totals.labels.get(step, [])),
+                "ne_final_stage": _ne(
+                    totals.final_stage_probs.get(step, []), totals.final_stage_labels
+                ),
                 "clicks": _per_1k(totals.clicks.get(step, 0.0), n),
             }
             for step in ABLATION_STEPS
@@ -78,6 +81,20 @@ def _seed_row(outcome: SeedOutcome, name: str) -> dict[str, Any]:
 def _ci(values: list[float]) -> tuple[float, list[float]]:
     mean, lo, hi = mean_ci95(values)
     return mean, [lo, hi]
+
+
+def _paired_final_stage_ne(rows: list[dict[str, Any]], step: str) -> dict[str, Any]:
+    """NE on every final-stage pair at ``step`` and, past the first step, its change from the
+    step before as a paired difference over seeds (same pairs, same labels)."""
+    ne = [r["ablation"][step]["ne_final_stage"] for r in rows]
+    out: dict[str, Any] = {"ne_final_stage": mean_ci95(ne)[0]}
+    at = ABLATION_STEPS.index(step)
+    if at:
+        before = [r["ablation"][ABLATION_STEPS[at - 1]]["ne_final_stage"] for r in rows]
+        change, change_ci = _ci([a - b for a, b in zip(ne, before, strict=True)])
+        out["ne_final_stage_change"] = change
+        out["ne_final_stage_change_ci95"] = change_ci
+    return out
 
 
 def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
@@ -139,6 +156,7 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
                         "clicks_per_1k_requests": mean_ci95(
                             [r["ablation"][step]["clicks"] for r in rows]
                         )[0],
+                        **_paired_final_stage_ne(rows, step),
                     }
                     for step in ABLATION_STEPS
                 ],
