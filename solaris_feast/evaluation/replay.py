@@ -823,7 +823,6 @@ def simulate_command(
         int,
         typer.Option(
             "--seed",
-            "--base-seed",
             help="log: the seed of the data and the models; funnel: the first of --seeds seeds.",
         ),
     ] = 0,
