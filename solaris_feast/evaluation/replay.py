@@ -800,7 +800,9 @@ def simulate_command(
     dataset: Annotated[
         str, typer.Option("--dataset", help="synthetic or movielens.")
     ] = "synthetic",
-    size: Annotated[str, typer.Option("--size", help="Synthetic preset.")] = "demo",
+    size: Annotated[
+        str, typer.Option("--size", help="Synthetic preset; for movielens 100k or 1m.")
+    ] = "demo",
     budget: Annotated[
         str, typer.Option("--budget", help="FM budgets, share of candidate pairs.")
     ] = "0.05,0.1,0.2,0.4",
