@@ -10,9 +10,10 @@ import pandas as pd
 import pytest
 
 from solaris_feast.data.movielens import (
-    ML100K_PREFIX,
     ML_1M,
+    ML_100K,
     RECBOLE_WHEEL_NAME,
+    MovieLensRelease,
     file_sha256,
     load_movielens,
 )
@@ -45,14 +46,21 @@ ITEM = (
 )
 
 
-def build_wheel(folder: Path, inter: str = INTER, user: str = USER, item: str = ITEM) -> Path:
+def build_wheel(
+    folder: Path,
+    inter: str = INTER,
+    user: str = USER,
+    item: str = ITEM,
+    release: MovieLensRelease = ML_100K,
+) -> Path:
+    """A wheel named as ``release``'s, holding the three atomic files where it keeps them."""
     folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / RECBOLE_WHEEL_NAME
+    wheel = folder / release.wheel_name
     with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("recbole/__init__.py", "")
-        archive.writestr(f"{ML100K_PREFIX}.inter", inter)
-        archive.writestr(f"{ML100K_PREFIX}.user", user)
-        archive.writestr(f"{ML100K_PREFIX}.item", item)
+        archive.writestr(f"{release.prefix.split('/', 1)[0]}/__init__.py", "")
+        archive.writestr(f"{release.prefix}.inter", inter)
+        archive.writestr(f"{release.prefix}.user", user)
+        archive.writestr(f"{release.prefix}.item", item)
     return wheel
 
 
@@ -216,13 +224,7 @@ ITEM_1M = (
 
 
 def build_1m_wheel(folder: Path, inter: str = INTER_1M) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    wheel = folder / ML_1M.wheel_name
-    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr(f"{ML_1M.prefix}.inter", inter)
-        archive.writestr(f"{ML_1M.prefix}.user", USER_1M)
-        archive.writestr(f"{ML_1M.prefix}.item", ITEM_1M)
-    return wheel
+    return build_wheel(folder, inter, USER_1M, ITEM_1M, release=ML_1M)
 
 
 def test_movielens_1m_layout_reads_prefixed_users_and_title_keyed_movies(tmp_path: Path) -> None:
