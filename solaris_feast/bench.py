@@ -714,8 +714,8 @@ def run_memory_benchmark(
             "before the tag. default_project: rebuilt under a 7-character project name, the "
             "length of the default repo's 'solaris'. without_embedding: rebuilt without the "
             "embedding field, the floor of Feast's layout. embedding_and_ts_only: rebuilt "
-            "with the embedding (grown by the key's bytes) and _ts only, the room a layout "
-            "packing the version and the time into the value would have."
+            "with the embedding (grown by as many bytes as the key says) and _ts only, the "
+            "room a layout packing the version and the time into the value would have."
         ),
     }
     if ne_seeds:
