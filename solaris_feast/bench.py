@@ -101,6 +101,17 @@ def bench_store(
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def _port_is_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_loopback_port() -> int:
     """A loopback port no one listens on now, for a server this benchmark starts: a fixed
     default would collide with a second run (a developer's and CI's) on one machine."""
@@ -142,6 +153,10 @@ def feast_server(store: FeatureStore, port: int) -> Iterator[Callable[[dict[str,
             }
         )
     )
+    if not _port_is_free(port):
+        # Another server would answer the health check before ours has even bound (Feast
+        # takes seconds to import): timing it would time someone else's repo.
+        raise RuntimeError(f"port {port} is in use on 127.0.0.1; pick a free one for feast serve")
     feast = Path(sys.executable).with_name("feast")
     log_path = repo / "serve.log"
     with log_path.open("wb") as log:

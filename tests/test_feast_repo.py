@@ -116,3 +116,36 @@ def test_bench_commands_write_the_agreed_json_keys(tmp_path: Path, redis_url: st
     write = json.loads(write_json.read_text())
     assert write["solaris_rows_per_s"] > 0 and write["feast_rows_per_s"] > 0
     assert 200 < write["redis_memory_bytes_per_pair_embedding"] < 2000
+
+
+def test_bench_refuses_to_time_another_server_on_its_feast_serve_port(redis_url: str) -> None:
+    """When the port the benchmark's ``feast serve`` should take already answers ``/health``
+    (another server), the benchmark must say so, not time the other server: that server
+    answers the health check before Feast has even been imported in ours."""
+    import http.server
+    import threading
+
+    from solaris_feast.bench import bench_store, feast_server
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    try:
+        port = other.server_address[1]
+        with (
+            bench_store(redis_url, DIM) as store,
+            pytest.raises(RuntimeError, match=rf"port {port} is in use"),
+            feast_server(store, port),
+        ):
+            pass
+    finally:
+        other.shutdown()
+        other.server_close()
