@@ -101,7 +101,9 @@ def bench_store(
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _port_is_free(port: int) -> bool:
+def loopback_port_is_free(port: int) -> bool:
+    """Whether nothing listens on ``127.0.0.1:port`` now (the test suite picks its ports
+    with it too)."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -153,7 +155,7 @@ def feast_server(store: FeatureStore, port: int) -> Iterator[Callable[[dict[str,
             }
         )
     )
-    if not _port_is_free(port):
+    if not loopback_port_is_free(port):
         # Another server would answer the health check before ours has even bound (Feast
         # takes seconds to import): timing it would time someone else's repo.
         raise RuntimeError(f"port {port} is in use on 127.0.0.1; pick a free one for feast serve")

@@ -10,7 +10,8 @@ the suite starts.
 from __future__ import annotations
 
 import os
-import socket
+
+from solaris_feast.bench import loopback_port_is_free
 
 BLOCK = 300
 """Ports per block; every offset below is under it."""
@@ -41,13 +42,7 @@ _ALL = (
 )
 
 
-def _free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+_free = loopback_port_is_free
 
 
 def _base() -> int:
