@@ -42,14 +42,11 @@ _ALL = (
 )
 
 
-_free = loopback_port_is_free
-
-
 def _base() -> int:
     if os.environ.get("SOLARIS_TEST_PORT_BASE"):
         return int(os.environ["SOLARIS_TEST_PORT_BASE"])
     for base in range(17000, 30000, BLOCK):
-        if all(_free(base + offset) for offset in _ALL):
+        if all(loopback_port_is_free(base + offset) for offset in _ALL):
             return base
     raise RuntimeError(
         "no block of free loopback ports from 17000 to 30000: set SOLARIS_TEST_PORT_BASE"

