@@ -125,9 +125,12 @@ def free_loopback_port() -> int:
 
 
 @contextmanager
-def feast_server(store: FeatureStore, port: int) -> Iterator[Callable[[dict[str, Any]], Any]]:
-    """``feast serve`` over ``store``'s repo on ``127.0.0.1:port``; yields a function that posts
-    one ``/get-online-features`` body on a kept-alive connection and returns the parsed answer."""
+def feast_server(
+    store: FeatureStore, port: int, online_type: str = "redis"
+) -> Iterator[Callable[[dict[str, Any]], Any]]:
+    """``feast serve`` over ``store``'s repo on ``127.0.0.1:port`` with ``online_type`` as its
+    online store; yields a function that posts one ``/get-online-features`` body on a
+    kept-alive connection and returns the parsed answer."""
     import http.client
     import subprocess
     import sys
@@ -147,7 +150,7 @@ def feast_server(store: FeatureStore, port: int) -> Iterator[Callable[[dict[str,
                     "cache_ttl_seconds": 60,
                 },
                 "online_store": {
-                    "type": "redis",
+                    "type": online_type,
                     "connection_string": online.connection_string,
                 },
                 "offline_store": {"type": "file"},
@@ -160,7 +163,9 @@ def feast_server(store: FeatureStore, port: int) -> Iterator[Callable[[dict[str,
         # takes seconds to import): timing it would time someone else's repo.
         raise RuntimeError(f"port {port} is in use on 127.0.0.1; pick a free one for feast serve")
     feast = Path(sys.executable).with_name("feast")
-    log_path = repo / "serve.log"
+    # The yaml is read once at start-up (health answers after), so a second server of another
+    # online type may rewrite it; each keeps its own log.
+    log_path = repo / f"serve-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
             [str(feast), "serve", "-h", "127.0.0.1", "-p", str(port), "--no-access-log"],
@@ -298,9 +303,14 @@ def run_serve_benchmark(
 ) -> dict[str, Any]:
     """Latency of the resolved fetch, Feast's single-view read and a raw pipeline, per N; with
     ``with_feast_server`` also Feast's two reads through a ``feast serve`` started on
-    ``feast_server_port`` (``None``: a free loopback port)."""
+    ``feast_server_port`` (``None``: a free loopback port). Feast's reads run twice: on Feast's
+    own Redis store and on solaris's (:mod:`solaris_feast.serving.online_store`, same registry
+    and rows), each with its own ``feast serve``."""
+    from feast import FeatureStore as FeastStore
+
     from solaris_feast.serving.retriever import SolarisRetriever
     from solaris_feast.store.backends.redis import RedisBackend, redis_client
+    from solaris_feast.store.config import SOLARIS_ONLINE_STORE_TYPES, build_repo_config
     from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
     from solaris_feast.store.layout import EntityKeyLayout, online_field
 
@@ -309,8 +319,25 @@ def run_serve_benchmark(
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(bench_store(redis_url, dim, embedding_codec))
         _populate(store, max(candidates), dim, version)
+        # The same project, registry and rows, read through solaris's Feast online store.
+        solaris_store = FeastStore(
+            config=build_repo_config(
+                store.config.project,
+                Path(str(store.config.repo_path)),
+                online="redis",
+                redis_url=redis_url or os.environ.get("REDIS_URL"),
+                resolve_in_store=True,
+            )
+        )
         server = (
             stack.enter_context(feast_server(store, feast_server_port or free_loopback_port()))
+            if with_feast_server
+            else None
+        )
+        solaris_server = (
+            stack.enter_context(
+                feast_server(store, free_loopback_port(), SOLARIS_ONLINE_STORE_TYPES["redis"])
+            )
             if with_feast_server
             else None
         )
@@ -345,11 +372,13 @@ def run_serve_benchmark(
                 pipe.hmget(user_key, user_fields)
                 return pipe.execute()
 
-            def feast_single(rows: list[dict[str, int]] = rows) -> object:
-                return store.get_online_features(features=pair_features, entity_rows=rows)
+            def feast_single(rows: list[dict[str, int]] = rows, on: FeatureStore = store) -> object:
+                return on.get_online_features(features=pair_features, entity_rows=rows)
 
-            def feast_resolved(rows: list[dict[str, int]] = rows) -> object:
-                return store.get_online_features(
+            def feast_resolved(
+                rows: list[dict[str, int]] = rows, on: FeatureStore = store
+            ) -> object:
+                return on.get_online_features(
                     features=resolved_features,
                     entity_rows=[row | {MODEL_VERSION_REQUEST_FIELD: version} for row in rows],
                     full_feature_names=True,
@@ -394,10 +423,19 @@ def run_serve_benchmark(
                 "raw_redis_hand_packed": raw_packed,
                 "raw_redis_py_pipeline_backend": raw_pipeline_backend,
                 "feast_resolved_view": feast_resolved,
+                "feast_single_view_solaris_store": functools.partial(
+                    feast_single, on=solaris_store
+                ),
+                "feast_resolved_view_solaris_store": functools.partial(
+                    feast_resolved, on=solaris_store
+                ),
             }
-            if server is not None:
+            if server is not None and solaris_server is not None:
                 contenders["feast_server_single_view"] = functools.partial(server, single_body)
                 contenders["feast_server_resolved"] = functools.partial(server, resolved_body)
+                contenders["feast_server_resolved_solaris_store"] = functools.partial(
+                    solaris_server, resolved_body
+                )
             samples: dict[str, list[float]] = {name: [] for name in contenders}
             rounds = 5
             for _ in range(rounds):
@@ -425,8 +463,11 @@ def run_serve_benchmark(
             "raw_redis_hand_packed",
             "raw_redis_py_pipeline_backend",
             "feast_resolved_view",
+            "feast_single_view_solaris_store",
+            "feast_resolved_view_solaris_store",
             "feast_server_single_view",
             "feast_server_resolved",
+            "feast_server_resolved_solaris_store",
         ):
             if name not in at_100:
                 continue
@@ -441,9 +482,21 @@ def run_serve_benchmark(
         results["feast_resolved_vs_single_view_p50"] = round(
             results["feast_resolved_view_p50_ms"] / results["feast_single_view_p50_ms"], 3
         )
+        # The solaris store's resolved read over the same baseline: Feast's own store's read
+        # of the plain pair view (the solaris store's own single-view read is reported beside).
+        results["feast_resolved_solaris_store_vs_single_view_p50"] = round(
+            results["feast_resolved_view_solaris_store_p50_ms"]
+            / results["feast_single_view_p50_ms"],
+            3,
+        )
         if "feast_server_resolved_p50_ms" in results:
             results["feast_server_resolved_vs_single_view_p50"] = round(
                 results["feast_server_resolved_p50_ms"]
+                / results["feast_server_single_view_p50_ms"],
+                3,
+            )
+            results["feast_server_resolved_solaris_store_vs_single_view_p50"] = round(
+                results["feast_server_resolved_solaris_store_p50_ms"]
                 / results["feast_server_single_view_p50_ms"],
                 3,
             )

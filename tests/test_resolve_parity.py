@@ -186,9 +186,27 @@ def write_user_aggregate(store: FeatureStore, user: int) -> None:
     )
 
 
-def resolved_view(store: FeatureStore, user: int, items: list[int]) -> dict[str, list[Any]]:
+def solaris_store_of(store: FeatureStore, **online_options: Any) -> FeatureStore:
+    """The same project, registry and rows, read through solaris's Feast online store."""
+    from feast import FeatureStore as FeastStore
+
+    config = build_repo_config(
+        store.config.project,
+        Path(str(store.config.repo_path)),
+        online=online_kind(store),
+        redis_url=os.environ.get("REDIS_URL"),
+        resolve_in_store=True,
+    )
+    for name, value in online_options.items():
+        setattr(config.online_store, name, value)
+    return FeastStore(config=config)
+
+
+def resolved_view(
+    store: FeatureStore, user: int, items: list[int], features: list[str] = RESOLVED
+) -> dict[str, list[Any]]:
     answer = store.get_online_features(
-        features=RESOLVED,
+        features=features,
         entity_rows=[
             {"user_id": user, "item_id": i, MODEL_VERSION_REQUEST_FIELD: VERSION} for i in items
         ],
@@ -197,7 +215,7 @@ def resolved_view(store: FeatureStore, user: int, items: list[int]) -> dict[str,
     return {
         "tiers": answer[f"{CFG.resolved_view_name}__resolved_tier"],
         "ages": answer[f"{CFG.resolved_view_name}__resolved_age_seconds"],
-    }
+    } | {k: v for k, v in answer.items() if not k.startswith(f"{CFG.resolved_view_name}__")}
 
 
 @pytest.fixture
@@ -260,6 +278,16 @@ def test_retriever_and_resolved_view_give_the_same_tier_for_every_case(
         "non_finite": 4,
     }
     assert retriever.stats.undecodable == 4  # wrong_length and wrong_type, twice
+    assert snapshot(store) == before
+
+    # solaris's Feast online store answers the same plain Feast call with the retriever's read:
+    # the same columns, tiers, ages and vectors as the on-demand view, for both users.
+    solaris = solaris_store_of(store, record_misses=False)
+    with_embedding = [*RESOLVED, f"{CFG.resolved_view_name}:resolved_embedding"]
+    for user in (1, 2):
+        feast_answer = resolved_view(store, user, items, with_embedding)
+        solaris_answer = resolved_view(solaris, user, items, with_embedding)
+        assert solaris_answer == feast_answer
     assert snapshot(store) == before
 
 

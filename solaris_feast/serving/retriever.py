@@ -32,7 +32,7 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -51,7 +51,7 @@ from solaris_feast.serving.resolve import (
     TierValues,
     resolve,
 )
-from solaris_feast.store.backends import OnlineBackend, TierRead, backend_for
+from solaris_feast.store.backends import OnlineBackend, OnlineFacts, TierRead, backend_for
 from solaris_feast.store.definitions import SolarisFeastConfig
 from solaris_feast.store.ids import EntityId, IdType, check_id, check_ids, join_key_types
 from solaris_feast.store.layout import accepted_model_versions, embedding_codec
@@ -59,7 +59,7 @@ from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
-    from feast import FeatureStore
+    from feast import FeatureView
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +107,17 @@ class RetrieverStats:
     undecodable: int = 0
     tier_counts: dict[Tier, int] = field(default_factory=lambda: {t: 0 for t in Tier})
     rejected: dict[str, int] = field(default_factory=lambda: dict.fromkeys(REJECTION_REASONS, 0))
+
+
+class FeatureViewSource(Protocol):
+    """What a retriever reads of its store: the Feast config and the registered views by name.
+    A ``FeatureStore`` is one; the Feast online store of :mod:`solaris_feast.serving.online_store`
+    passes the views Feast has already resolved for the request."""
+
+    @property
+    def config(self) -> Any: ...
+
+    def get_feature_view(self, name: str) -> FeatureView: ...
 
 
 _TierRead = TierRead
@@ -181,7 +192,7 @@ class SolarisRetriever:
 
     def __init__(
         self,
-        store: FeatureStore,
+        store: FeatureViewSource,
         expected_model_version: str,
         *,
         deadline_ms: float = DEFAULT_DEADLINE_MS,
@@ -245,7 +256,9 @@ class SolarisRetriever:
             for v in accepted_model_versions(expected_model_version)
         )
         # The backend's timeouts bound a single wait; each read is bounded by its own deadline.
-        self.backend: OnlineBackend = backend_for(store, timeout_seconds=self.deadline_ms / 1000)
+        self.backend: OnlineBackend = backend_for(
+            OnlineFacts.of_store(store), timeout_seconds=self.deadline_ms / 1000
+        )
         self.kind = self.backend.kind
         self.miss_queue: MissQueue | None = None
         if record_misses:

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_CONNECTION_ENV = "SOLARIS_REDIS_CONNECTION"
+SOLARIS_ONLINE_STORE_TYPES: dict[str, str] = {
+    "redis": "solaris_feast.serving.online_store.SolarisRedisOnlineStore",
+    "sqlite": "solaris_feast.serving.online_store.SolarisSqliteOnlineStore",
+}
+"""``online_store.type`` of solaris's Feast online store of each kind: Feast's own store, plus
+the resolved view answered in one round trip (:mod:`solaris_feast.serving.online_store`)."""
 
 
 def redis_connection_string(redis_url: str) -> str:
@@ -70,6 +76,7 @@ def build_repo_config(
     online: OnlineKind = "sqlite",
     redis_url: str | None = None,
     key_ttl_seconds: int | None = None,
+    resolve_in_store: bool = False,
 ) -> RepoConfig:
     """A local-provider configuration equal to the one in ``feature_repo/``.
 
@@ -79,6 +86,9 @@ def build_repo_config(
         online: ``"sqlite"`` (embedded) or ``"redis"`` (connection from ``redis_url`` or
             ``REDIS_URL``).
         key_ttl_seconds: Redis only; expires a whole entity hash (every view of the key).
+        resolve_in_store: use solaris's online store of that kind
+            (:data:`SOLARIS_ONLINE_STORE_TYPES`), which answers the resolved view in one round
+            trip; everything else it reads as Feast's own store does.
     """
     from feast import RepoConfig
 
@@ -93,6 +103,8 @@ def build_repo_config(
             online_store["key_ttl_seconds"] = key_ttl_seconds
     else:
         raise ConfigError(f"online must be 'sqlite' or 'redis', got {online!r}")
+    if resolve_in_store:
+        online_store["type"] = SOLARIS_ONLINE_STORE_TYPES[online]
     return RepoConfig(
         project=project,
         provider="local",
@@ -114,19 +126,27 @@ def open_store(
     repo_path: Path,
     online: OnlineKind = "sqlite",
     redis_url: str | None = None,
+    resolve_in_store: bool = False,
 ) -> FeatureStore:
     """A ``FeatureStore`` over :func:`build_repo_config`; nothing is applied yet."""
     from feast import FeatureStore
 
     Path(repo_path, "data").mkdir(parents=True, exist_ok=True)
     return FeatureStore(
-        config=build_repo_config(project, Path(repo_path), online=online, redis_url=redis_url)
+        config=build_repo_config(
+            project,
+            Path(repo_path),
+            online=online,
+            redis_url=redis_url,
+            resolve_in_store=resolve_in_store,
+        )
     )
 
 
 __all__ = [
     "DEFAULT_REDIS_URL",
     "REDIS_CONNECTION_ENV",
+    "SOLARIS_ONLINE_STORE_TYPES",
     "OnlineKind",
     "build_repo_config",
     "export_redis_connection",

@@ -69,6 +69,7 @@ from solaris_feast.store.layout import (
     version_matches,
 )
 from solaris_feast.store.tags import (
+    TAG_CLOCK_SKEW_SECONDS,
     TAG_COMPRESSOR_VERSION,
     TAG_EMBEDDING_CODEC,
     TAG_EMBEDDING_DIM,
@@ -511,6 +512,7 @@ def solaris_definitions(config: SolarisFeastConfig | None = None) -> SolarisDefi
         mode="python",
         tags={
             TAG_TIER: "RESOLVED",
+            TAG_CLOCK_SKEW_SECONDS: repr(float(cfg.clock_skew_seconds)),
             TAG_EMBEDDING_DIM: str(cfg.embedding_dim),
             TAG_EMBEDDING_CODEC: cfg.embedding_codec,
             TAG_COMPRESSOR_VERSION: cfg.compressor_version,

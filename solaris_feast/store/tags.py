@@ -26,6 +26,8 @@ TAG_SCHEDULE = f"{TAG_PREFIX}schedule"
 """That DAG's schedule (cron or preset) as configured when the view was defined."""
 TAG_TTL_SECONDS = f"{TAG_PREFIX}ttl_seconds"
 """The view's TTL in seconds, as decimal text."""
+TAG_CLOCK_SKEW_SECONDS = f"{TAG_PREFIX}clock_skew_seconds"
+"""The resolved view's clock skew (how far in the future a ``computed_at`` may lie), as text."""
 
 VERSION_TAGS = (TAG_FM_VERSION, TAG_COMPRESSOR_VERSION, TAG_VERIFIER_VERSION)
 """The tags that trace a stored vector to the models that made it."""

@@ -179,6 +179,13 @@ class OnlineBackend(Protocol):
         ...
 
 
+class HasFeastConfig(Protocol):
+    """Anything holding a Feast ``RepoConfig`` as ``config``, as a ``FeatureStore`` does."""
+
+    @property
+    def config(self) -> Any: ...
+
+
 @dataclass(frozen=True)
 class OnlineFacts:
     """What the backends read of a Feast config: built from a ``FeatureStore``
@@ -197,7 +204,7 @@ class OnlineFacts:
     repo: str | None = None
 
     @classmethod
-    def of_store(cls, store: FeatureStore) -> OnlineFacts:
+    def of_store(cls, store: FeatureStore | HasFeastConfig) -> OnlineFacts:
         cfg = store.config
         online = cfg.online_store
         value = getattr(online, "redis_type", "redis")

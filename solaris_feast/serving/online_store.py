@@ -1,0 +1,428 @@
+"""Feast online stores that answer the resolved view with the retriever's one-round-trip read.
+
+A client with no solaris code reads the resolved embedding with a plain Feast call::
+
+    store.get_online_features(
+        features=["solaris_resolved:resolved_embedding", "solaris_resolved:resolved_tier"],
+        entity_rows=[{"user_id": 1, "item_id": 7, "solaris_model_version": "cmp-v3"}],
+        full_feature_names=True,
+    )
+
+On Feast's own stores that runs the on-demand view ``solaris_resolved``: Feast reads the three
+stored views one after another (a hash per row per view), converts them to Python lists, runs
+the generated function and converts its answer back, about 3x a one-view read
+(``benchmarks/README.md``). With ``online_store.type`` set to one of the stores here the same
+call, from the SDK or ``feast serve``, is answered by
+:class:`~solaris_feast.serving.retriever.SolarisRetriever` instead: all tiers in one round trip,
+the tier rule of :mod:`solaris_feast.serving.resolve`, misses queued for the next round. The
+registry, the request and the answer (names, types, ZERO's age of -1) are the same;
+``tests/test_resolve_parity.py`` pins the two paths to each other.
+
+Every other request (other views, a feature service, the resolved view mixed with other
+features, short feature names, ids the retriever refuses) goes to Feast's own store unchanged, so
+the store is a drop-in for ``redis`` and ``sqlite``::
+
+    online_store:
+      type: solaris_feast.serving.online_store.SolarisRedisOnlineStore
+      connection_string: ${SOLARIS_REDIS_CONNECTION}
+      deadline_ms: 1000      # a resolved read slower than this raises DeadlineExceededError
+      record_misses: true    # queue exact misses for the planner, as the retriever does
+
+A store failure raises as Feast's own read does, as a
+:class:`~solaris_feast.errors.RetryableStoreError` (a ``ConnectionError``) or the final error
+itself: a Feast response has no field to say "every row is ZERO because Redis is down".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from feast.infra.online_stores.redis import RedisOnlineStore, RedisOnlineStoreConfig
+from feast.infra.online_stores.sqlite import SqliteOnlineStore, SqliteOnlineStoreConfig
+from pydantic import Field
+
+from solaris_feast.columns import ITEM_ID, USER_ID
+from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
+from solaris_feast.serving.retriever import RetrieverStats, SolarisRetriever, validate_request
+from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD, SolarisFeastConfig
+from solaris_feast.store.ids import join_key_types
+from solaris_feast.store.tags import TAG_CLOCK_SKEW_SECONDS, TAG_TIER
+from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from feast import FeatureView, OnDemandFeatureView
+    from feast.infra.registry.base_registry import BaseRegistry
+    from feast.online_response import OnlineResponse
+    from feast.repo_config import RepoConfig
+
+    _StoreBase = RedisOnlineStore
+else:
+    _StoreBase = object
+
+DEFAULT_STORE_DEADLINE_MS = 1000.0
+"""A Feast client has no deadline of its own; a read slower than this raises instead of waiting
+on the socket timeout (the retriever's 50 ms is for serving code that answers ZERO instead)."""
+MAX_RETRIEVERS_PER_THREAD = 16
+"""Retrievers (one per embedding version and set of views) a serving thread keeps."""
+RESOLVED_OUTPUTS = ("resolved_embedding", "resolved_tier", "resolved_age_seconds")
+_TIER_BY_NAME = {tier.name: tier for tier in Tier}
+
+
+class SolarisRedisOnlineStoreConfig(RedisOnlineStoreConfig):
+    """Feast's Redis config, plus how the resolved view's reads behave."""
+
+    type: Literal["solaris_feast.serving.online_store.SolarisRedisOnlineStore"] = (
+        "solaris_feast.serving.online_store.SolarisRedisOnlineStore"  # type: ignore[assignment]
+    )
+    deadline_ms: float = Field(DEFAULT_STORE_DEADLINE_MS, gt=0)
+    """A resolved read slower than this raises
+    :class:`~solaris_feast.errors.DeadlineExceededError`."""
+    record_misses: bool = True
+    """Queue the pairs served without an exact embedding for the next precompute round."""
+
+
+class SolarisSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
+    """Feast's SQLite config, plus how the resolved view's reads behave."""
+
+    type: Literal["solaris_feast.serving.online_store.SolarisSqliteOnlineStore"] = (
+        "solaris_feast.serving.online_store.SolarisSqliteOnlineStore"  # type: ignore[assignment]
+    )
+    deadline_ms: float = Field(DEFAULT_STORE_DEADLINE_MS, gt=0)
+    """A resolved read slower than this raises
+    :class:`~solaris_feast.errors.DeadlineExceededError`."""
+    record_misses: bool = True
+    """Queue the pairs served without an exact embedding for the next precompute round."""
+
+
+class _RequestViews:
+    """The registered views of one request as a retriever reads them (``FeatureViewSource``):
+    the views Feast resolved for the request, so no second registry lookup is made."""
+
+    def __init__(self, config: RepoConfig, views: Mapping[str, FeatureView]) -> None:
+        self._config = config
+        self._views = dict(views)
+
+    @property
+    def config(self) -> RepoConfig:
+        return self._config
+
+    def get_feature_view(self, name: str) -> FeatureView:
+        from feast.errors import FeatureViewNotFoundException
+
+        try:
+            return self._views[name]
+        except KeyError:
+            raise FeatureViewNotFoundException(name) from None
+
+
+class _ResolvedRequest:
+    """A request this store answers itself: the resolved view's features and nothing else."""
+
+    def __init__(
+        self, odfv: OnDemandFeatureView, views_by_tier: dict[Tier, FeatureView], outputs: list[str]
+    ) -> None:
+        self.odfv = odfv
+        self.views_by_tier = views_by_tier
+        self.outputs = outputs
+        """The requested outputs, in the request's order (``resolved_tier``, ...)."""
+        first = views_by_tier[Tier.EXACT]
+        self.key = (
+            tuple(
+                (int(tier), view.name, view.ttl, tuple(sorted(view.tags.items())))
+                for tier, view in sorted(views_by_tier.items())
+            ),
+            tuple(sorted(join_key_types(first).items())),
+            odfv.tags.get(TAG_CLOCK_SKEW_SECONDS),
+        )
+
+    @property
+    def clock_skew_seconds(self) -> float:
+        raw = self.odfv.tags.get(TAG_CLOCK_SKEW_SECONDS)
+        return float(raw) if raw is not None else DEFAULT_CLOCK_SKEW_SECONDS
+
+    def view_names(self) -> SolarisFeastConfig:
+        return SolarisFeastConfig(
+            pair_view_name=self.views_by_tier[Tier.EXACT].name,
+            similar_view_name=self.views_by_tier[Tier.SIMILAR].name,
+            user_view_name=self.views_by_tier[Tier.USER_AGG].name,
+            resolved_view_name=self.odfv.name,
+        )
+
+
+def resolved_request(
+    registry: BaseRegistry, project: str, features: Any, full_feature_names: bool
+) -> tuple[_ResolvedRequest, tuple[Any, ...]] | None:
+    """The resolved view and Feast's own request context when ``features`` asks for the
+    solaris resolved view's outputs only, with full names; None for anything else (which Feast
+    answers itself, refusals included)."""
+    from feast import utils
+
+    if (
+        not full_feature_names
+        or not isinstance(features, list)
+        or not features
+        or not all(isinstance(ref, str) and ":" in ref for ref in features)
+    ):
+        return None
+    if len({ref.split(":", 1)[0] for ref in features}) != 1:
+        return None
+    context = utils._get_cached_request_context(registry, project, features, full_feature_names)
+    odfvs, grouped_refs = context[1], context[5]
+    if len(odfvs) != 1 or odfvs[0].tags.get(TAG_TIER) != "RESOLVED":
+        return None
+    outputs = [ref.split(":", 1)[1] for ref in features]
+    if any(name not in RESOLVED_OUTPUTS for name in outputs) or len(set(outputs)) != len(outputs):
+        return None
+    views_by_tier: dict[Tier, FeatureView] = {}
+    for view, _ in grouped_refs:
+        tier = _TIER_BY_NAME.get(view.tags.get(TAG_TIER, ""))
+        if tier is None or tier in views_by_tier:
+            return None
+        views_by_tier[tier] = view
+    if set(views_by_tier) != {Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG}:
+        return None
+    return _ResolvedRequest(odfvs[0], views_by_tier, outputs), context
+
+
+def _columns(entity_rows: Any) -> dict[str, list[Any]] | None:
+    """Entity rows as columns of plain Python values; None for protos (Feast handles those)."""
+    if isinstance(entity_rows, list):
+        if not entity_rows or not all(isinstance(row, Mapping) for row in entity_rows):
+            return None
+        keys = set(entity_rows[0])
+        if any(set(row) != keys for row in entity_rows):
+            return None
+        return {key: [row[key] for row in entity_rows] for key in keys}
+    if isinstance(entity_rows, Mapping):
+        columns: dict[str, list[Any]] = {}
+        for key, values in entity_rows.items():
+            if isinstance(values, np.ndarray):
+                values = values.tolist()
+            if not isinstance(values, list | tuple):
+                return None
+            columns[key] = list(values)
+        return columns
+    return None
+
+
+class ResolvedViewReads(_StoreBase):
+    """Answers the resolved view's requests with the retriever; the rest goes to Feast's store.
+
+    One retriever per serving thread, embedding version and set of views (``feast serve`` runs
+    requests on a thread pool, and a retriever's counters are not locked).
+    """
+
+    _local: threading.local
+
+    def _retrievers(self) -> OrderedDict[tuple[Any, ...], SolarisRetriever]:
+        local = self.__dict__.setdefault("_local", threading.local())
+        cache: OrderedDict[tuple[Any, ...], SolarisRetriever] | None = getattr(
+            local, "retrievers", None
+        )
+        if cache is None:
+            cache = local.retrievers = OrderedDict()
+        return cache
+
+    def thread_stats(self) -> list[RetrieverStats]:
+        """The counters of the retrievers this thread has read the resolved view with (one per
+        embedding version and set of views), for metrics."""
+        return [retriever.stats for retriever in self._retrievers().values()]
+
+    def _retriever(
+        self, config: RepoConfig, request: _ResolvedRequest, version: str
+    ) -> SolarisRetriever:
+        online = config.online_store
+        key = (config.project, repr(online), version, request.key)
+        cache = self._retrievers()
+        retriever = cache.get(key)
+        if retriever is not None:
+            cache.move_to_end(key)
+            return retriever
+        retriever = SolarisRetriever(
+            _RequestViews(config, {view.name: view for view in request.views_by_tier.values()}),
+            version,
+            deadline_ms=float(getattr(online, "deadline_ms", DEFAULT_STORE_DEADLINE_MS)),
+            strict=True,
+            record_misses=bool(getattr(online, "record_misses", True)),
+            views=request.view_names(),
+            clock_skew_seconds=request.clock_skew_seconds,
+        )
+        cache[key] = retriever
+        while len(cache) > MAX_RETRIEVERS_PER_THREAD:
+            _, old = cache.popitem(last=False)
+            old.close()
+        return retriever
+
+    def _answer_resolved(
+        self,
+        config: RepoConfig,
+        features: list[str],
+        entity_rows: Any,
+        registry: BaseRegistry,
+        project: str,
+    ) -> OnlineResponse | None:
+        """The resolved view's answer, or None when the request is one Feast should answer."""
+        from feast import utils
+        from feast.online_response import OnlineResponse
+        from feast.protos.feast.serving.ServingService_pb2 import (
+            FieldStatus,
+            GetOnlineFeaturesResponse,
+        )
+        from feast.protos.feast.types.Value_pb2 import FloatList
+        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+        from google.protobuf.timestamp_pb2 import Timestamp
+
+        found = resolved_request(registry, project, features, True)
+        columns = _columns(entity_rows)
+        if found is None or columns is None:
+            return None
+        request, _ = found
+        needed = (USER_ID, ITEM_ID, MODEL_VERSION_REQUEST_FIELD)
+        if any(name not in columns for name in needed):
+            return None  # Feast names what is missing
+        users, items, versions = (columns[name] for name in needed)
+        n = len(users)
+        if n == 0 or len(items) != n or len(versions) != n:
+            return None
+        groups: dict[tuple[Any, Any], list[int]] = {}
+        for row, (user, version) in enumerate(zip(users, versions, strict=True)):
+            try:
+                groups.setdefault((user, version), []).append(row)
+            except TypeError:  # an unhashable id: Feast's own conversion says what is wrong
+                return None
+        # Every group is checked before any read, so a refused id costs no round trip.
+        planned: list[tuple[SolarisRetriever, Any, list[Any], list[int]]] = []
+        for (user, version), rows in groups.items():
+            if not isinstance(version, str) or not version:
+                return None  # the view's own rule: no version matches, ZERO
+            retriever = self._retriever(config, request, version)
+            distinct = list(dict.fromkeys(items[i] for i in rows))
+            try:
+                checked_user, _ = validate_request(
+                    user, distinct, retriever.user_id_type, retriever.item_id_type
+                )
+            except (TypeError, ValueError):
+                return None
+            planned.append((retriever, checked_user, distinct, rows))
+
+        dim = planned[0][0].dim
+        embeddings = np.zeros((n, dim), dtype=np.float32)
+        tiers = np.zeros(n, dtype=np.int64)
+        ages = np.full(n, -1.0)
+        for retriever, user, distinct, rows in planned:
+            result = retriever.fetch(user, distinct)
+            position = {item: k for k, item in enumerate(distinct)}
+            picked = np.fromiter(
+                (position[items[i]] for i in rows), dtype=np.int64, count=len(rows)
+            )
+            embeddings[rows] = result.embeddings[picked]
+            tiers[rows] = result.tiers[picked]
+            # The on-demand view answers -1 for ZERO's age where the retriever says NaN.
+            ages[rows] = np.nan_to_num(result.age_seconds[picked], nan=-1.0)
+
+        (_, grouped_refs, _, _, _, requested_names, response) = (
+            utils._prepare_entities_to_read_from_online_store(
+                registry=registry,
+                project=project,
+                features=features,
+                entity_values=columns,
+                full_feature_names=True,
+                native_entity_values=True,
+            )
+        )
+        view_name = request.odfv.projection.name_to_use()
+        proto_columns: dict[str, list[ValueProto]] = {
+            "resolved_embedding": [
+                ValueProto(float_list_val=FloatList(val=row)) for row in embeddings.tolist()
+            ],
+            "resolved_tier": [ValueProto(int64_val=t) for t in tiers.tolist()],
+            "resolved_age_seconds": [ValueProto(double_val=a) for a in ages.tolist()],
+        }
+        empty = Timestamp()
+        for output in request.outputs:
+            response.metadata.feature_names.val.append(f"{view_name}__{output}")
+            response.results.append(
+                GetOnlineFeaturesResponse.FeatureVector(
+                    values=proto_columns[output],
+                    statuses=[FieldStatus.PRESENT] * n,
+                    event_timestamps=[empty] * n,
+                )
+            )
+        utils._drop_unneeded_columns(response, requested_names)
+        return OnlineResponse(response, feature_types=self._build_feature_types(grouped_refs))
+
+    def get_online_features(
+        self,
+        config: RepoConfig,
+        features: Any,
+        entity_rows: Any,
+        registry: BaseRegistry,
+        project: str,
+        full_feature_names: bool = False,
+        include_feature_view_version_metadata: bool = False,
+    ) -> OnlineResponse:
+        if full_feature_names and not include_feature_view_version_metadata:
+            answer = self._answer_resolved(config, features, entity_rows, registry, project)
+            if answer is not None:
+                return answer
+        return super().get_online_features(
+            config,
+            features,
+            entity_rows,
+            registry,
+            project,
+            full_feature_names,
+            include_feature_view_version_metadata,
+        )
+
+    async def get_online_features_async(
+        self,
+        config: RepoConfig,
+        features: Any,
+        entity_rows: Any,
+        registry: BaseRegistry,
+        project: str,
+        full_feature_names: bool = False,
+        include_feature_view_version_metadata: bool = False,
+    ) -> OnlineResponse:
+        # feast serve awaits this on Redis; the retriever's read is synchronous, so it runs on
+        # a worker thread (as Feast runs its own sync reads) instead of blocking the event loop.
+        if full_feature_names and not include_feature_view_version_metadata:
+            answer = await asyncio.to_thread(
+                self._answer_resolved, config, features, entity_rows, registry, project
+            )
+            if answer is not None:
+                return answer
+        return await super().get_online_features_async(
+            config,
+            features,
+            entity_rows,
+            registry,
+            project,
+            full_feature_names,
+            include_feature_view_version_metadata,
+        )
+
+
+class SolarisRedisOnlineStore(ResolvedViewReads, RedisOnlineStore):
+    """Feast's Redis online store; the resolved view is answered in one round trip."""
+
+
+class SolarisSqliteOnlineStore(ResolvedViewReads, SqliteOnlineStore):
+    """Feast's SQLite online store; the resolved view is answered by the retriever's read."""
+
+
+__all__ = [
+    "DEFAULT_STORE_DEADLINE_MS",
+    "ResolvedViewReads",
+    "SolarisRedisOnlineStore",
+    "SolarisRedisOnlineStoreConfig",
+    "SolarisSqliteOnlineStore",
+    "SolarisSqliteOnlineStoreConfig",
+    "resolved_request",
+]

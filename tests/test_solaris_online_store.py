@@ -1,0 +1,333 @@
+"""solaris's Feast online store: the resolved view through a plain Feast call, answered by the
+retriever's read, and everything else answered as Feast's own store answers it.
+
+Real Feast stores (SQLite and Redis) over one registry and one set of rows: every answer of the
+solaris store is compared with the answer of Feast's own store of the same kind, and the
+retriever's counters say which path answered.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import redis
+import yaml
+from conftest import free_port
+from feast import FeatureStore
+from google.protobuf.message import DecodeError
+from test_resolve_parity import (
+    CFG,
+    DIM,
+    GARBAGE,
+    RESOLVED,
+    VERSION,
+    feast_server,
+    frozen_clock,  # noqa: F401  (a fixture)
+    grid,
+    post,
+    solaris_store_of,
+    write_grid,
+    write_user_aggregate,
+)
+
+from solaris_feast.errors import RetryableStoreError
+from solaris_feast.serving.miss_queue import MissQueue
+from solaris_feast.serving.online_store import (
+    SolarisRedisOnlineStoreConfig,
+    SolarisSqliteOnlineStoreConfig,
+)
+from solaris_feast.store.backends import backend_for, online_kind
+from solaris_feast.store.config import (
+    SOLARIS_ONLINE_STORE_TYPES,
+    build_repo_config,
+    open_repo_store,
+    open_store,
+)
+from solaris_feast.store.definitions import (
+    MODEL_VERSION_REQUEST_FIELD,
+    SolarisFeastConfig,
+    solaris_definitions,
+)
+from solaris_feast.store.write import EmbeddingWriter
+from solaris_feast.tiers import Tier
+
+if TYPE_CHECKING:
+    from solaris_feast.serving.online_store import ResolvedViewReads
+
+WITH_EMBEDDING = [*RESOLVED, f"{CFG.resolved_view_name}:resolved_embedding"]
+PAIR_FEATURES = [f"{CFG.pair_view_name}:{f}" for f in ("embedding", "model_version")]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store(
+    request: pytest.FixtureRequest, feast_project: str, tmp_path: Path, redis_url: str
+) -> FeatureStore:
+    feast_store = open_store(feast_project, tmp_path, online=request.param, redis_url=redis_url)
+    feast_store.apply(solaris_definitions(CFG).all())
+    return feast_store
+
+
+def online_store(store: FeatureStore) -> ResolvedViewReads:
+    reads: ResolvedViewReads = store._get_provider().online_store
+    return reads
+
+
+def fetches(store: FeatureStore) -> int:
+    """Resolved reads this thread answered through the retriever."""
+    return sum(stats.fetches for stats in online_store(store).thread_stats())
+
+
+def rows(user: int, items: list[int], version: str = VERSION) -> list[dict[str, Any]]:
+    return [{"user_id": user, "item_id": i, MODEL_VERSION_REQUEST_FIELD: version} for i in items]
+
+
+def answer(store: FeatureStore, features: Any, entity_rows: Any, **kwargs: Any) -> dict[str, Any]:
+    return store.get_online_features(
+        features=features, entity_rows=entity_rows, full_feature_names=True, **kwargs
+    ).to_dict()
+
+
+def test_the_type_names_are_the_config_classes_own() -> None:
+    assert SolarisRedisOnlineStoreConfig().type == SOLARIS_ONLINE_STORE_TYPES["redis"]
+    assert SolarisSqliteOnlineStoreConfig().type == SOLARIS_ONLINE_STORE_TYPES["sqlite"]
+    # Feast's own store checks pick the backend of the right kind for them.
+    for kind, type_name in SOLARIS_ONLINE_STORE_TYPES.items():
+        config = build_repo_config("p", Path("/tmp"), online=kind, resolve_in_store=True)  # type: ignore[arg-type]
+        assert config.online_store.type == type_name
+        assert online_kind(FeatureStore(config=config)) == kind
+
+
+@pytest.mark.usefixtures("frozen_clock")
+def test_many_users_versions_and_repeated_pairs_in_one_request_match_feast(
+    store: FeatureStore,
+) -> None:
+    cases = grid()
+    items = write_grid(store, CFG.pair_view_name, 1, cases)
+    write_grid(store, CFG.similar_view_name, 2, cases)
+    write_user_aggregate(store, 1)
+    solaris = solaris_store_of(store, record_misses=False)
+    # Users 1, 2 and one never written (3); a repeated pair; a version no vector was made by.
+    entity_rows = (
+        rows(1, items)
+        + rows(2, items[::-1])
+        + rows(3, [0, 1])
+        + rows(1, [0, 0, 5])
+        + rows(1, [0], "cmp-other")
+    )
+
+    expected = answer(store, WITH_EMBEDDING, entity_rows)
+    got = answer(solaris, WITH_EMBEDDING, entity_rows)
+
+    assert got == expected
+    tiers = got[f"{CFG.resolved_view_name}__resolved_tier"]
+    assert set(tiers) == {int(t) for t in Tier}
+    assert tiers[-1] == Tier.ZERO  # another version's vector is never served
+    assert fetches(solaris) == 4  # one read per (user, version)
+    # One output alone, in the caller's order, is answered too.
+    single = [f"{CFG.resolved_view_name}:resolved_tier"]
+    assert answer(solaris, single, rows(1, items)) == answer(store, single, rows(1, items))
+
+
+@pytest.mark.usefixtures("frozen_clock")
+def test_other_requests_are_feasts_own_answers(store: FeatureStore) -> None:
+    items = write_grid(store, CFG.pair_view_name, 1, {"fresh": grid()["fresh"]})
+    write_user_aggregate(store, 1)
+    solaris = solaris_store_of(store, record_misses=False)
+    entity_rows = rows(1, items)
+
+    # A plain view, the resolved view mixed with another view, a feature service.
+    assert answer(solaris, PAIR_FEATURES, entity_rows) == answer(store, PAIR_FEATURES, entity_rows)
+    mixed = [*RESOLVED, *PAIR_FEATURES]
+    assert answer(solaris, mixed, entity_rows) == answer(store, mixed, entity_rows)
+    service = store.get_feature_service(CFG.service_name)
+    assert answer(solaris, service, entity_rows) == answer(store, service, entity_rows)
+    # Short names: refused with Feast's own message, as on Feast's store.
+    with pytest.raises(ValueError, match="full_feature_names=True"):
+        solaris.get_online_features(features=RESOLVED, entity_rows=entity_rows)
+    # A request without the version field: Feast names what is missing.
+    with pytest.raises(Exception, match=MODEL_VERSION_REQUEST_FIELD) as feast_error:
+        store.get_online_features(
+            features=RESOLVED, entity_rows=[{"user_id": 1, "item_id": 0}], full_feature_names=True
+        )
+    with pytest.raises(type(feast_error.value), match=MODEL_VERSION_REQUEST_FIELD):
+        solaris.get_online_features(
+            features=RESOLVED, entity_rows=[{"user_id": 1, "item_id": 0}], full_feature_names=True
+        )
+    assert fetches(solaris) == 0  # none of these was the resolved view's alone
+
+
+@pytest.mark.usefixtures("frozen_clock")
+def test_an_undecodable_value_is_a_miss_where_feast_fails_the_request(store: FeatureStore) -> None:
+    cases = {"garbage": (60.0, VERSION, GARBAGE, False), "fresh": grid()["fresh"]}
+    items = write_grid(store, CFG.pair_view_name, 1, cases)
+    write_user_aggregate(store, 1)
+    solaris = solaris_store_of(store, record_misses=False)
+
+    with pytest.raises(DecodeError):
+        answer(store, RESOLVED, rows(1, items))
+    got = answer(solaris, RESOLVED, rows(1, items))
+
+    # The garbage value falls to the user aggregate; the good one next to it is served.
+    assert got[f"{CFG.resolved_view_name}__resolved_tier"] == [Tier.USER_AGG, Tier.EXACT]
+    assert online_store(solaris).thread_stats()[0].undecodable == 1
+
+
+@pytest.mark.usefixtures("frozen_clock")
+def test_exact_misses_are_queued_for_the_planner_unless_turned_off(store: FeatureStore) -> None:
+    items = write_grid(store, CFG.pair_view_name, 1, {"fresh": grid()["fresh"]})
+    queue = MissQueue(store.config.project, backend=backend_for(store, timeout_seconds=5.0))
+    quiet = solaris_store_of(store, record_misses=False)
+
+    answer(quiet, RESOLVED, rows(1, [*items, 40, 41]))
+    assert queue.pending() == 0
+    answer(solaris_store_of(store), RESOLVED, rows(1, [*items, 40, 41]))
+    assert queue.pending() == 2  # items 40 and 41; the exact item is not a miss
+    queue.close()
+
+
+def test_a_store_that_is_down_raises_a_retryable_error(
+    feast_project: str, tmp_path: Path, redis_url: str
+) -> None:
+    applied = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
+    applied.apply(solaris_definitions(CFG).all())
+    store = open_store(  # the same registry, and a Redis that is not there
+        feast_project,
+        tmp_path,
+        online="redis",
+        redis_url=f"redis://127.0.0.1:{free_port()}/0",
+        resolve_in_store=True,
+    )
+
+    with pytest.raises(RetryableStoreError, match="online store read"):
+        answer(store, RESOLVED, rows(1, [0, 1]))
+    # Feast's own read of a plain view fails too, with redis-py's error.
+    with pytest.raises(redis.exceptions.ConnectionError):
+        answer(store, PAIR_FEATURES, [{"user_id": 1, "item_id": 0}])
+
+
+def test_views_under_a_users_own_names_are_answered(
+    feast_project: str, tmp_path: Path, redis_url: str
+) -> None:
+    names = SolarisFeastConfig(
+        pair_view_name="ads_z_pair",
+        similar_view_name="ads_z_similar",
+        user_view_name="ads_z_user",
+        resolved_view_name="ads_z",
+        service_name="ads_z_all",
+        clock_skew_seconds=5.0,
+    )
+    stock = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
+    stock.apply(solaris_definitions(names).all())
+    solaris = solaris_store_of(stock, record_misses=False)
+    frame_rows = [
+        {
+            "user_id": 1,
+            "item_id": item,
+            "embedding": np.full(DIM, 0.1 * item, np.float32).tolist(),
+            "model_version": VERSION,
+        }
+        for item in range(3)
+    ]
+    now = pd.Timestamp.now(tz="UTC").floor("s")
+    frame = pd.DataFrame(frame_rows).assign(computed_at=now)
+    EmbeddingWriter(stock, "ads_z_pair", offline=False).write(frame)
+    features = [f"ads_z:{f}" for f in ("resolved_tier", "resolved_embedding")]
+
+    got = answer(solaris, features, rows(1, [0, 1, 2, 3]))
+
+    assert got == answer(stock, features, rows(1, [0, 1, 2, 3]))
+    assert got["ads_z__resolved_tier"] == [Tier.EXACT] * 3 + [Tier.ZERO]
+    assert fetches(solaris) == 1
+
+
+def test_feast_serve_answers_the_resolved_view_through_the_solaris_store(
+    feast_project: str, tmp_path: Path, redis_url: str
+) -> None:
+    config = build_repo_config(feast_project, tmp_path, online="redis", redis_url=redis_url)
+    (tmp_path / "feature_store.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "project": feast_project,
+                "provider": "local",
+                "registry": {"registry_type": "file", "path": config.registry.path},
+                "online_store": {
+                    "type": SOLARIS_ONLINE_STORE_TYPES["redis"],
+                    "connection_string": config.online_store.connection_string,
+                    "record_misses": False,
+                },
+                "offline_store": {"type": "file"},
+                "entity_key_serialization_version": 3,
+            }
+        )
+    )
+    solaris = open_repo_store(tmp_path)  # the yaml as Feast reads it
+    assert solaris.config.online_store.record_misses is False
+    stock = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
+    stock.apply(solaris_definitions(CFG).all())
+    items = write_grid(stock, CFG.pair_view_name, 1, {"fresh": (60.0, VERSION, np.ones(DIM), True)})
+    write_user_aggregate(stock, 1)
+    ids = [*items, 9]
+    body = {
+        "features": WITH_EMBEDDING,
+        "entities": {
+            "user_id": [1] * len(ids),
+            "item_id": ids,
+            MODEL_VERSION_REQUEST_FIELD: [VERSION] * len(ids),
+        },
+        "full_feature_names": True,
+    }
+
+    with feast_server(tmp_path, free_port()) as url:
+        status, served = post(url, body)
+        plain_status, plain = post(
+            url, {"features": PAIR_FEATURES, "entities": {"user_id": [1], "item_id": [0]}}
+        )
+
+    assert status == 200, served
+    names = served["metadata"]["feature_names"]
+    tiers = served["results"][names.index(f"{CFG.resolved_view_name}__resolved_tier")]
+    assert tiers["values"] == [Tier.EXACT, Tier.USER_AGG]
+    vectors = served["results"][names.index(f"{CFG.resolved_view_name}__resolved_embedding")]
+    expected = answer(stock, WITH_EMBEDDING, rows(1, ids))
+    assert vectors["values"] == expected[f"{CFG.resolved_view_name}__resolved_embedding"]
+    assert plain_status == 200, plain
+
+
+def test_bench_serve_times_the_solaris_store_beside_feasts_own(redis_url: str) -> None:
+    from solaris_feast.bench import run_serve_benchmark
+
+    results = run_serve_benchmark(
+        redis_url, candidates=(100,), iterations=10, with_feast_server=False
+    )
+
+    at_100 = results["candidates"]["100"]
+    for name in ("feast_single_view_solaris_store", "feast_resolved_view_solaris_store"):
+        assert at_100[name]["p50_ms"] > 0
+    assert results["feast_resolved_solaris_store_vs_single_view_p50"] == round(
+        results["feast_resolved_view_solaris_store_p50_ms"] / results["feast_single_view_p50_ms"],
+        3,
+    )
+
+
+def test_the_switch_in_the_repos_redis_yaml_loads_in_feast(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from feast.repo_config import load_repo_config
+
+    repo_yaml = Path(__file__).parents[1] / "feature_repo" / "feature_store.redis.yaml"
+    text = repo_yaml.read_text()
+    switch = f"  #   type: {SOLARIS_ONLINE_STORE_TYPES['redis']}\n"
+    assert switch in text  # the line the comment tells a user to use
+    (tmp_path / "feature_store.yaml").write_text(
+        text.replace("  type: redis\n", switch.replace("#   ", ""))
+    )
+    monkeypatch.setenv("SOLARIS_REDIS_CONNECTION", "127.0.0.1:6379")
+
+    config = load_repo_config(tmp_path, tmp_path / "feature_store.yaml")
+
+    assert isinstance(config.online_store, SolarisRedisOnlineStoreConfig)
+    assert config.online_store.record_misses is True
