@@ -123,6 +123,7 @@ def test_many_users_versions_and_repeated_pairs_in_one_request_match_feast(
     got = answer(solaris, WITH_EMBEDDING, entity_rows)
 
     assert got == expected
+    assert list(got) == list(expected)  # in Feast's column order too
     tiers = got[f"{CFG.resolved_view_name}__resolved_tier"]
     assert set(tiers) == {int(t) for t in Tier}
     assert tiers[-1] == Tier.ZERO  # another version's vector is never served
@@ -139,10 +140,8 @@ def test_other_requests_are_feasts_own_answers(store: FeatureStore) -> None:
     solaris = solaris_store_of(store, record_misses=False)
     entity_rows = rows(1, items)
 
-    # A plain view, the resolved view mixed with another view, a feature service.
+    # A plain view and a feature service.
     assert answer(solaris, PAIR_FEATURES, entity_rows) == answer(store, PAIR_FEATURES, entity_rows)
-    mixed = [*RESOLVED, *PAIR_FEATURES]
-    assert answer(solaris, mixed, entity_rows) == answer(store, mixed, entity_rows)
     service = store.get_feature_service(CFG.service_name)
     assert answer(solaris, service, entity_rows) == answer(store, service, entity_rows)
     # Short names: refused with Feast's own message, as on Feast's store.
@@ -158,6 +157,28 @@ def test_other_requests_are_feasts_own_answers(store: FeatureStore) -> None:
             features=RESOLVED, entity_rows=[{"user_id": 1, "item_id": 0}], full_feature_names=True
         )
     assert fetches(solaris) == 0  # none of these was the resolved view's alone
+
+
+@pytest.mark.usefixtures("frozen_clock")
+def test_the_resolved_view_mixed_with_other_views_is_answered_as_feast_answers_it(
+    store: FeatureStore,
+) -> None:
+    items = write_grid(store, CFG.pair_view_name, 1, {"fresh": grid()["fresh"]})
+    write_user_aggregate(store, 1)
+    solaris = solaris_store_of(store, record_misses=False)
+    entity_rows = rows(1, [*items, 3])
+    user_only = [f"{CFG.user_view_name}:pair_count"]  # keyed by user alone
+
+    for mixed in (
+        [*RESOLVED, *PAIR_FEATURES],
+        [*PAIR_FEATURES, *WITH_EMBEDDING],
+        [*user_only, *RESOLVED],
+    ):
+        expected = answer(store, mixed, entity_rows)
+        got = answer(solaris, mixed, entity_rows)
+        assert got == expected
+        assert list(got) == list(expected)  # and in Feast's column order
+    assert fetches(solaris) == 3  # the resolved view was read by the retriever each time
 
 
 @pytest.mark.usefixtures("frozen_clock")

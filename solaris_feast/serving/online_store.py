@@ -18,9 +18,10 @@ the tier rule of :mod:`solaris_feast.serving.resolve`, misses queued for the nex
 registry, the request and the answer (names, types, ZERO's age of -1) are the same;
 ``tests/test_resolve_parity.py`` pins the two paths to each other.
 
-Every other request (other views, a feature service, the resolved view mixed with other
-features, short feature names, ids the retriever refuses) goes to Feast's own store unchanged, so
-the store is a drop-in for ``redis`` and ``sqlite``::
+A request that mixes the resolved view with plain views gets the rest from Feast's own read in
+the same call. Every other request (plain views alone, a feature service, another on-demand view,
+short feature names, ids the retriever refuses) goes to Feast's own store unchanged, so the store
+is a drop-in for ``redis`` and ``sqlite``::
 
     online_store:
       type: solaris_feast.serving.online_store.SolarisRedisOnlineStore
@@ -121,7 +122,7 @@ class _RequestViews:
 
 
 class _ResolvedRequest:
-    """A request this store answers itself: the resolved view's features and nothing else."""
+    """The resolved view of a request this store answers: its view, tiers and outputs."""
 
     def __init__(
         self, odfv: OnDemandFeatureView, views_by_tier: dict[Tier, FeatureView], outputs: list[str]
@@ -129,7 +130,7 @@ class _ResolvedRequest:
         self.odfv = odfv
         self.views_by_tier = views_by_tier
         self.outputs = outputs
-        """The requested outputs, in the request's order (``resolved_tier``, ...)."""
+        """The requested outputs (``resolved_tier``, ...), in the view's own order."""
         first = views_by_tier[Tier.EXACT]
         self.key = (
             tuple(
@@ -156,10 +157,10 @@ class _ResolvedRequest:
 
 def resolved_request(
     registry: BaseRegistry, project: str, features: Any, full_feature_names: bool
-) -> tuple[_ResolvedRequest, tuple[Any, ...]] | None:
-    """The resolved view and Feast's own request context when ``features`` asks for the
-    solaris resolved view's outputs only, with full names; None for anything else (which Feast
-    answers itself, refusals included)."""
+) -> tuple[_ResolvedRequest, list[str]] | None:
+    """The solaris resolved view asked for in ``features`` (with full names) and the other
+    feature refs of the request; None when there is none (Feast answers the request itself,
+    refusals included)."""
     from feast import utils
 
     if (
@@ -169,24 +170,32 @@ def resolved_request(
         or not all(isinstance(ref, str) and ":" in ref for ref in features)
     ):
         return None
-    if len({ref.split(":", 1)[0] for ref in features}) != 1:
-        return None
     context = utils._get_cached_request_context(registry, project, features, full_feature_names)
     odfvs, grouped_refs = context[1], context[5]
-    if len(odfvs) != 1 or odfvs[0].tags.get(TAG_TIER) != "RESOLVED":
+    resolved = [odfv for odfv in odfvs if odfv.tags.get(TAG_TIER) == "RESOLVED"]
+    if len(resolved) != 1 or len(odfvs) != 1:
+        return None  # another on-demand view in the request: Feast transforms them all
+    odfv = resolved[0]
+    name = odfv.projection.name_to_use()
+    mine = [ref for ref in features if ref.split(":", 1)[0] == name]
+    others = [ref for ref in features if ref.split(":", 1)[0] != name]
+    outputs = [ref.split(":", 1)[1] for ref in mine]
+    if any(out not in RESOLVED_OUTPUTS for out in outputs) or len(set(outputs)) != len(outputs):
         return None
-    outputs = [ref.split(":", 1)[1] for ref in features]
-    if any(name not in RESOLVED_OUTPUTS for name in outputs) or len(set(outputs)) != len(outputs):
-        return None
+    sources = {projection.name for projection in odfv.source_feature_view_projections.values()}
     views_by_tier: dict[Tier, FeatureView] = {}
     for view, _ in grouped_refs:
+        if view.name not in sources:
+            continue
         tier = _TIER_BY_NAME.get(view.tags.get(TAG_TIER, ""))
         if tier is None or tier in views_by_tier:
             return None
         views_by_tier[tier] = view
     if set(views_by_tier) != {Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG}:
         return None
-    return _ResolvedRequest(odfvs[0], views_by_tier, outputs), context
+    # Feast appends an on-demand view's outputs in the order its function returns them.
+    outputs.sort(key=RESOLVED_OUTPUTS.index)
+    return _ResolvedRequest(odfv, views_by_tier, outputs), others
 
 
 def _columns(entity_rows: Any) -> dict[str, list[Any]] | None:
@@ -194,8 +203,8 @@ def _columns(entity_rows: Any) -> dict[str, list[Any]] | None:
     if isinstance(entity_rows, list):
         if not entity_rows or not all(isinstance(row, Mapping) for row in entity_rows):
             return None
-        keys = set(entity_rows[0])
-        if any(set(row) != keys for row in entity_rows):
+        keys = list(entity_rows[0])  # in the caller's order, as Feast builds its columns
+        if any(set(row) != set(keys) for row in entity_rows):
             return None
         return {key: [row[key] for row in entity_rows] for key in keys}
     if isinstance(entity_rows, Mapping):
@@ -281,7 +290,7 @@ class ResolvedViewReads(_StoreBase):
         columns = _columns(entity_rows)
         if found is None or columns is None:
             return None
-        request, _ = found
+        request, others = found
         needed = (USER_ID, ITEM_ID, MODEL_VERSION_REQUEST_FIELD)
         if any(name not in columns for name in needed):
             return None  # Feast names what is missing
@@ -325,16 +334,40 @@ class ResolvedViewReads(_StoreBase):
             # The on-demand view answers -1 for ZERO's age where the retriever says NaN.
             ages[rows] = np.nan_to_num(result.age_seconds[picked], nan=-1.0)
 
-        (_, grouped_refs, _, _, _, requested_names, response) = (
-            utils._prepare_entities_to_read_from_online_store(
-                registry=registry,
-                project=project,
-                features=features,
-                entity_values=columns,
-                full_feature_names=True,
-                native_entity_values=True,
-            )
+        (
+            join_key_values,
+            grouped_refs,
+            key_of_entity,
+            _,
+            _,
+            requested_names,
+            response,
+        ) = utils._prepare_entities_to_read_from_online_store(
+            registry=registry,
+            project=project,
+            features=features,
+            entity_values=columns,
+            full_feature_names=True,
+            native_entity_values=True,
         )
+        if others:
+            # The request's other features are read as Feast reads them, before the resolved
+            # view's columns, as Feast orders them; only the features asked for by name (the
+            # three tiers' features the resolved view needs were read above).
+            wanted = {tuple(ref.split(":", 1)) for ref in others}
+            plain_refs = [
+                (view, [f for f in names if (view.projection.name_to_use(), f) in wanted])
+                for view, names in grouped_refs
+            ]
+            self._read_features_per_fv(
+                config,
+                [(view, names) for view, names in plain_refs if names],
+                join_key_values,
+                key_of_entity,
+                response,
+                True,
+                False,
+            )
         view_name = request.odfv.projection.name_to_use()
         proto_columns: dict[str, list[ValueProto]] = {
             "resolved_embedding": [
