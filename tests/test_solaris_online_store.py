@@ -33,6 +33,7 @@ from test_resolve_parity import (
     write_grid,
     write_user_aggregate,
 )
+from test_resolve_parity import store as parity_store
 
 from solaris_feast.errors import RetryableStoreError
 from solaris_feast.serving.miss_queue import MissQueue
@@ -62,13 +63,8 @@ WITH_EMBEDDING = [*RESOLVED, f"{CFG.resolved_view_name}:resolved_embedding"]
 PAIR_FEATURES = [f"{CFG.pair_view_name}:{f}" for f in ("embedding", "model_version")]
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store(
-    request: pytest.FixtureRequest, feast_project: str, tmp_path: Path, redis_url: str
-) -> FeatureStore:
-    feast_store = open_store(feast_project, tmp_path, online=request.param, redis_url=redis_url)
-    feast_store.apply(solaris_definitions(CFG).all())
-    return feast_store
+store = parity_store
+"""The parity test's fixture: a real SQLite and a real Redis store with the views applied."""
 
 
 def online_store(store: FeatureStore) -> ResolvedViewReads:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from feast.infra.online_stores.redis import RedisOnlineStore, RedisOnlineStoreConfig
 from feast.infra.online_stores.sqlite import SqliteOnlineStore, SqliteOnlineStoreConfig
+from feast.repo_config import FeastConfigBaseModel
 from pydantic import Field
 
 from solaris_feast.columns import ITEM_ID, USER_ID
@@ -74,30 +75,30 @@ RESOLVED_OUTPUTS = ("resolved_embedding", "resolved_tier", "resolved_age_seconds
 _TIER_BY_NAME = {tier.name: tier for tier in Tier}
 
 
-class SolarisRedisOnlineStoreConfig(RedisOnlineStoreConfig):
-    """Feast's Redis config, plus how the resolved view's reads behave."""
+class ResolvedReadOptions(FeastConfigBaseModel):
+    """How the resolved view's reads behave, beside the Feast store's own options."""
+
+    deadline_ms: float = Field(DEFAULT_STORE_DEADLINE_MS, gt=0)
+    """A resolved read slower than this raises
+    :class:`~solaris_feast.errors.DeadlineExceededError`."""
+    record_misses: bool = True
+    """Queue the pairs served without an exact embedding for the next precompute round."""
+
+
+class SolarisRedisOnlineStoreConfig(RedisOnlineStoreConfig, ResolvedReadOptions):
+    """Feast's Redis config, plus :class:`ResolvedReadOptions`."""
 
     type: Literal["solaris_feast.serving.online_store.SolarisRedisOnlineStore"] = (
         "solaris_feast.serving.online_store.SolarisRedisOnlineStore"  # type: ignore[assignment]
     )
-    deadline_ms: float = Field(DEFAULT_STORE_DEADLINE_MS, gt=0)
-    """A resolved read slower than this raises
-    :class:`~solaris_feast.errors.DeadlineExceededError`."""
-    record_misses: bool = True
-    """Queue the pairs served without an exact embedding for the next precompute round."""
 
 
-class SolarisSqliteOnlineStoreConfig(SqliteOnlineStoreConfig):
-    """Feast's SQLite config, plus how the resolved view's reads behave."""
+class SolarisSqliteOnlineStoreConfig(SqliteOnlineStoreConfig, ResolvedReadOptions):
+    """Feast's SQLite config, plus :class:`ResolvedReadOptions`."""
 
     type: Literal["solaris_feast.serving.online_store.SolarisSqliteOnlineStore"] = (
         "solaris_feast.serving.online_store.SolarisSqliteOnlineStore"  # type: ignore[assignment]
     )
-    deadline_ms: float = Field(DEFAULT_STORE_DEADLINE_MS, gt=0)
-    """A resolved read slower than this raises
-    :class:`~solaris_feast.errors.DeadlineExceededError`."""
-    record_misses: bool = True
-    """Queue the pairs served without an exact embedding for the next precompute round."""
 
 
 class _RequestViews:
@@ -452,6 +453,7 @@ class SolarisSqliteOnlineStore(ResolvedViewReads, SqliteOnlineStore):
 
 __all__ = [
     "DEFAULT_STORE_DEADLINE_MS",
+    "ResolvedReadOptions",
     "ResolvedViewReads",
     "SolarisRedisOnlineStore",
     "SolarisRedisOnlineStoreConfig",
