@@ -152,7 +152,18 @@ def test_other_requests_are_feasts_own_answers(store: FeatureStore) -> None:
         solaris.get_online_features(
             features=RESOLVED, entity_rows=[{"user_id": 1, "item_id": 0}], full_feature_names=True
         )
-    assert fetches(solaris) == 0  # none of these was the resolved view's alone
+
+    # Ids the retriever refuses (a float, an unhashable list): Feast's own answer or error.
+    def outcome(on: FeatureStore, bad_rows: list[dict[str, Any]]) -> object:
+        try:
+            return answer(on, RESOLVED, bad_rows)
+        except Exception as exc:  # whatever Feast raises, both stores must raise it
+            return type(exc)
+
+    for bad in (1.5, [1]):
+        bad_rows = [{"user_id": 1, "item_id": bad, MODEL_VERSION_REQUEST_FIELD: VERSION}]
+        assert outcome(solaris, bad_rows) == outcome(store, bad_rows)
+    assert fetches(solaris) == 0  # none of these was answered by the retriever
 
 
 @pytest.mark.usefixtures("frozen_clock")

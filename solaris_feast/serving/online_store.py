@@ -311,8 +311,8 @@ class ResolvedViewReads(_StoreBase):
             if not isinstance(version, str) or not version:
                 return None  # the view's own rule: no version matches, ZERO
             retriever = self._retriever(config, request, version)
-            distinct = list(dict.fromkeys(items[i] for i in rows))
             try:
+                distinct = list(dict.fromkeys(items[i] for i in rows))
                 checked_user, _ = validate_request(
                     user, distinct, retriever.user_id_type, retriever.item_id_type
                 )
