@@ -157,21 +157,20 @@ class _ResolvedRequest:
 
 
 def resolved_request(
-    registry: BaseRegistry, project: str, features: Any, full_feature_names: bool
+    registry: BaseRegistry, project: str, features: Any
 ) -> tuple[_ResolvedRequest, list[str]] | None:
-    """The solaris resolved view asked for in ``features`` (with full names) and the other
-    feature refs of the request; None when there is none (Feast answers the request itself,
-    refusals included)."""
+    """The solaris resolved view asked for in ``features`` (a request with full names) and the
+    other feature refs of the request; None when there is none (Feast answers the request
+    itself, refusals included)."""
     from feast import utils
 
     if (
-        not full_feature_names
-        or not isinstance(features, list)
+        not isinstance(features, list)
         or not features
         or not all(isinstance(ref, str) and ":" in ref for ref in features)
     ):
         return None
-    context = utils._get_cached_request_context(registry, project, features, full_feature_names)
+    context = utils._get_cached_request_context(registry, project, features, True)
     odfvs, grouped_refs = context[1], context[5]
     resolved = [odfv for odfv in odfvs if odfv.tags.get(TAG_TIER) == "RESOLVED"]
     if len(resolved) != 1 or len(odfvs) != 1:
@@ -287,7 +286,7 @@ class ResolvedViewReads(_StoreBase):
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
         from google.protobuf.timestamp_pb2 import Timestamp
 
-        found = resolved_request(registry, project, features, True)
+        found = resolved_request(registry, project, features)
         columns = _columns(entity_rows)
         if found is None or columns is None:
             return None
