@@ -360,6 +360,7 @@ def run_serve_benchmark(
             "solaris_resolved:resolved_embedding",
             "solaris_resolved:resolved_tier",
         ]
+        user_plain_features = [f"solaris_user:{PAIR_COUNT}"]
         for n in candidates:
             items = np.arange(n, dtype=np.int64)
             keys = [pair_key(BENCH_USER, int(i)) + project for i in items]
@@ -381,6 +382,23 @@ def run_serve_benchmark(
                 return on.get_online_features(
                     features=resolved_features,
                     entity_rows=[row | {MODEL_VERSION_REQUEST_FIELD: version} for row in rows],
+                    full_feature_names=True,
+                )
+
+            def feast_mixed(rows: list[dict[str, int]] = rows) -> object:
+                # A VM's usual request: the resolved embedding beside a plain view's feature,
+                # answered by the solaris store in one call (its plain views through Feast).
+                return solaris_store.get_online_features(
+                    features=[*resolved_features, *user_plain_features],
+                    entity_rows=[row | {MODEL_VERSION_REQUEST_FIELD: version} for row in rows],
+                    full_feature_names=True,
+                )
+
+            def feast_two_views(rows: list[dict[str, int]] = rows) -> object:
+                # Its baseline: Feast's own store reading the pair view and the same plain view.
+                return store.get_online_features(
+                    features=[*pair_features, *user_plain_features],
+                    entity_rows=rows,
                     full_feature_names=True,
                 )
 
@@ -429,6 +447,8 @@ def run_serve_benchmark(
                 "feast_resolved_view_solaris_store": functools.partial(
                     feast_resolved, on=solaris_store
                 ),
+                "feast_two_views": feast_two_views,
+                "feast_mixed_view_solaris_store": feast_mixed,
             }
             if server is not None and solaris_server is not None:
                 contenders["feast_server_single_view"] = functools.partial(server, single_body)
@@ -465,6 +485,8 @@ def run_serve_benchmark(
             "feast_resolved_view",
             "feast_single_view_solaris_store",
             "feast_resolved_view_solaris_store",
+            "feast_two_views",
+            "feast_mixed_view_solaris_store",
             "feast_server_single_view",
             "feast_server_resolved",
             "feast_server_resolved_solaris_store",
@@ -487,6 +509,12 @@ def run_serve_benchmark(
         results["feast_resolved_solaris_store_vs_single_view_p50"] = round(
             results["feast_resolved_view_solaris_store_p50_ms"]
             / results["feast_single_view_p50_ms"],
+            3,
+        )
+        # The resolved view mixed with a plain view, over Feast's own read of the pair view
+        # and that plain view.
+        results["feast_mixed_solaris_store_vs_two_views_p50"] = round(
+            results["feast_mixed_view_solaris_store_p50_ms"] / results["feast_two_views_p50_ms"],
             3,
         )
         if "feast_server_resolved_p50_ms" in results:
@@ -833,6 +861,7 @@ def run_round_benchmark(
     fm_dim: int = 64,
     online: str = "sqlite",
     reuse_history: bool = True,
+    overlap_writes: bool = True,
 ) -> dict[str, Any]:
     """Where the wall time of one precompute round goes: FM work against planning, writes,
     aggregation and fill (the round the hourly DAG runs, through the real write path).
@@ -919,11 +948,16 @@ def run_round_benchmark(
         chain = ChainModels.reference(bundle, featurizer)
         if isinstance(chain.encoder, ReferenceEncoder):
             chain.encoder.reuse_history = reuse_history
-        stats = run_precompute(plan, chain, ds, sink, batch_size=batch_size)
+        stats = run_precompute(
+            plan, chain, ds, sink, batch_size=batch_size, overlap_writes=overlap_writes
+        )
         writer.close()
         seconds["featurize"] = stats.featurize_seconds
         seconds["fm"] = stats.fm_seconds
-        seconds["pair_writes"] = stats.write_seconds
+        # What the pair writes add to the round's wall time; with overlap_writes the writer
+        # thread's busy time (pair_writes_busy) is partly hidden behind the next batch's FM.
+        seconds["pair_writes"] = stats.write_wait_seconds
+        seconds["pair_writes_busy"] = stats.write_seconds
         pairs = pd.concat(sink.frames, ignore_index=True)
 
         t = time.perf_counter()
@@ -981,6 +1015,7 @@ def run_round_benchmark(
         "user_rows": len(user_rows),
         "similar_rows": len(fill),
         "reuse_history": reuse_history,
+        "overlap_writes": overlap_writes,
         "fm_layers": fm_layers if models is None else bundle.fm.config.num_layers,
         "fm_pairs_per_second": round(stats.pairs / stats.fm_seconds, 1),
         "precompute_pairs_per_second": round(stats.pairs_per_second, 1),
@@ -988,6 +1023,8 @@ def run_round_benchmark(
         # The issue's overhead: planning, writes, aggregation, fill, over the run's wall time
         # without candidate generation and verifier scoring.
         "non_fm_share": round(overhead / (overhead + fm_work), 4),
+        # The round's wall time without candidate generation and verifier scoring.
+        "round_seconds": round(overhead + fm_work, 3),
         # The same with the fill's FM user-side pass counted as overhead, not FM work.
         "non_fm_share_fill_fm_as_overhead": round((overhead + user_side) / (overhead + fm_work), 4),
         "non_fm_share_without_writes": round(
@@ -1083,10 +1120,15 @@ def run_reuse_benchmark(
 
 
 def run_precompute_benchmark(
-    size: str = "demo", threads: int = 1, online: str = "sqlite", models: Path | None = None
+    size: str = "demo",
+    threads: int = 1,
+    online: str = "sqlite",
+    models: Path | None = None,
+    overlap_repeats: int = 3,
 ) -> dict[str, Any]:
     """``user_reuse_speedup`` (2-layer FM, 50 planned items per user) and ``non_fm_share`` of a
-    round with the reference FM, with the per-pair path beside each in the same run.
+    round with the reference FM (median of ``overlap_repeats`` rounds, writes overlapped with
+    the FM), with the per-pair path and sequential writes beside them in the same run.
 
     One torch thread by default: on a shared 2-core machine two threads spin against the
     neighbours' load and the timings swing by several times (measured 3.5x slower)."""
@@ -1104,9 +1146,44 @@ def run_precompute_benchmark(
                 reuse_history=reuse_history,
                 models=models if fm_layers == 0 else None,
             )
+    # The write overlap against its baseline, the same round with each batch written before the
+    # next is computed: interleaved repetitions, medians (one pair of rounds swings by 1.5x on
+    # this shared machine). The writer thread competes for the GIL, so the FM's own seconds are
+    # part of what is compared, through the round's wall time.
+    overlap: dict[str, list[dict[str, Any]]] = {"overlap": [], "sequential": []}
+    for _ in range(overlap_repeats):
+        for arm in overlap:
+            overlap[arm].append(
+                run_round_benchmark(
+                    size=size,
+                    threads=threads,
+                    online=online,
+                    models=models,
+                    overlap_writes=arm == "overlap",
+                )
+            )
+    medians = {
+        arm: {
+            key: statistics.median(r[key] for r in runs)
+            for key in ("non_fm_share", "round_seconds")
+        }
+        for arm, runs in overlap.items()
+    }
+    write_overlap = {
+        "repeats": overlap_repeats,
+        "non_fm_share": [r["non_fm_share"] for r in overlap["overlap"]],
+        "non_fm_share_sequential_writes": [r["non_fm_share"] for r in overlap["sequential"]],
+        "round_seconds": [r["round_seconds"] for r in overlap["overlap"]],
+        "round_seconds_sequential_writes": [r["round_seconds"] for r in overlap["sequential"]],
+        "round_seconds_ratio_median": round(
+            medians["overlap"]["round_seconds"] / medians["sequential"]["round_seconds"], 3
+        ),
+    }
     return {
         "user_reuse_speedup": reuse["user_reuse_speedup"],
-        "non_fm_share": rounds["reference_fm_reuse"]["non_fm_share"],
+        "non_fm_share": round(medians["overlap"]["non_fm_share"], 4),
+        "non_fm_share_sequential_writes": round(medians["sequential"]["non_fm_share"], 4),
+        "write_overlap": write_overlap,
         "non_fm_share_per_pair_path": rounds["reference_fm_per_pair"]["non_fm_share"],
         "non_fm_share_fm_2_layers": rounds["fm_2_layers_reuse"]["non_fm_share"],
         "non_fm_share_fm_2_layers_per_pair_path": rounds["fm_2_layers_per_pair"]["non_fm_share"],

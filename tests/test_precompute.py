@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -179,6 +181,68 @@ def test_batched_embeddings_match_one_forward_pass_and_time_is_split(
     assert 0.0 <= stats.non_fm_share < 1.0
     assert stats.pairs_per_second > 0
     assert stats.as_dict()["pairs"] == 50
+
+
+class _OneAtATimeSink(CollectingSink):
+    """Records each write, checks that no two calls overlap, fails on the ``fail_on``-th."""
+
+    def __init__(self, fail_on: int | None = None) -> None:
+        super().__init__()
+        self.fail_on = fail_on
+        self.calls = 0
+        self.busy = threading.Lock()
+        self.overlapped = False
+
+    def write(self, frame: pd.DataFrame) -> int:
+        if not self.busy.acquire(blocking=False):
+            self.overlapped = True
+            self.busy.acquire()
+        try:
+            self.calls += 1
+            time.sleep(0.01)  # long enough that an overlapping call would be caught
+            if self.calls == self.fail_on:
+                raise ConnectionError(f"store down at write {self.calls}")
+            return super().write(frame)
+        finally:
+            self.busy.release()
+
+
+def test_overlapped_writes_reach_the_sink_one_at_a_time_in_batch_order(
+    dataset: InteractionDataset, bundle: ModelBundle
+) -> None:
+    featurizer = PairFeaturizer(dataset, history_len=8)
+    plan = _plan(dataset, budget=60, seed=4)
+    chain = ChainModels.reference(bundle, featurizer)
+    overlapped, sequential = _OneAtATimeSink(), _OneAtATimeSink()
+    stats = run_precompute(plan, chain, dataset, overlapped, batch_size=7)
+    run_precompute(plan, chain, dataset, sequential, batch_size=7, overlap_writes=False)
+    assert not overlapped.overlapped and overlapped.calls == stats.batches == 9
+    # The same frames in the same order as writing each batch before computing the next.
+    assert [len(f) for f in overlapped.frames] == [len(f) for f in sequential.frames]
+    a, b = overlapped.rows(), sequential.rows()
+    pd.testing.assert_frame_equal(a.drop(columns="embedding"), b.drop(columns="embedding"))
+    np.testing.assert_array_equal(np.stack(a["embedding"]), np.stack(b["embedding"]))
+    assert stats.write_wait_seconds >= 0.0 and stats.write_seconds >= 9 * 0.01
+
+
+@pytest.mark.parametrize("overlap_writes", [True, False])
+def test_a_failed_write_stops_the_run_and_no_later_batch_is_written(
+    dataset: InteractionDataset, bundle: ModelBundle, overlap_writes: bool
+) -> None:
+    featurizer = PairFeaturizer(dataset, history_len=8)
+    plan = _plan(dataset, budget=60, seed=4)
+    sink = _OneAtATimeSink(fail_on=2)
+    with pytest.raises(ConnectionError, match="store down at write 2"):
+        run_precompute(
+            plan,
+            ChainModels.reference(bundle, featurizer),
+            dataset,
+            sink,
+            batch_size=7,
+            overlap_writes=overlap_writes,
+        )
+    # The first batch is stored, the failed one is not, and nothing after it was attempted.
+    assert sink.calls == 2 and [len(f) for f in sink.frames] == [7]
 
 
 def test_bad_batch_size_is_refused(dataset: InteractionDataset, bundle: ModelBundle) -> None:

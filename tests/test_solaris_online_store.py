@@ -333,8 +333,16 @@ def test_bench_serve_times_the_solaris_store_beside_feasts_own(redis_url: str) -
     )
 
     at_100 = results["candidates"]["100"]
-    for name in ("feast_single_view_solaris_store", "feast_resolved_view_solaris_store"):
+    for name in (
+        "feast_single_view_solaris_store",
+        "feast_resolved_view_solaris_store",
+        "feast_two_views",
+        "feast_mixed_view_solaris_store",
+    ):
         assert at_100[name]["p50_ms"] > 0
+    assert results["feast_mixed_solaris_store_vs_two_views_p50"] == round(
+        results["feast_mixed_view_solaris_store_p50_ms"] / results["feast_two_views_p50_ms"], 3
+    )
     assert results["feast_resolved_solaris_store_vs_single_view_p50"] == round(
         results["feast_resolved_view_solaris_store_p50_ms"] / results["feast_single_view_p50_ms"],
         3,
