@@ -215,6 +215,44 @@ def test_10k_candidates_on_a_locked_sqlite_answer_zero_within_1_5x_the_deadline(
     strict.close()
 
 
+def test_sqlite_repeated_misses_are_not_rewritten_and_wait_for_no_writer(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """A miss already queued is found by a read: while a writer holds the database's write
+    lock, serving the same user again queues nothing and waits for no lock; a new miss still
+    needs the lock, and is queued once the writer is gone; string ids too."""
+    store = applied_store(feast_project, tmp_path / "repo", "sqlite")
+    backend = backend_for(store, 0.2)  # type: ignore[arg-type]
+
+    def record(user: object, items: list[object]) -> int:
+        return backend.record_misses(
+            user, items, VERSION, now=1, round_ttl_seconds=60, max_stream_length=100
+        )
+
+    try:
+        assert record(4, [9, 10, 9]) == 2
+        assert record("u-1", ["sku/1"]) == 1
+        writer = sqlite3.connect(tmp_path / "repo" / "data" / "online.db", isolation_level=None)
+        writer.execute("BEGIN IMMEDIATE")  # the write lock, as a precompute batch holds it
+        try:
+            assert record(4, [10, 9]) == 0
+            assert record("u-1", ["sku/1"]) == 0
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                record(4, [9, 11])  # 11 is new: it needs the lock
+        finally:
+            writer.execute("ROLLBACK")
+            writer.close()
+        assert record(4, [9, 11]) == 1
+        assert backend.pending_misses() == 4
+        drained = backend.drain_misses(10)
+        assert sorted(str((m.user_id, m.item_id)) for m in drained) == sorted(
+            str(pair) for pair in [(4, 9), (4, 10), (4, 11), ("u-1", "sku/1")]
+        )
+        assert record(4, [9]) == 1  # drained pairs can be queued again
+    finally:
+        backend.close()
+
+
 def test_sqlite_reads_more_candidates_than_sqlite_binds_in_one_statement(
     tmp_path: Path, feast_project: str
 ) -> None:

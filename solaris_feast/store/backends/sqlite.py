@@ -11,6 +11,10 @@ unconditionally, so an older late write would win there; here newest wins, ties 
 
 Miss queue: one table ``solaris_miss_queue`` beside Feast's, primary key
 ``(project, user_id, item_id)``; ``INSERT OR IGNORE`` is the dedupe and draining deletes the rows.
+A read that misses pairs already queued (the same user scrolling on within a round) finds them
+with a ``SELECT`` on the key and opens no write transaction: a commit costs an fsync (about 2 ms
+on this machine's disk, far more under load) and takes the database's write lock, which every
+serving process and the writer share.
 
 Status: read-only connection (reading the status must never write to or lock Feast's tables).
 """
@@ -301,15 +305,31 @@ class SqliteBackend(SolarisKeyLayouts):
         max_stream_length: int,
     ) -> int:
         conn = self._queue()
+        stored_user = _queue_value(user)
+        wanted = list(dict.fromkeys(_queue_value(item) for item in items))
+        # Pairs already queued are found by a read, so a repeated miss writes nothing.
+        queued: set[int | str] = set()
+        step = max(conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - 2, 1)
+        for start in range(0, len(wanted), step):
+            part = wanted[start : start + step]
+            queued.update(
+                row[0]
+                for row in conn.execute(
+                    "SELECT item_id FROM solaris_miss_queue WHERE project = ? AND user_id = ? "
+                    f"AND item_id IN ({','.join('?' * len(part))})",
+                    [self.project, stored_user, *part],
+                )
+            )
+        fresh = [item for item in wanted if item not in queued]
+        if not fresh:
+            return 0
         with conn:
             before = conn.total_changes
+            # OR IGNORE still: another process may queue the same pair between the two.
             conn.executemany(
                 "INSERT OR IGNORE INTO solaris_miss_queue "
                 "(project, user_id, item_id, model_version, missed_at) VALUES (?, ?, ?, ?, ?)",
-                [
-                    (self.project, _queue_value(user), _queue_value(item), model_version, now)
-                    for item in items
-                ],
+                [(self.project, stored_user, item, model_version, now) for item in fresh],
             )
             return conn.total_changes - before
 
