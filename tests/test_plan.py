@@ -283,6 +283,17 @@ def test_request_score_weighs_the_verifier_by_retrieval_relative_to_the_users_be
     np.testing.assert_allclose(half[0], 0.9 * np.sqrt(0.1))
 
 
+def test_request_score_groups_string_user_ids_as_it_groups_int_ids() -> None:
+    """String ids (the vocabulary's default) reach the planner as they are: the relative
+    retrieval score is per user, whatever the ids' type."""
+    verifier = np.array([0.9, 0.5, 0.2, 0.8])
+    retrieval = np.array([0.1, 1.0, 30.0, 60.0])
+    by_int = request_score(np.array([1, 1, 2, 2]), verifier, retrieval)
+    names = np.array(["u-00001", "u-00001", "sku/ABC-9", "sku/ABC-9"], dtype=object)
+    np.testing.assert_allclose(request_score(names, verifier, retrieval), by_int)
+    np.testing.assert_allclose(request_score(list(names), verifier, retrieval), by_int)
+
+
 def test_plan_by_request_score_prefers_what_retrieval_will_propose() -> None:
     # The VM likes item 7 best, but retrieval proposes it far less often than item 3.
     candidates = _scored([5, 5, 5], [7, 3, 4], [0.9, 0.6, 0.1])

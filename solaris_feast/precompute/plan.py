@@ -277,7 +277,7 @@ def request_score(
         )
     if (retrieval < 0).any() or np.isinf(retrieval).any():
         raise SchemaError("candidates", "candidate_score", "has negative or infinite scores")
-    user_ids = np.asarray(users, dtype=np.int64)
+    user_ids = id_array(users)  # Int64 or String ids: only grouped by
     known = ~np.isnan(retrieval)
     best = pd.Series(retrieval[known]).groupby(user_ids[known]).max()
     user_best = best.reindex(user_ids).to_numpy(dtype=np.float64)
