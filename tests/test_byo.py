@@ -311,6 +311,37 @@ def test_bad_input_is_refused_naming_the_file_and_column(
         read_log_window(config, end - timedelta(days=1), end)
 
 
+def test_a_bad_candidate_table_is_refused_naming_the_users_own_columns(tmp_path: Path) -> None:
+    from solaris_feast.config import precompute_settings
+    from solaris_feast.data.log_source import read_candidate_table
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    table = {"uid": ["u-1", "u-1", "u-2"], "iid": ["a", "b", "a"], "s": [0.5, float("nan"), 1.0]}
+    pd.DataFrame(table).to_parquet(tmp_path / "nan.parquet", index=False)
+    table["iid"] = ["a", "a", "a"]
+    pd.DataFrame(table | {"s": [0.5, 0.4, 1.0]}).to_parquet(tmp_path / "dup.parquet", index=False)
+    for name, match in (
+        ("nan", r"nan\.parquet: column 's' has NaN or infinite scores"),
+        ("dup", r"dup\.parquet: column 'iid' has 1 duplicate"),
+    ):
+        raw = config_dict(
+            tmp_path,
+            candidates={
+                "source": "table",
+                "table": {
+                    "path": f"{name}.parquet",
+                    "user_column": "uid",
+                    "item_column": "iid",
+                    "score_column": "s",
+                },
+            },
+        )
+        settings = precompute_settings(load_config(write_config(tmp_path, raw)))
+        assert settings.candidates is not None
+        with pytest.raises(SchemaError, match=match):
+            read_candidate_table(settings.candidates, end, None, None, 10)
+
+
 # -- train, promote, precompute -------------------------------------------------------------------
 
 
@@ -386,6 +417,16 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
     finally:
         retriever.close()
     assert fetched.tiers.tolist() == [Tier.EXACT] * len(items)
+    # The same round again with the same settings reuses its files; with another budget it is
+    # refused, naming the change, instead of reusing the plan made under the old one.
+    run_cli("precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}")
+    raw["precompute"]["budget_pairs"] = 10
+    write_config(tmp_path, raw)
+    result = CliRunner().invoke(
+        app, ["precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "already ran" in result.output and "budget_pairs: 300 then, 10 now" in result.output
 
 
 def test_a_vm_trained_on_another_log_is_refused_before_planning_naming_the_mismatch(
@@ -439,6 +480,22 @@ def test_a_vocabulary_chain_takes_new_users_but_refuses_a_log_of_strangers(
         precompute_settings(load_config(big)).model_dump(mode="json"), _interval(None, "pre")
     )
     assert run["vm_version"] == _vm(tmp_path)
+    # A round dated ahead of the clock (a local time read as UTC) is refused before any folder.
+    from solaris_feast.errors import ConfigError
+
+    runs = sorted((tmp_path / "big" / "runs").rglob("manifest.json"))
+    ahead = datetime.now(UTC) + timedelta(hours=5)
+    with pytest.raises(ConfigError, match=r"5\.0 h after this machine's clock.*check --at"):
+        precompute.start_precompute(
+            precompute_settings(load_config(big)).model_dump(mode="json"),
+            _interval(ahead, "ahead"),
+        )
+    assert sorted((tmp_path / "big" / "runs").rglob("manifest.json")) == runs
+    # Within the serving clock skew it is a round like any other.
+    precompute.start_precompute(
+        precompute_settings(load_config(big)).model_dump(mode="json"),
+        _interval(datetime.now(UTC) + timedelta(seconds=60), "skew"),
+    )
     # The same log in another id space (every member id moved by 10**12): nobody is known.
     for day in (tmp_path / "big" / "log").glob("*.parquet"):
         frame = pd.read_parquet(day)

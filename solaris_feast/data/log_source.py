@@ -498,4 +498,8 @@ def read_candidate_table(
             renamed, candidates_per_user=candidates_per_user, num_items=num_items
         )
     except SchemaError as exc:
-        raise SchemaError(where, exc.column, exc.problem) from exc
+        # Named by the user's column, not the internal name it was renamed to.
+        internal = {USER_ID: config.user_column, ITEM_ID: config.item_column}
+        if config.score_column:
+            internal[CANDIDATE_SCORE] = config.score_column
+        raise SchemaError(where, internal.get(exc.column, exc.column), exc.problem) from exc

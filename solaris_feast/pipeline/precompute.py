@@ -119,6 +119,7 @@ def start_precompute(
     # Refuses a repo without the views before any work is done.
     snapshot, fingerprint = start_snapshot(cfg)
     now, key = run_time(**interval)
+    refuse_future_round(now)
     models_dir = Path(cfg.models_dir)
     chain = serving_chain(models_dir, cfg.serving_vm or None) if models_dir.is_dir() else None
     if chain is None or chain.vm is None:
@@ -148,6 +149,7 @@ def start_precompute(
     if problems:
         raise ChainMismatchError(vm.version, problems)
     run_dir = precompute_run_dir(cfg, key, vm.version)
+    refuse_changed_settings(run_dir, cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_snapshot(run_dir, snapshot)
     if fingerprint is not None:  # the next round's start need not open Feast
@@ -167,6 +169,57 @@ def start_precompute(
         "precompute run %s at %s with %s (%s)", key, now, vm.version, spec.embedding_version
     )
     return spec.model_dump(mode="json")
+
+
+def refuse_changed_settings(run_dir: Path, cfg: PrecomputeSettings) -> None:
+    """Refuse to re-run a round whose folder was made with other settings.
+
+    A retry of the same round reuses the folder's files (its candidates, plan and shard
+    reports): that is what makes a retry idempotent. With another budget or candidate source
+    the same files would be reused silently, planned under the old settings.
+
+    Raises:
+        ConfigError: naming the keys that differ, their values, and the folder.
+    """
+    from solaris_feast.errors import ConfigError
+
+    manifest = run_dir / "manifest.json"
+    if not manifest.is_file():
+        return
+    try:
+        before = PrecomputeRun.model_validate_json(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{manifest} is not a readable run manifest: {exc}") from exc
+    old, new = before.settings.model_dump(mode="json"), cfg.model_dump(mode="json")
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    if changed:
+        differences = "; ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in changed)
+        raise ConfigError(
+            f"this round already ran in {run_dir} with other settings ({differences}); a "
+            "re-run reuses that folder's files, so run it at another time (--at) or remove "
+            "the folder"
+        )
+
+
+def refuse_future_round(now: datetime) -> None:
+    """Refuse a round whose time is past this machine's clock by more than the serving clock
+    skew (a typo in ``--at``, a local time taken for UTC, a manual run with a future logical
+    date). Its vectors would carry that ``computed_at``: serving rejects them as from the future,
+    and newest-wins keeps them over every correct round's rewrite until their time has passed.
+    """
+    import pandas as pd
+
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
+
+    ahead = (pd.Timestamp(now) - pd.Timestamp.now(tz="UTC")).total_seconds()
+    if ahead > DEFAULT_CLOCK_SKEW_SECONDS:
+        raise ConfigError(
+            f"the round's time {pd.Timestamp(now).isoformat()} is {ahead / 3600:.1f} h after this "
+            f"machine's clock (allowed: {DEFAULT_CLOCK_SKEW_SECONDS:.0f} s of clock skew); "
+            "vectors computed as of a future time are not served and block later rounds' "
+            "writes: check --at (or the run's logical date) and its time zone"
+        )
 
 
 def _candidate_table(
