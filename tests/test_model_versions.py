@@ -21,10 +21,10 @@ from solaris_feast.models.cards import (
     list_cards,
     models_dir_for_repo,
     newest_chain,
-    newest_embedding_version,
     read_card,
     scan_cards,
     select_chain,
+    serving_embedding_version,
     sha256_of,
     verify_weights,
     versioned_feast_config,
@@ -92,7 +92,7 @@ def test_tags_follow_the_newest_vm_chain_not_the_newest_compressor(tmp_path: Pat
         "vm-b",
     )
     # Serving loads the newest VM's compressor: that is the version stored with embeddings.
-    assert newest_embedding_version(models) == "compressor-b"
+    assert serving_embedding_version(models) == "compressor-b"
     config = versioned_feast_config(models, environ={})
     assert (config.fm_version, config.compressor_version, config.verifier_version) == (
         "fm-b",
@@ -102,9 +102,28 @@ def test_tags_follow_the_newest_vm_chain_not_the_newest_compressor(tmp_path: Pat
     assert config.embedding_dim == 8
 
 
+def test_the_promoted_chain_not_the_newest_is_the_serving_embedding_version(
+    tmp_path: Path,
+) -> None:
+    """After a newer chain is trained but not promoted, what serving expects (and what the
+    status and the lineage review check the store against) is the promoted chain."""
+    from solaris_feast.models.cards import SERVING_ALIAS_FILE, ServingAlias, serving_chain
+
+    models = tmp_path / "models"
+    two_chains(models)
+    assert serving_embedding_version(models) == "compressor-b"  # nothing promoted: the newest
+    alias = ServingAlias(
+        vm="vm-a", compressor="compressor-a", fm="fm-a", promoted_at="2026-01-02T00:00:00Z"
+    )
+    (models / SERVING_ALIAS_FILE).write_text(alias.model_dump_json())
+    assert serving_embedding_version(models) == "compressor-a"
+    chain = serving_chain(models)
+    assert chain is not None and chain.vm is not None and chain.vm.version == "vm-a"
+
+
 def test_without_cards_everything_is_unversioned(tmp_path: Path) -> None:
     assert newest_chain(tmp_path / "missing") is None
-    assert newest_embedding_version(tmp_path) is None
+    assert serving_embedding_version(tmp_path) is None
     config = versioned_feast_config(tmp_path / "missing", environ={})
     assert config == SolarisFeastConfig()
     assert config.compressor_version == "unversioned" and config.embedding_dim == 32

@@ -401,14 +401,19 @@ def read_serving_alias(models_dir: Path) -> ServingAlias | None:
         raise ConfigError(f"serving alias {path} is malformed: {exc}") from exc
 
 
-def serving_chain(models_dir: Path, vm_version: str | None = None) -> ModelChain | None:
+def serving_chain(
+    models_dir: Path, vm_version: str | None = None, cards: Sequence[ModelCard] | None = None
+) -> ModelChain | None:
     """The chain in service: ``vm_version``'s when given, else the promoted one (the serving
     alias), else the newest VM's with a warning (a demo or a fresh registry never promoted).
+    ``cards``: the folder's cards when the caller has read them already (the lineage review
+    reads them tolerating malformed files).
 
     Raises:
         ConfigError: a named or promoted VM has no card, or its parents differ from the alias.
     """
-    cards = list_cards(models_dir)
+    if cards is None:
+        cards = list_cards(models_dir)
     if vm_version:
         return select_chain(cards, vm_version)
     alias = read_serving_alias(models_dir)
@@ -434,10 +439,11 @@ def serving_chain(models_dir: Path, vm_version: str | None = None) -> ModelChain
     return chain
 
 
-def newest_embedding_version(models_dir: Path) -> str | None:
-    """The ``model_version`` the serving VM expects: its compressor's version (or the newest
-    compressor's when no VM is registered yet); None without cards."""
-    chain = newest_chain(models_dir)
+def serving_embedding_version(models_dir: Path) -> str | None:
+    """The ``model_version`` the serving VM expects (:func:`serving_chain`: the promoted chain,
+    else the newest): its compressor's version (or the newest compressor's when no VM is
+    registered yet); None without cards."""
+    chain = serving_chain(models_dir)
     return chain.embedding_version if chain is not None else None
 
 

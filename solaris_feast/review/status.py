@@ -274,7 +274,7 @@ def store_status(
         ``miss_queue_depth``, ``coverage`` (``counts`` and ``shares`` per tier name),
         ``expected_model_version`` and its ``expected_version_source``, and ``scan``.
     """
-    from solaris_feast.models.cards import newest_embedding_version
+    from solaris_feast.models.cards import serving_embedding_version
     from solaris_feast.serving.miss_queue import MissQueue
 
     if max_keys <= 0 or max_users <= 0 or scan_count <= 0:
@@ -313,7 +313,7 @@ def store_status(
     source = "given"
     expected = expected_model_version
     if expected is None and models_dir is not None:
-        expected = newest_embedding_version(models_dir)
+        expected = serving_embedding_version(models_dir)
         source = "model cards"
     if expected is None:
         stored = Counter(r.model_version for r in rows if r.model_version)

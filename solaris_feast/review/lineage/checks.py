@@ -167,7 +167,7 @@ def _check_freshness(view: ViewLineage, now: datetime) -> list[Finding]:
 def _check_services(report: LineageReport) -> list[Finding]:
     findings = []
     views = {v.name: v for v in report.views}
-    # The VM that reads the service is the one load_bundle serves: the newest.
+    # The VM that reads the service is the chain in service (models.cards.serving_chain).
     vm_cards = [c for c in report.cards if c.kind == "vm" and c.role == "serving"]
     compressor_versions = {c.version for c in report.cards if c.kind == "compressor"}
     for service in report.services:

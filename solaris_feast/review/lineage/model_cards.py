@@ -21,7 +21,7 @@ from solaris_feast.models.cards import (
     check_weights,
     lineage_of,
     scan_cards,
-    select_chain,
+    serving_chain,
 )
 from solaris_feast.review.lineage.model import Finding, ModelCardLineage
 
@@ -42,7 +42,7 @@ def review_cards(
     ]
     chain: ModelChain | None = None
     try:
-        chain = select_chain(scan.cards)
+        chain = serving_chain(models_dir, cards=scan.cards)
     except ConfigError as exc:
         findings.append(Finding("lineage", str(models_dir), f"no chain in service: {exc}"))
     serving = {c.version for c in chain.cards} if chain is not None else set()
