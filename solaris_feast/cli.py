@@ -294,7 +294,7 @@ def _final_errors_exit() -> Any:
     """Our errors end the command with their message and exit 1, without a traceback."""
     from contextlib import contextmanager
 
-    from solaris_feast.errors import SolarisError
+    from solaris_feast.errors import SolarisError, is_retryable
 
     @contextmanager
     def guard() -> Any:
@@ -302,6 +302,16 @@ def _final_errors_exit() -> Any:
             yield
         except SolarisError as exc:
             typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        except Exception as exc:
+            if not is_retryable(exc):
+                raise  # a bug: its traceback is what a report needs
+            # A store that is down, slow or locked: what failed, and that a retry may succeed.
+            typer.echo(
+                f"error: {type(exc).__name__}: {exc} (the store is unreachable or busy: "
+                "run the command again once it answers)",
+                err=True,
+            )
             raise typer.Exit(1) from exc
 
     return guard()

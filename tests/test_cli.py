@@ -138,3 +138,41 @@ def test_library_chatter_stays_out_of_the_console_after_airflow_is_imported(
     assert "Registry cache expired" not in console
     assert "Filling up the DagBag" not in console
     assert "experimental feature" not in console
+
+
+def test_a_store_that_is_down_ends_a_command_with_one_error_line_and_a_bug_keeps_its_trace() -> (
+    None
+):
+    import redis
+    import typer
+
+    from solaris_feast.cli import _final_errors_exit
+
+    with pytest.raises(typer.Exit) as stopped, _final_errors_exit():
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:16399. Connection refused.")
+    assert stopped.value.exit_code == 1
+    with pytest.raises(KeyError), _final_errors_exit():
+        raise KeyError("a bug")
+
+
+def test_a_misread_config_says_what_it_is_instead_of_a_traceback(tmp_path: Path) -> None:
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.store.config import open_repo_store
+
+    solaris_yaml = tmp_path / "solaris.yaml"
+    solaris_yaml.write_text("feast: {repo: repo}\nlog: {path: log}\n")
+    with pytest.raises(ConfigError, match=r"is a solaris config.*--solaris-config"):
+        open_repo_store(tmp_path, solaris_yaml)
+    typo = tmp_path / "feature_store.yaml"
+    typo.write_text(
+        "project: p\nprovider: local\nregistry: data/registry.db\n"
+        "online_store: {type: redis, connection_strin: localhost:6379}\n"
+    )
+    with pytest.raises(ConfigError, match=r"(?s)connection_strin.*feature_store\.yaml"):
+        open_repo_store(tmp_path)
+    result = CliRunner().invoke(
+        __import__("solaris_feast.cli", fromlist=["app"]).app,
+        ["status", "--repo", str(tmp_path), "--config", str(solaris_yaml)],
+    )
+    assert result.exit_code == 2 and "--solaris-config" in result.output
+    assert "Traceback" not in result.output

@@ -218,8 +218,9 @@ class TrainingData:
         """Training window, data set and tasks, as recorded on every model card."""
         ts = self.log[EVENT_TIMESTAMP]
         return {
-            "train_window_start": ts.min().to_pydatetime(),
-            "train_window_end": ts.max().to_pydatetime(),
+            # Whole microseconds, as datetime holds them (pandas warns on dropping nanoseconds).
+            "train_window_start": ts.min().floor("us").to_pydatetime(),
+            "train_window_end": ts.max().floor("us").to_pydatetime(),
             "dataset": self.dataset.name,
             "tasks": self.dataset.label_columns,
         }

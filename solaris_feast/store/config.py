@@ -185,8 +185,9 @@ def repo_yaml(repo: Path, config: Path | None = None) -> tuple[Path, dict[str, A
         yaml_file = repo / yaml_file
     if not yaml_file.is_file():
         raise ConfigError(
-            f"{repo} is not a Feast repo ({yaml_file} not found); pass --repo pointing at the "
-            "folder you run `feast apply` in, or --config naming its yaml"
+            f"{repo} is not a Feast repo ({yaml_file} not found): name the folder you run "
+            "`feast apply` in and its yaml (a command's --repo and --config; in a solaris "
+            "config, feast.repo and feast.feature_store_yaml)"
         )
     # Feast's load_repo_config expands the yaml with os.environ; here the same expansion runs
     # over a copy of it, so opening a store changes nothing process-wide (a SQLite config
@@ -199,6 +200,12 @@ def repo_yaml(repo: Path, config: Path | None = None) -> tuple[Path, dict[str, A
     raw = yaml.safe_load(expand_config_text(yaml_file.read_text(), environment))
     if not isinstance(raw, dict):
         raise ConfigError(f"{yaml_file} is not a Feast config (expected a mapping at the top)")
+    if "project" not in raw and isinstance(raw.get("feast"), dict):
+        raise ConfigError(
+            f"{yaml_file} is a solaris config (it has a feast: section), not a Feast "
+            "feature_store.yaml; `solaris status` takes it as --solaris-config, and --config "
+            "there names the Feast yaml"
+        )
     return yaml_file, raw
 
 
@@ -213,7 +220,9 @@ def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
     try:
         repo_config = RepoConfig(**raw)
     except ValidationError as exc:
-        raise FeastConfigError(exc, str(yaml_file)) from exc
+        # Feast's own wording (the fields and the file), as one of our errors: a command says it
+        # in one line instead of a traceback.
+        raise ConfigError(str(FeastConfigError(exc, str(yaml_file)))) from exc
     repo_config.repo_path = Path(repo)
     return FeatureStore(repo_path=str(repo), config=repo_config)
 
