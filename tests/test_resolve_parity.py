@@ -345,8 +345,12 @@ def test_resolved_view_refuses_short_feature_names_on_every_store(store: Feature
     write_user_aggregate(store, 1)
     row = {"user_id": 1, "item_id": 0, MODEL_VERSION_REQUEST_FIELD: VERSION}
 
-    with pytest.raises(ValueError, match="full_feature_names=True"):
+    with pytest.raises(ValueError, match="full_feature_names=True") as refused:
         store.get_online_features(features=RESOLVED, entity_rows=[row], full_feature_names=False)
+    # A Feast error with a client status: feast serve answers 422, not a 500.
+    from feast.errors import FeastError
+
+    assert isinstance(refused.value, FeastError) and refused.value.http_status_code() == 422
     # The same request with full names is answered (the refusal is about the names only).
     answer = store.get_online_features(
         features=RESOLVED, entity_rows=[row], full_feature_names=True

@@ -8,6 +8,7 @@ retriever's counters say which path answered.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -127,6 +128,51 @@ def test_many_users_versions_and_repeated_pairs_in_one_request_match_feast(
     # One output alone, in the caller's order, is answered too.
     single = [f"{CFG.resolved_view_name}:resolved_tier"]
     assert answer(solaris, single, rows(1, items)) == answer(store, single, rows(1, items))
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.usefixtures("frozen_clock")
+def test_requests_of_many_versions_or_many_one_item_users_go_to_feast_and_leak_nothing(
+    store: FeatureStore,
+) -> None:
+    """A request whose versions would overflow the retriever cache, or whose users bring too
+    few candidates each for one round trip per user to pay, gets Feast's own answer; the
+    connections of retrievers pushed out of the cache are closed."""
+    items = write_grid(store, CFG.pair_view_name, 1, {"fresh": grid()["fresh"]})
+    write_user_aggregate(store, 1)
+    solaris = solaris_store_of(store, record_misses=False)
+    # 40 versions of 4 rows each: enough rows per read, too many versions for the cache.
+    many_versions = [
+        {"user_id": 1, "item_id": i, MODEL_VERSION_REQUEST_FIELD: f"v{k}"}
+        for k in range(40)
+        for i in range(4)
+    ]
+    one_item_users = [row | {"user_id": user} for user, row in enumerate(rows(1, [items[0]] * 40))]
+    # 16 versions, 4 rows each: the fast read, with every retriever of the cache replaced.
+    cache_full = [
+        {"user_id": 1, "item_id": i, MODEL_VERSION_REQUEST_FIELD: f"w{k}"}
+        for k in range(16)
+        for i in range(4)
+    ]
+    for entity_rows in (many_versions, one_item_users):
+        assert answer(solaris, WITH_EMBEDDING, entity_rows) == answer(
+            store, WITH_EMBEDDING, entity_rows
+        )
+    assert fetches(solaris) == 0
+    answer(solaris, WITH_EMBEDDING, cache_full)  # warm: 16 retrievers, one connection each
+    before = _open_fds()
+    for round_ in range(3):
+        renamed = [
+            row | {MODEL_VERSION_REQUEST_FIELD: f"r{round_}-{row[MODEL_VERSION_REQUEST_FIELD]}"}
+            for row in cache_full
+        ]
+        assert answer(solaris, WITH_EMBEDDING, renamed) == answer(store, WITH_EMBEDDING, renamed)
+        answer(solaris, WITH_EMBEDDING, many_versions)  # made a retriever per version before
+    assert fetches(solaris) == 16  # the cache keeps the last 16 versions' retrievers
+    assert _open_fds() <= before + 2  # the 48 pushed out closed their connections
 
 
 @pytest.mark.usefixtures("frozen_clock")
@@ -314,7 +360,10 @@ def test_feast_serve_answers_the_resolved_view_through_the_solaris_store(
         plain_status, plain = post(
             url, {"features": PAIR_FEATURES, "entities": {"user_id": [1], "item_id": [0]}}
         )
+        # Short names are the client's mistake: a 422 naming the fix, not a 500.
+        short_status, short = post(url, {**body, "full_feature_names": False})
 
+    assert short_status == 422 and "full_feature_names=True" in str(short), short
     assert status == 200, served
     names = served["metadata"]["feature_names"]
     tiers = served["results"][names.index(f"{CFG.resolved_view_name}__resolved_tier")]

@@ -269,7 +269,15 @@ def {function_name}(inputs):
     if any("_ts:" + view in inputs for view in views) or (
         "user_id" in inputs and len(set(map(id, shared))) < len(shared)
     ):
-        raise ValueError(
+        # A Feast error with a 4xx status: feast serve answers the client's mistake with 422,
+        # not a 500 that reads as an outage. Still a ValueError for SDK callers.
+        from feast.errors import FeastError
+
+        class FullFeatureNamesRequired(FeastError, ValueError):
+            def http_status_code(self):
+                return 422
+
+        raise FullFeatureNamesRequired(
             "{resolved_view}: call get_online_features(..., full_feature_names=True); "
             "the three tiers share feature names and cannot be told apart otherwise"
         )
