@@ -112,7 +112,6 @@ def build_repo_config(
             "registry_type": "file",
             "path": str(repo_path / "data" / "registry.db"),
             "cache_ttl_seconds": 60,
-            "serve_features_while_materializing": True,
         },
         online_store=online_store,
         offline_store={"type": "file"},
