@@ -67,7 +67,7 @@ class DeadlineExceededError(RetryableStoreError, TimeoutError):
 
     def __init__(self, what: str, deadline_ms: float) -> None:
         self.deadline_ms = deadline_ms
-        super().__init__(f"{what} did not finish within the {deadline_ms:g} ms deadline")
+        super().__init__(f"{what} did not finish within the {deadline_ms:.4g} ms deadline")
 
 
 class FinalStoreError(SolarisError, RuntimeError):
