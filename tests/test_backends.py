@@ -584,6 +584,12 @@ def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
         assert packed.read_tiers(1, items, views, deadline) == plain.read_tiers(
             1, items, views, deadline
         )
+        # Several users in one round trip read what one read per user reads.
+        requests = [(1, items), (2, np.array([2])), (7, np.array([1, 2])), (1, np.array([2]))]
+        batched = packed.read_tiers_many(requests, views, deadline)
+        assert batched == [plain.read_tiers(u, i, views, deadline) for u, i in requests]
+        assert batched == plain.read_tiers_many(requests, views, deadline)
+        assert [len(r.tiers[Tier.EXACT].embedding) for r in batched] == [3, 1, 2, 1]
     finally:
         packed.close()
         plain.close()

@@ -133,6 +133,45 @@ def test_priority_exact_over_similar_over_user_over_zero(store: FeatureStore) ->
     assert np.all(unknown.embeddings == 0) and np.all(np.isnan(unknown.age_seconds))
 
 
+def test_fetch_many_answers_each_user_as_a_fetch_of_its_own_would(store: FeatureStore) -> None:
+    """Several users in one call (one round trip on Redis): the same tiers, vectors and
+    counters as one fetch per user, each user's aggregate kept to its own candidates; a bad
+    request refuses the batch before any read."""
+    pair, similar = vectors(2), vectors(1)
+    user_1, user_2 = vectors(2)
+    write_pairs(store, [1, 2], [10, 20], pair)
+    write_similar(store, [2], [21], similar)
+    write_user(store, 1, user_1)
+    write_user(store, 2, user_2, hours_ago=30.0)  # older than the aggregate's TTL
+    requests = [(1, [10, 11]), (2, [20, 21, 22]), (999, [10]), (1, [12])]
+    batched = SolarisRetriever(store, VERSION, record_misses=False)
+    single = SolarisRetriever(store, VERSION, record_misses=False)
+
+    together = batched.fetch_many(requests)
+    apart = [single.fetch(user, items) for user, items in requests]
+
+    assert [r.tiers.tolist() for r in together] == [
+        [Tier.EXACT, Tier.USER_AGG],
+        [Tier.EXACT, Tier.SIMILAR, Tier.ZERO],
+        [Tier.ZERO],
+        [Tier.USER_AGG],
+    ]
+    for a, b in zip(together, apart, strict=True):
+        assert a.tiers.tolist() == b.tiers.tolist() and not a.error
+        np.testing.assert_array_equal(a.embeddings, b.embeddings)
+    np.testing.assert_array_equal(together[0].embeddings[1], user_1)
+    np.testing.assert_array_equal(together[3].embeddings[0], user_1)
+    assert batched.stats.tier_counts == single.stats.tier_counts
+    assert batched.stats.rejected == single.stats.rejected
+    assert (batched.stats.fetches, batched.stats.items) == (4, 7)
+    with pytest.raises(ValueError, match="duplicates"):
+        batched.fetch_many([(1, [10]), (2, [20, 20])])
+    assert batched.stats.fetches == 4  # refused before any read
+    assert batched.fetch_many([]) == []
+    batched.close()
+    single.close()
+
+
 def test_expired_values_fall_through_to_the_next_tier(store: FeatureStore) -> None:
     # TTLs: pair 6 h, similar 6 h, user 24 h. Feast itself would serve every one of these.
     write_pairs(store, [2, 2, 2], [20, 21, 22], vectors(3), hours_ago=7)

@@ -135,33 +135,36 @@ def _open_fds() -> int:
 
 
 @pytest.mark.usefixtures("frozen_clock")
-def test_requests_of_many_versions_or_many_one_item_users_go_to_feast_and_leak_nothing(
+def test_many_versions_go_to_feast_many_users_share_a_read_and_nothing_leaks(
     store: FeatureStore,
 ) -> None:
-    """A request whose versions would overflow the retriever cache, or whose users bring too
-    few candidates each for one round trip per user to pay, gets Feast's own answer; the
-    connections of retrievers pushed out of the cache are closed."""
+    """A request whose versions would overflow the retriever cache gets Feast's own answer; one
+    of many users with a candidate each is answered by one batched read; the connections of
+    retrievers pushed out of the cache are closed."""
     items = write_grid(store, CFG.pair_view_name, 1, {"fresh": grid()["fresh"]})
     write_user_aggregate(store, 1)
     solaris = solaris_store_of(store, record_misses=False)
-    # 40 versions of 4 rows each: enough rows per read, too many versions for the cache.
+    # 40 versions of 4 rows each: too many versions for the cache.
     many_versions = [
         {"user_id": 1, "item_id": i, MODEL_VERSION_REQUEST_FIELD: f"v{k}"}
         for k in range(40)
         for i in range(4)
     ]
+    assert answer(solaris, WITH_EMBEDDING, many_versions) == answer(
+        store, WITH_EMBEDDING, many_versions
+    )
+    assert fetches(solaris) == 0
     one_item_users = [row | {"user_id": user} for user, row in enumerate(rows(1, [items[0]] * 40))]
+    got = answer(solaris, WITH_EMBEDDING, one_item_users)
+    assert got == answer(store, WITH_EMBEDDING, one_item_users)
+    assert got[f"{CFG.resolved_view_name}__resolved_tier"][1] == Tier.EXACT  # user 1's vector
+    assert fetches(solaris) == 40  # 40 users' requests, in one read
     # 16 versions, 4 rows each: the fast read, with every retriever of the cache replaced.
     cache_full = [
         {"user_id": 1, "item_id": i, MODEL_VERSION_REQUEST_FIELD: f"w{k}"}
         for k in range(16)
         for i in range(4)
     ]
-    for entity_rows in (many_versions, one_item_users):
-        assert answer(solaris, WITH_EMBEDDING, entity_rows) == answer(
-            store, WITH_EMBEDDING, entity_rows
-        )
-    assert fetches(solaris) == 0
     answer(solaris, WITH_EMBEDDING, cache_full)  # warm: 16 retrievers, one connection each
     before = _open_fds()
     for round_ in range(3):

@@ -18,8 +18,9 @@ the tier rule of :mod:`solaris_feast.serving.resolve`, misses queued for the nex
 registry, the request and the answer (names, types, ZERO's age of -1) are the same;
 ``tests/test_resolve_parity.py`` pins the two paths to each other.
 
-A request that mixes the resolved view with plain views gets the rest from Feast's own read in
-the same call. Every other request (plain views alone, a feature service, another on-demand view,
+A request of several users is read in one round trip for all of them
+(:meth:`~solaris_feast.serving.retriever.SolarisRetriever.fetch_checked`). A request that mixes
+the resolved view with plain views gets the rest from Feast's own read in the same call. Every other request (plain views alone, a feature service, another on-demand view,
 short feature names, ids the retriever refuses) goes to Feast's own store unchanged, so the store
 is a drop-in for ``redis`` and ``sqlite``::
 
@@ -73,11 +74,6 @@ MAX_RETRIEVERS_PER_THREAD = 16
 """Retrievers (one per embedding version and set of views) a serving thread keeps. A request
 with more versions than this goes to Feast's own read: the versions come from the client, and a
 retriever (a connection, the views' decoding) per version would thrash the cache."""
-MIN_ROWS_PER_USER_READ = 4
-"""The fast read costs one round trip per (user, version) in the request, Feast's one pipeline
-for all rows; when a request of several users brings fewer rows than this per user on average,
-Feast's own read is the faster (measured, SDK on Redis: 100 users x 1 item 2.2x Feast's time,
-10 users x 10 items 0.5x, one user x 100 items 0.3x)."""
 RESOLVED_OUTPUTS = ("resolved_embedding", "resolved_tier", "resolved_age_seconds")
 _TIER_BY_NAME = {tier.name: tier for tier in Tier}
 
@@ -317,45 +313,55 @@ class ResolvedViewReads(_StoreBase):
                 groups.setdefault((user, version), []).append(row)
             except TypeError:  # an unhashable id: Feast's own conversion says what is wrong
                 return None
-        if len(groups) > 1 and len(groups) * MIN_ROWS_PER_USER_READ > n:
-            return None  # many users, few candidates each: Feast's one pipeline is faster
         if len({version for _, version in groups}) > MAX_RETRIEVERS_PER_THREAD:
             return None
         # Every group is checked before any read, so a refused id costs no round trip.
-        planned: list[tuple[SolarisRetriever, Any, list[Any], list[int]]] = []
+        by_version: dict[str, list[tuple[Any, list[Any], list[int]]]] = {}
+        for (user, version), rows in groups.items():
+            if not isinstance(version, str) or not version:
+                return None  # the view's own rule: no version matches, ZERO
+            by_version.setdefault(version, []).append(
+                (user, list(dict.fromkeys(items[i] for i in rows)), rows)
+            )
+        embeddings: np.ndarray | None = None
+        tiers = np.zeros(n, dtype=np.int64)
+        ages = np.full(n, -1.0)
         evicted: list[SolarisRetriever] = []
         try:
-            for (user, version), rows in groups.items():
-                if not isinstance(version, str) or not version:
-                    return None  # the view's own rule: no version matches, ZERO
+            planned = []
+            for version, reads in by_version.items():
                 retriever = self._retriever(config, request, version, evicted)
                 try:
-                    distinct = list(dict.fromkeys(items[i] for i in rows))
-                    checked_user, _ = validate_request(
-                        user, distinct, retriever.user_id_type, retriever.item_id_type
-                    )
+                    checked = [
+                        validate_request(
+                            user, distinct, retriever.user_id_type, retriever.item_id_type
+                        )
+                        for user, distinct, _ in reads
+                    ]
                 except (TypeError, ValueError):
                     return None
-                planned.append((retriever, checked_user, distinct, rows))
-
-            dim = planned[0][0].dim
-            embeddings = np.zeros((n, dim), dtype=np.float32)
-            tiers = np.zeros(n, dtype=np.int64)
-            ages = np.full(n, -1.0)
-            for retriever, user, distinct, rows in planned:
-                result = retriever.fetch(user, distinct)
-                position = {item: k for k, item in enumerate(distinct)}
-                picked = np.fromiter(
-                    (position[items[i]] for i in rows), dtype=np.int64, count=len(rows)
-                )
-                embeddings[rows] = result.embeddings[picked]
-                tiers[rows] = result.tiers[picked]
-                # The on-demand view answers -1 for ZERO's age where the retriever says NaN.
-                ages[rows] = np.nan_to_num(result.age_seconds[picked], nan=-1.0)
+                planned.append((retriever, checked, reads))
+            # One batched read per version: every user of it in one round trip.
+            for retriever, checked, reads in planned:
+                results = retriever.fetch_checked(checked)
+                if embeddings is None:
+                    embeddings = np.zeros((n, retriever.dim), dtype=np.float32)
+                for (_, distinct, rows), result in zip(reads, results, strict=True):
+                    if len(distinct) == len(rows):  # no repeated pair: rows in items' order
+                        picked: Any = slice(None)
+                    else:
+                        position = {item: k for k, item in enumerate(distinct)}
+                        picked = [position[items[i]] for i in rows]
+                    embeddings[rows] = result.embeddings[picked]
+                    tiers[rows] = result.tiers[picked]
+                    ages[rows] = result.age_seconds[picked]
         finally:
             # After the reads: a retriever this request planned with may have been pushed out.
             for old in evicted:
                 old.close()
+        assert embeddings is not None  # n > 0: at least one group was read
+        # The on-demand view answers -1 for ZERO's age where the retriever says NaN.
+        ages = np.nan_to_num(ages, nan=-1.0)
 
         (
             join_key_values,

@@ -28,6 +28,7 @@ classifies them.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -84,6 +85,17 @@ class FetchResult:
     tiers: np.ndarray
     age_seconds: np.ndarray
     error: bool = False
+
+
+def _split(whole: FetchResult, sizes: list[int]) -> list[FetchResult]:
+    """One batch's result cut into its requests' results (views of the batch's arrays)."""
+    bounds = np.cumsum([0, *sizes]).tolist()
+    return [
+        FetchResult(
+            whole.embeddings[lo:hi], whole.tiers[lo:hi], whole.age_seconds[lo:hi], whole.error
+        )
+        for lo, hi in itertools.pairwise(bounds)
+    ]
 
 
 @dataclass
@@ -285,28 +297,64 @@ class SolarisRetriever:
         Returns:
             :class:`FetchResult` with embeddings ``(N, D)``, tiers ``(N,)`` and ages ``(N,)``.
         """
-        user, items = validate_request(user_id, item_ids, self.user_id_type, self.item_id_type)
+        return self.fetch_many([(user_id, item_ids)])[0]
+
+    def fetch_many(
+        self, requests: Sequence[tuple[EntityId, Sequence[EntityId] | np.ndarray]]
+    ) -> list[FetchResult]:
+        """:meth:`fetch` for several users at once: one round trip for all of them on Redis
+        (one read per user on SQLite and on a cluster), one deadline for the whole batch, and
+        one pass of the tier rule over every row. On a failure every request gets ZERO with
+        ``error=True`` (strict: the error is raised), as one fetch would.
+
+        Args:
+            requests: ``(user_id, item_ids)`` pairs, each as :meth:`fetch` takes them; a user
+                may appear more than once.
+
+        Returns:
+            One :class:`FetchResult` per request, in order.
+        """
+        return self.fetch_checked(
+            [
+                validate_request(user_id, item_ids, self.user_id_type, self.item_id_type)
+                for user_id, item_ids in requests
+            ]
+        )
+
+    def fetch_checked(self, checked: list[tuple[EntityId, np.ndarray]]) -> list[FetchResult]:
+        """:meth:`fetch_many` of requests already checked by :func:`validate_request` with this
+        retriever's id types (the Feast online store checks a whole request before any read)."""
+        sizes = [len(items) for _, items in checked]
         started = time.perf_counter()
-        self.stats.fetches += 1
-        self.stats.items += len(items)
+        self.stats.fetches += len(checked)
+        self.stats.items += sum(sizes)
+        if not checked:
+            return []
         try:
-            reads = self._read(user, items, started + self.deadline_ms / 1000.0)
+            reads = self._read(checked, started + self.deadline_ms / 1000.0)
         except Exception as exc:  # the store's own errors vary by backend and client
-            return self._fail(len(items), f"online store read failed: {exc!r}", exc)
+            return self._fail_each(sizes, f"online store read failed: {exc!r}", exc)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         if elapsed_ms > self.deadline_ms:
             self.stats.deadline_exceeded += 1
-            return self._fail(
-                len(items),
+            return self._fail_each(
+                sizes,
                 f"online store read took {elapsed_ms:.1f} ms, deadline {self.deadline_ms} ms",
                 DeadlineExceededError("online store read", self.deadline_ms),
             )
-        result = self._resolve(reads, len(items))
+        whole = self._resolve(reads, sizes)
+        counts = np.bincount(whole.tiers, minlength=len(Tier))
         for tier in Tier:
-            self.stats.tier_counts[tier] += int(np.count_nonzero(result.tiers == tier))
+            self.stats.tier_counts[tier] += int(counts[tier])
+        results = _split(whole, sizes)
         if self.miss_queue is not None:
-            self._queue_misses(user, items[result.tiers != Tier.EXACT])
-        return result
+            for result, (user, items) in zip(results, checked, strict=True):
+                self._queue_misses(user, items[result.tiers != Tier.EXACT])
+        return results
+
+    def _fail_each(self, sizes: list[int], reason: str, exc: BaseException) -> list[FetchResult]:
+        """:meth:`_fail` for a batch: one error, every request ZERO."""
+        return _split(self._fail(sum(sizes), reason, exc), sizes)
 
     def _queue_misses(self, user: EntityId, missed: np.ndarray) -> None:
         if self.miss_queue is None or not missed.size:
@@ -342,18 +390,50 @@ class SolarisRetriever:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _read(self, user: EntityId, items: np.ndarray, deadline_s: float) -> dict[Tier, _TierRead]:
-        """The backend's read of all tiers, aborted at ``deadline_s`` (``perf_counter`` time);
-        the miss queue's round number rides along where the backend reads it."""
-        reads = self.backend.read_tiers(user, items, self.view_names, deadline_s)
-        self._miss_round = reads.miss_round
-        return reads.tiers
+    def _read(
+        self, requests: list[tuple[EntityId, np.ndarray]], deadline_s: float
+    ) -> list[dict[Tier, _TierRead]]:
+        """The backend's read of all tiers for every request, aborted at ``deadline_s``
+        (``perf_counter`` time); the miss queue's round number rides along where the backend
+        reads it."""
+        reads = self.backend.read_tiers_many(requests, self.view_names, deadline_s)
+        self._miss_round = reads[-1].miss_round
+        return [read.tiers for read in reads]
 
     # -- resolving ----------------------------------------------------------------------------
 
-    def _resolve(self, reads: dict[Tier, _TierRead], n: int) -> FetchResult:
-        values = {tier: self._decode_tier(reads[tier], n) for tier in (Tier.EXACT, Tier.SIMILAR)}
-        values[Tier.USER_AGG] = self._decode_user_tier(reads[Tier.USER_AGG], n)
+    def _resolve(self, reads: list[dict[Tier, _TierRead]], sizes: list[int]) -> FetchResult:
+        """The tier rule over every request's rows at once: the pair tiers decoded row by row,
+        each request's user aggregate (one stored value for all its candidates, the backends'
+        contract) decoded once and repeated."""
+        n = sum(sizes)
+
+        def joined(tier: Tier) -> _TierRead:
+            if len(reads) == 1:
+                return reads[0][tier]
+            return _TierRead(
+                [v for read in reads for v in read[tier].embedding],
+                [v for read in reads for v in read[tier].model_version],
+                [v for read in reads for v in read[tier].computed_at],
+            )
+
+        values = {tier: self._decode_tier(joined(tier), n) for tier in (Tier.EXACT, Tier.SIMILAR)}
+        user_raw = _TierRead(
+            [read[Tier.USER_AGG].embedding[0] for read in reads],
+            [read[Tier.USER_AGG].model_version[0] for read in reads],
+            [read[Tier.USER_AGG].computed_at[0] for read in reads],
+        )
+        users = self._decode_tier(user_raw, len(reads))
+        repeats = np.asarray(sizes)
+        # An undecodable aggregate counts once per candidate, like the other tiers' values.
+        stored = np.fromiter((bool(raw) for raw in user_raw.embedding), bool, len(reads))
+        self.stats.undecodable += int(((repeats - 1) * (stored & ~users.present)).sum())
+        values[Tier.USER_AGG] = TierValues(
+            vectors=np.repeat(users.vectors, repeats, axis=0),
+            present=np.repeat(users.present, repeats),
+            version_matches=np.repeat(users.version_matches, repeats),
+            computed_at_s=np.repeat(users.computed_at_s, repeats),
+        )
         resolution = resolve(
             values,
             now_s=time.time(),
@@ -363,27 +443,7 @@ class SolarisRetriever:
         )
         for reason, count in resolution.rejected.items():
             self.stats.rejected[reason] += count
-        return FetchResult(
-            embeddings=resolution.embeddings,
-            tiers=resolution.tiers,
-            age_seconds=resolution.age_seconds,
-            error=False,
-        )
-
-    def _decode_user_tier(self, read: _TierRead, n: int) -> TierValues:
-        """The user aggregate is one stored value for every candidate (the backends' contract):
-        decode it once and repeat it."""
-        one = self._decode_tier(
-            _TierRead(read.embedding[:1], read.model_version[:1], read.computed_at[:1]), 1
-        )
-        if read.embedding[0] and not one.present[0]:
-            self.stats.undecodable += n - 1  # counted once per candidate, like the other tiers
-        return TierValues(
-            vectors=np.repeat(one.vectors, n, axis=0),
-            present=np.repeat(one.present, n),
-            version_matches=np.repeat(one.version_matches, n),
-            computed_at_s=np.repeat(one.computed_at_s, n),
-        )
+        return FetchResult(resolution.embeddings, resolution.tiers, resolution.age_seconds)
 
     def _decode_tier(self, read: _TierRead, n: int) -> TierValues:
         """Decode one tier's raw values; a value that does not decode is not present (and

@@ -134,6 +134,17 @@ class OnlineBackend(Protocol):
         when it cannot finish within ``deadline_s`` seconds (a ``time.perf_counter()`` instant)."""
         ...
 
+    def read_tiers_many(
+        self,
+        requests: Sequence[tuple[EntityId, np.ndarray]],
+        views: Mapping[Tier, str],
+        deadline_s: float,
+    ) -> list[TierReads]:
+        """:meth:`read_tiers` for several ``(user, items)`` requests, in one round trip where
+        the backend can batch them (single-node Redis), one after another where it cannot;
+        the whole batch within ``deadline_s``."""
+        ...
+
     def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
         """Write newest-wins (a row not older than the stored one replaces it); up to
         ``atomic_rows`` rows all-or-nothing where the store allows it. Return rows applied."""
@@ -291,6 +302,17 @@ def backend_for(store: FeatureStore | OnlineFacts, timeout_seconds: float | None
     from solaris_feast.store.backends.redis import RedisBackend
 
     return RedisBackend.for_store(store, timeout_seconds)
+
+
+def read_each(
+    backend: OnlineBackend,
+    requests: Sequence[tuple[EntityId, np.ndarray]],
+    views: Mapping[Tier, str],
+    deadline_s: float,
+) -> list[TierReads]:
+    """:meth:`OnlineBackend.read_tiers_many` of a backend with no batched read: one read per
+    request, each bounded by what is left of the one deadline."""
+    return [backend.read_tiers(user, items, views, deadline_s) for user, items in requests]
 
 
 def split_tiers(

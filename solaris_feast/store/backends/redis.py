@@ -407,28 +407,58 @@ class RedisBackend(SolarisKeyLayouts):
     def read_tiers(
         self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
     ) -> TierReads:
+        return self.read_tiers_many([(user, items)], views, deadline_s)[0]
+
+    def read_tiers_many(
+        self,
+        requests: Sequence[tuple[EntityId, np.ndarray]],
+        views: Mapping[Tier, str],
+        deadline_s: float,
+    ) -> list[TierReads]:
         deadline_ms = self._deadline_ms(deadline_s)
         pair_fields, user_fields = self.read_fields(views)
         project = self._project_bytes
         pair_key = self.pair_key.key
-        keys = [pair_key(user, item) + project for item in items.tolist()]
-        user_key = self.user_key.key(user) + project
-        if self.packed:
-            head, tail = _hmget_template(pair_fields)
-            parts = [b"%s%s%s" % (head, bulk(key), tail) for key in keys]
-            head, tail = _hmget_template(user_fields)
-            parts.append(b"%s%s%s" % (head, bulk(user_key), tail))
-            parts.append(self._round_command)
-            # Packing 10k commands takes milliseconds: what is left after it bounds the wait.
-            if self._reads is None:
-                self._reads = DeadlineConnections(self.client)
-            replies = self._reads.round_trip(b"".join(parts), len(parts), deadline_s, deadline_ms)
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
-        else:
-            replies = self._pipeline_read(keys, user_key, pair_fields, user_fields, deadline_s)
-        return TierReads(split_tiers(replies[:-2], replies[-2], len(keys)), replies[-1])
+        keyed = [
+            ([pair_key(user, item) + project for item in items.tolist()], self.user_key.key(user))
+            for user, items in requests
+        ]
+        if not self.packed:
+            out = []
+            for keys, user_key in keyed:
+                replies = self._pipeline_read(
+                    keys, user_key + project, pair_fields, user_fields, deadline_s
+                )
+                out.append(
+                    TierReads(split_tiers(replies[:-2], replies[-2], len(keys)), replies[-1])
+                )
+            return out
+        # Every request's HMGETs (its pairs, then its user) and one GET of the round, sent
+        # together: one round trip for the batch.
+        pair_head, pair_tail = _hmget_template(pair_fields)
+        user_head, user_tail = _hmget_template(user_fields)
+        parts: list[bytes] = []
+        for keys, user_key in keyed:
+            parts.extend(b"%s%s%s" % (pair_head, bulk(key), pair_tail) for key in keys)
+            parts.append(b"%s%s%s" % (user_head, bulk(user_key + project), user_tail))
+        parts.append(self._round_command)
+        # Packing 10k commands takes milliseconds: what is left after it bounds the wait.
+        if self._reads is None:
+            self._reads = DeadlineConnections(self.client)
+        replies = self._reads.round_trip(b"".join(parts), len(parts), deadline_s, deadline_ms)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        out, start = [], 0
+        for keys, _ in keyed:
+            n = len(keys)
+            out.append(
+                TierReads(
+                    split_tiers(replies[start : start + n], replies[start + n], n), replies[-1]
+                )
+            )
+            start += n + 1
+        return out
 
     def _pipeline_read(
         self,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,6 +46,7 @@ from solaris_feast.store.backends import (
     OnlineFacts,
     TierReads,
     online_facts,
+    read_each,
     split_tiers,
 )
 from solaris_feast.store.backends.redis import (
@@ -164,6 +165,14 @@ class RedisClusterBackend(RedisBackend):
                     self.client.get_redis_connection(node)
                 )
             return self._node_reads[node.name]
+
+    def read_tiers_many(
+        self,
+        requests: Sequence[tuple[EntityId, np.ndarray]],
+        views: Mapping[Tier, str],
+        deadline_s: float,
+    ) -> list[TierReads]:
+        return read_each(self, requests, views, deadline_s)
 
     def read_tiers(
         self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float

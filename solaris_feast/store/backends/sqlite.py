@@ -42,6 +42,7 @@ from solaris_feast.store.backends import (
     TierRead,
     TierReads,
     online_facts,
+    read_each,
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
@@ -143,6 +144,14 @@ class SqliteBackend(SolarisKeyLayouts):
         )
 
     # -- reading ------------------------------------------------------------------------------
+
+    def read_tiers_many(
+        self,
+        requests: Sequence[tuple[EntityId, np.ndarray]],
+        views: Mapping[Tier, str],
+        deadline_s: float,
+    ) -> list[TierReads]:
+        return read_each(self, requests, views, deadline_s)
 
     def read_tiers(
         self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
