@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from solaris_feast.bench import BENCH_USER, _meta, _populate, bench_store
-from solaris_feast.store.config import build_repo_config
+from solaris_feast.bench import BENCH_USER, _meta, _populate, bench_store, solaris_store_beside
 from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
 
 VERSION = "bench-v1"
@@ -34,21 +33,11 @@ FEATURES = ["solaris_resolved:resolved_embedding", "solaris_resolved:resolved_ti
 
 
 def run(redis_url: str | None, repeats: int, rounds: int) -> dict[str, Any]:
-    from feast import FeatureStore
-
     results: dict[str, Any] = {"shapes": {}}
     with contextlib.ExitStack() as stack:
         store = stack.enter_context(bench_store(redis_url, 32, "float32"))
         _populate(store, 100, 32, VERSION)  # one user's three tiers; the others read as misses
-        solaris = FeatureStore(
-            config=build_repo_config(
-                store.config.project,
-                Path(str(store.config.repo_path)),
-                online="redis",
-                redis_url=redis_url or os.environ.get("REDIS_URL"),
-                resolve_in_store=True,
-            )
-        )
+        solaris = solaris_store_beside(store, redis_url)
         for users, items in SHAPES:
             rows = [
                 {"user_id": BENCH_USER + u, "item_id": i, MODEL_VERSION_REQUEST_FIELD: VERSION}

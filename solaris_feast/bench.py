@@ -101,6 +101,24 @@ def bench_store(
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def solaris_store_beside(store: FeatureStore, redis_url: str | None) -> FeatureStore:
+    """The same project, registry and rows as ``store``, opened with solaris's Feast online
+    store (:mod:`solaris_feast.serving.online_store`) on Redis."""
+    from feast import FeatureStore as FeastStore
+
+    from solaris_feast.store.config import build_repo_config
+
+    return FeastStore(
+        config=build_repo_config(
+            store.config.project,
+            Path(str(store.config.repo_path)),
+            online="redis",
+            redis_url=redis_url or os.environ.get("REDIS_URL"),
+            resolve_in_store=True,
+        )
+    )
+
+
 def loopback_port_is_free(port: int) -> bool:
     """Whether nothing listens on ``127.0.0.1:port`` now (the test suite picks its ports
     with it too)."""
@@ -306,11 +324,10 @@ def run_serve_benchmark(
     ``feast_server_port`` (``None``: a free loopback port). Feast's reads run twice: on Feast's
     own Redis store and on solaris's (:mod:`solaris_feast.serving.online_store`, same registry
     and rows), each with its own ``feast serve``."""
-    from feast import FeatureStore as FeastStore
 
     from solaris_feast.serving.retriever import SolarisRetriever
     from solaris_feast.store.backends.redis import RedisBackend, redis_client
-    from solaris_feast.store.config import SOLARIS_ONLINE_STORE_TYPES, build_repo_config
+    from solaris_feast.store.config import SOLARIS_ONLINE_STORE_TYPES
     from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
     from solaris_feast.store.layout import EntityKeyLayout, online_field
 
@@ -320,15 +337,7 @@ def run_serve_benchmark(
         store = stack.enter_context(bench_store(redis_url, dim, embedding_codec))
         _populate(store, max(candidates), dim, version)
         # The same project, registry and rows, read through solaris's Feast online store.
-        solaris_store = FeastStore(
-            config=build_repo_config(
-                store.config.project,
-                Path(str(store.config.repo_path)),
-                online="redis",
-                redis_url=redis_url or os.environ.get("REDIS_URL"),
-                resolve_in_store=True,
-            )
-        )
+        solaris_store = solaris_store_beside(store, redis_url)
         server = (
             stack.enter_context(feast_server(store, feast_server_port or free_loopback_port()))
             if with_feast_server

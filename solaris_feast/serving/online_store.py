@@ -20,9 +20,10 @@ registry, the request and the answer (names, types, ZERO's age of -1) are the sa
 
 A request of several users is read in one round trip for all of them
 (:meth:`~solaris_feast.serving.retriever.SolarisRetriever.fetch_checked`). A request that mixes
-the resolved view with plain views gets the rest from Feast's own read in the same call. Every other request (plain views alone, a feature service, another on-demand view,
-short feature names, ids the retriever refuses) goes to Feast's own store unchanged, so the store
-is a drop-in for ``redis`` and ``sqlite``::
+the resolved view with plain views gets the rest from Feast's own read in the same call. Every
+other request (plain views alone, a feature service, another on-demand view, short feature
+names, ids the retriever refuses, more than 16 embedding versions) goes to Feast's own store
+unchanged, so the store is a drop-in for ``redis`` and ``sqlite``::
 
     online_store:
       type: solaris_feast.serving.online_store.SolarisRedisOnlineStore

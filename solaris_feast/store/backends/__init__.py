@@ -304,15 +304,24 @@ def backend_for(store: FeatureStore | OnlineFacts, timeout_seconds: float | None
     return RedisBackend.for_store(store, timeout_seconds)
 
 
-def read_each(
-    backend: OnlineBackend,
-    requests: Sequence[tuple[EntityId, np.ndarray]],
-    views: Mapping[Tier, str],
-    deadline_s: float,
-) -> list[TierReads]:
-    """:meth:`OnlineBackend.read_tiers_many` of a backend with no batched read: one read per
-    request, each bounded by what is left of the one deadline."""
-    return [backend.read_tiers(user, items, views, deadline_s) for user, items in requests]
+class ReadsOneRequestAtATime:
+    """:meth:`OnlineBackend.read_tiers_many` for a backend with no batched read (SQLite, where a
+    read has no round trip to save; a cluster, whose keys live on several nodes): one
+    :meth:`~OnlineBackend.read_tiers` per request, each bounded by what is left of the one
+    deadline."""
+
+    def read_tiers(
+        self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
+    ) -> TierReads:
+        raise NotImplementedError
+
+    def read_tiers_many(
+        self,
+        requests: Sequence[tuple[EntityId, np.ndarray]],
+        views: Mapping[Tier, str],
+        deadline_s: float,
+    ) -> list[TierReads]:
+        return [self.read_tiers(user, items, views, deadline_s) for user, items in requests]
 
 
 def split_tiers(

@@ -34,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,9 +44,9 @@ from solaris_feast.store.backends import (
     BackendKind,
     OnlineBatch,
     OnlineFacts,
+    ReadsOneRequestAtATime,
     TierReads,
     online_facts,
-    read_each,
     split_tiers,
 )
 from solaris_feast.store.backends.redis import (
@@ -87,7 +87,7 @@ def cluster_client(store: FeatureStore | OnlineFacts, timeout_seconds: float | N
     )
 
 
-class RedisClusterBackend(RedisBackend):
+class RedisClusterBackend(ReadsOneRequestAtATime, RedisBackend):
     """A Redis Cluster; the miss queue and the scan are the single-Redis ones.
 
     Args:
@@ -165,14 +165,6 @@ class RedisClusterBackend(RedisBackend):
                     self.client.get_redis_connection(node)
                 )
             return self._node_reads[node.name]
-
-    def read_tiers_many(
-        self,
-        requests: Sequence[tuple[EntityId, np.ndarray]],
-        views: Mapping[Tier, str],
-        deadline_s: float,
-    ) -> list[TierReads]:
-        return read_each(self, requests, views, deadline_s)
 
     def read_tiers(
         self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float

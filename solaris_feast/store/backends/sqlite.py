@@ -37,12 +37,12 @@ from solaris_feast.store.backends import (
     OnlineBatch,
     OnlineFacts,
     QueuedMiss,
+    ReadsOneRequestAtATime,
     StoredScan,
     StoredValues,
     TierRead,
     TierReads,
     online_facts,
-    read_each,
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
@@ -80,7 +80,7 @@ def _no_such_table(exc: sqlite3.OperationalError) -> bool:
     return "no such table" in str(exc)
 
 
-class SqliteBackend(SolarisKeyLayouts):
+class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
     """Feast's SQLite online store (see the module docstring for layout and atomicity).
 
     Args:
@@ -144,14 +144,6 @@ class SqliteBackend(SolarisKeyLayouts):
         )
 
     # -- reading ------------------------------------------------------------------------------
-
-    def read_tiers_many(
-        self,
-        requests: Sequence[tuple[EntityId, np.ndarray]],
-        views: Mapping[Tier, str],
-        deadline_s: float,
-    ) -> list[TierReads]:
-        return read_each(self, requests, views, deadline_s)
 
     def read_tiers(
         self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
