@@ -80,11 +80,24 @@ def poisoned(kind: str) -> tuple[pd.DataFrame, list[int]]:
     if kind == "empty_version":
         frame.loc[4, "model_version"] = ""
         return frame, [4]
+    if kind == "from_the_future":  # a local time taken for UTC, a clock hours ahead
+        frame.loc[1, "computed_at"] = pd.Timestamp.now(tz="UTC") + pd.Timedelta(hours=5)
+        frame.loc[2, "computed_at"] = pd.Timestamp.now(tz="UTC") + pd.Timedelta(seconds=60)
+        return frame, [1]  # row 2 is inside the clock skew serving allows
     raise AssertionError(kind)
 
 
 @pytest.mark.parametrize(
-    "kind", ["nan", "inf", "wrong_dim", "duplicate_keys", "negative_id", "empty_version"]
+    "kind",
+    [
+        "nan",
+        "inf",
+        "wrong_dim",
+        "duplicate_keys",
+        "negative_id",
+        "empty_version",
+        "from_the_future",
+    ],
 )
 def test_bad_batch_is_refused_naming_rows_and_nothing_is_written(
     store: FeatureStore, kind: str

@@ -13,6 +13,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from solaris_feast.errors import WriteBatchError
 from solaris_feast.review.status import AGE_BUCKETS, age_bucket, status_cli, store_status
 from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.store.config import REDIS_CONNECTION_ENV, OnlineKind, open_store
@@ -250,8 +251,18 @@ def test_status_counts_freshness_by_the_tier_rule_future_values_included(
         }
     )
     writer = EmbeddingWriter(store, "solaris_pair", offline=False)
-    writer.write(frame)
+    writer.write(frame.iloc[[0, 2]])
+    # The solaris writer refuses a vector an hour ahead; another writer (Feast's own, a
+    # materialization from a log written by a clock that is off) can still store one.
+    with pytest.raises(WriteBatchError, match="after this machine's clock"):
+        writer.write(frame.iloc[[1]])
     writer.close()
+    store.write_to_online_store(
+        "solaris_pair",
+        frame.iloc[[1]].assign(
+            event_timestamp=frame["computed_at"].iloc[1], written_at=frame["computed_at"].iloc[1]
+        ),
+    )
     status = store_status(store, VERSION)
     pair = next(v for v in status["views"] if v["name"] == "solaris_pair")
     assert (pair["rows"], pair["fresh"], pair["expired"], pair["future"]) == (3, 1, 2, 1)

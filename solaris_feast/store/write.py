@@ -48,6 +48,7 @@ import pandas as pd
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, EVENT_TIMESTAMP, MODEL_VERSION, WRITTEN_AT
 from solaris_feast.errors import ConfigError, WriteBatchError
+from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.ids import join_key_types
 from solaris_feast.store.layout import EntityKeyLayout, embedding_codec, stored_model_version
@@ -285,6 +286,17 @@ class EmbeddingWriter:
                 features[name] = values
                 if name == COMPUTED_AT:
                     computed_at_ns = values
+                    # Serving rejects a vector from the future, and newest-wins would keep it
+                    # over every correct rewrite until its time had passed.
+                    latest = pd.Timestamp.now(tz="UTC").value + int(
+                        DEFAULT_CLOCK_SKEW_SECONDS * NANOS_PER_SECOND
+                    )
+                    refuse(
+                        f"{name} is more than {DEFAULT_CLOCK_SKEW_SECONDS:.0f} s after this "
+                        "machine's clock (a vector from the future is not served, and it would "
+                        "keep later rewrites out)",
+                        values > latest,
+                    )
             elif kind == "string":
                 bad = np.array(
                     [not (isinstance(v, str) and v) for v in column.tolist()], dtype=bool
