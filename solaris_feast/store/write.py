@@ -7,7 +7,8 @@ user view ``user_id, embedding, pair_count, model_version, computed_at``; the si
 
 A batch is checked as a whole first (missing columns, wrong dtypes, negative or duplicate keys,
 string ids that are empty or not ``str`` for String join keys,
-NaN/Inf or wrong-length vectors, empty versions, naive or missing timestamps); a bad batch raises
+NaN/Inf or wrong-length vectors, empty versions, naive or missing timestamps, a ``computed_at``
+more than the serving clock skew in the future); a bad batch raises
 :class:`~solaris_feast.errors.WriteBatchError` naming the rows (positions in the frame) and
 nothing of it is written.
 
