@@ -187,3 +187,19 @@ def test_a_reader_snapshot_never_sees_part_of_a_batch(
     assert not any(thread.is_alive() for thread in threads)
     assert not problems, problems[:5]
     assert snapshots[0] >= 5
+
+
+def test_a_step_file_written_once_keeps_the_first_writer_of_a_race(tmp_path: Path) -> None:
+    """Two processes of one round saving the same step: the second gets False and the file
+    holds the first one's rows (before, the second silently replaced them: a double-triggered
+    round planned from one drain and acknowledged the other)."""
+    import pandas as pd
+
+    from solaris_feast.pipeline.runs import write_parquet_once
+
+    path = tmp_path / "misses.parquet"
+    first = pd.DataFrame({"user_id": [1, 2], "item_id": [3, 4]})
+    assert write_parquet_once(first, path)
+    assert not write_parquet_once(pd.DataFrame({"user_id": [9], "item_id": [9]}), path)
+    pd.testing.assert_frame_equal(pd.read_parquet(path), first)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["misses.parquet"]  # no temp left

@@ -291,6 +291,26 @@ def test_miss_queue_redelivers_what_a_dead_consumer_read_and_never_acked(
     assert project_snapshot(client, feast_project)  # keys exist; fixture teardown deletes them
 
 
+def test_a_retried_drain_gets_back_what_its_failed_try_took(
+    feast_project: str, redis_url: str
+) -> None:
+    """The same consumer (a round's retried drain) reads its own unacknowledged entries again
+    at once, instead of nothing until another round claims them as idle; other consumers still
+    get only what nobody holds."""
+    client = redis.Redis.from_url(redis_url)
+    MissQueue(feast_project, redis=client).record(3, list(range(8)), VERSION)
+    first_try = MissQueue(feast_project, redis=client)
+    taken = first_try.read_group("precompute", "round-10h", max_pairs=5, min_idle_ms=600_000)
+    assert len(taken) == 5
+    retry = MissQueue(feast_project, redis=redis.Redis.from_url(redis_url))
+    again = retry.read_group("precompute", "round-10h", max_pairs=100, min_idle_ms=600_000)
+    assert pairs_of(again)[:5] == pairs_of(taken) and len(again) == 8  # its 5, then the 3 left
+    other = MissQueue(feast_project, redis=client)
+    assert other.read_group("precompute", "round-11h", max_pairs=100, min_idle_ms=600_000).empty
+    assert retry.ack("precompute", again) == 8
+    assert retry.read_group("precompute", "round-10h", max_pairs=100, min_idle_ms=0).empty
+
+
 def test_a_consumer_that_dies_after_writing_causes_no_duplicate_rows(
     tmp_path: Path, feast_project: str, redis_url: str
 ) -> None:

@@ -66,6 +66,7 @@ from solaris_feast.pipeline.runs import (
     write_atomic,
     write_once,
     write_parquet_atomic,
+    write_parquet_once,
 )
 from solaris_feast.pipeline.settings import (
     PAIR_VIEW,
@@ -354,11 +355,21 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     online = run_online_facts(spec.settings)
     queue = MissQueue.for_store(online)
     limit = spec.settings.max_drained_misses
-    if online_kind(online) == "redis" and limit > 0:
+    grouped = online_kind(online) == "redis" and limit > 0
+    if grouped:
         misses = queue.read_group(MISS_QUEUE_GROUP, spec.interval_key, max_pairs=limit)
     else:
         misses = queue.drain(limit)
-    write_parquet_atomic(misses, path)
+    if not write_parquet_once(misses, path):
+        # Another process of this round (a double-triggered run, a task still running beside
+        # its retry) saved its misses first: every step of the round reads that one file. Ours
+        # stay unacknowledged in the group, so a later round claims them; drained ones (SQLite)
+        # go back to the queue.
+        logger.warning("another process of this round saved its misses first: using %s", path)
+        if not grouped:
+            for (user, version), rows in misses.groupby([USER_ID, MODEL_VERSION], sort=False):
+                queue.record(user, rows[ITEM_ID].tolist(), str(version))
+        return {"misses": len(pd.read_parquet(path)), "reused": True}
     logger.info("took %d queued misses", len(misses))
     return {"misses": len(misses), "reused": False}
 

@@ -143,6 +143,21 @@ def write_once(path: Path, text: str) -> bool:
     return True
 
 
+def write_parquet_once(frame: pd.DataFrame, path: Path) -> bool:
+    """Write ``path`` unless it exists, atomically and exclusively: of two processes writing
+    the same step at once, one file wins and the other gets False (and should read it back).
+    True when this call wrote it."""
+    temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    frame.to_parquet(temp, index=False)
+    try:
+        os.link(temp, path)  # fails if the file exists: no second writer replaces the first
+    except FileExistsError:
+        return False
+    finally:
+        temp.unlink(missing_ok=True)
+    return True
+
+
 def write_parquet_atomic(frame: pd.DataFrame, path: Path) -> None:
     """Atomic :meth:`DataFrame.to_parquet` (no index), as :func:`write_atomic`."""
     temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")

@@ -664,9 +664,16 @@ class RedisBackend(SolarisKeyLayouts):
             if "BUSYGROUP" not in str(exc):
                 raise
         entries: list[tuple[Any, Any]] = []
+        # This consumer's own unacknowledged entries first: a retried drain of the same round
+        # (same consumer) gets back what its failed try took, instead of nothing until another
+        # round claims them as idle; a second process of the same round reads the same ones.
+        mine = self.client.xreadgroup(group, consumer, {self._stream_key: "0"}, count=max_pairs)
+        for _stream, stream_entries in mine or []:
+            # Entries deleted from the stream (drained) while pending come back without fields.
+            entries.extend(e for e in stream_entries if e is not None and e[1])
         cursor: Any = "0-0"
         # Bounded: each pass claims up to the remaining count; the cursor ends at 0-0.
-        for _ in range(max_pairs):
+        for _ in range(max_pairs if len(entries) < max_pairs else 0):
             reply = self.client.xautoclaim(
                 self._stream_key,
                 group,
