@@ -596,6 +596,27 @@ def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
         client.close()
 
 
+def test_entity_key_layout_builds_feasts_keys_without_importing_feast() -> None:
+    """A task that only reads the online store builds keys without Feast's import; the keys
+    are Feast's own, byte for byte (checked against Feast here, and by the layout itself in any
+    process that has Feast loaded)."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys; from solaris_feast.store.layout import EntityKeyLayout; "
+        "k = EntityKeyLayout(['user_id', 'item_id'], 3).key(7, 'sku/9'); "
+        "print(k.hex(), 'feast' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert out[1] == "False"
+    layout = EntityKeyLayout(["user_id", "item_id"], 3)
+    layout.check_against_feast()
+    assert bytes.fromhex(out[0]) == layout._feast_key([7, "sku/9"])
+
+
 def test_entity_key_layout_decodes_its_own_keys_and_refuses_others() -> None:
     pair = EntityKeyLayout(["user_id", "item_id"], 3)
     user = EntityKeyLayout(["user_id"], 3)

@@ -427,6 +427,49 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
     )
     assert result.exit_code == 1, result.output
     assert "already ran" in result.output and "budget_pairs: 300 then, 10 now" in result.output
+    # The online store loses what it held (a Redis restarted without persistence): the next
+    # round finds the pairs its log calls fresh missing online and computes them again.
+    raw["precompute"]["budget_pairs"] = 300
+    write_config(tmp_path, raw)
+    _wipe_online(tmp_path / "repo", feast_project, redis_url if redis else None)
+    later = at + timedelta(minutes=1)
+    run_cli("precompute", "--config", str(config), "--at", f"{later:%Y-%m-%dT%H:%M:%S}")
+    rankings = [
+        json.loads(p.read_text())
+        for p in sorted((tmp_path / "runs").rglob("ranking.json"))
+        if later.strftime("%Y%m%dT%H%M") in str(p)
+    ]
+    assert rankings and sum(r["lost_online"] for r in rankings) >= len(items)
+    retriever = SolarisRetriever(
+        open_store(tmp_path / "repo", redis), compressor, record_misses=False, deadline_ms=5000
+    )
+    try:
+        assert retriever.fetch(user, items).tiers.tolist() == [Tier.EXACT] * len(items)
+        # Its aggregate, lost with the rest, was written again too.
+        other = next(i for i in range(10_000, 20_000) if i not in set(items))
+        assert retriever.fetch(user, [other]).tiers.tolist() == [Tier.USER_AGG]
+    finally:
+        retriever.close()
+
+
+def _wipe_online(repo: Path, project: str, redis_url: str | None) -> None:
+    """Every online row of the project gone, the offline log kept (a Redis restarted without
+    persistence; for SQLite, its tables emptied)."""
+    if redis_url is not None:
+        import redis as redis_py
+
+        client = redis_py.Redis.from_url(redis_url)
+        keys = [k for k in client.scan_iter(count=1000) if k.endswith(project.encode())]
+        for start in range(0, len(keys), 500):
+            client.delete(*keys[start : start + 500])
+        return
+    import sqlite3
+
+    with sqlite3.connect(repo / "data" / "online.db") as conn:
+        for (table,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ?", (f"{project}_%",)
+        ).fetchall():
+            conn.execute(f'DELETE FROM "{table}"')
 
 
 def test_a_vm_trained_on_another_log_is_refused_before_planning_naming_the_mismatch(

@@ -58,6 +58,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     from solaris_feast.pipeline.precompute import (
         MISS_QUEUE_GROUP,
         keep_snapshot,
+        lost_online,
         open_run_store,
         round_candidates,
         round_plan,
@@ -94,6 +95,9 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         "pairs": total,
         "coverage": coverage,
         "any_tier": 1.0 - coverage["zero"] if total else 0.0,
+        # Coverage is the tier rule over the offline log; pairs the log called fresh that the
+        # online store had lost were planned again (within the budget) and are counted here.
+        "lost_online": lost_online(spec),
         "fm_pairs": int(sum(int(s["pairs"]) for s in shards)),
         "plan": asdict(round_plan(spec, uncovered_rows=0).stats),
         "budgets": json.loads(budget_path(run_dir).read_text())["budgets"],

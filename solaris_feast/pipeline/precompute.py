@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -170,6 +171,68 @@ def start_precompute(
         "precompute run %s at %s with %s (%s)", key, now, vm.version, spec.embedding_version
     )
     return spec.model_dump(mode="json")
+
+
+ONLINE_CHECK_PAIRS_PER_READ = 10_000
+"""Pairs per round trip when a round checks the online store for the vectors its log calls
+fresh (several users' reads batched: ``OnlineBackend.read_tiers_many``)."""
+
+
+def confirmed_online(spec: PrecomputeRun, fresh: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The rows of ``fresh`` (pair rows the offline log calls fresh) whose pair still holds a
+    value in the online store, and how many do not (lost: they are planned again).
+
+    One batched read of the pair view's stored ``computed_at`` per
+    :data:`ONLINE_CHECK_PAIRS_PER_READ` pairs; only the online store's address is needed (no
+    Feast import)."""
+    import itertools
+
+    import numpy as np
+
+    from solaris_feast.keys import id_array
+    from solaris_feast.store.backends import backend_for
+    from solaris_feast.tiers import Tier
+
+    if fresh.empty:
+        return fresh, 0
+    pairs = fresh[[USER_ID, ITEM_ID]].drop_duplicates().reset_index(drop=True)
+    users, items = id_array(pairs[USER_ID]), id_array(pairs[ITEM_ID])
+    order = np.argsort(users, kind="stable")
+    views = {Tier.EXACT: PAIR_VIEW, Tier.SIMILAR: SIMILAR_VIEW, Tier.USER_AGG: USER_VIEW}
+    present = np.zeros(len(pairs), dtype=bool)
+    backend = backend_for(run_online_facts(spec.settings), timeout_seconds=60.0)
+    try:
+        for lo in range(0, len(order), ONLINE_CHECK_PAIRS_PER_READ):
+            part = order[lo : lo + ONLINE_CHECK_PAIRS_PER_READ]
+            bounds = np.flatnonzero(np.r_[True, users[part][1:] != users[part][:-1], True])
+            requests = [
+                (users[part[a]], items[part[a:b]]) for a, b in itertools.pairwise(bounds.tolist())
+            ]
+            reads = backend.read_tiers_many(requests, views, time.perf_counter() + 60.0)
+            stored = [bool(v) for read in reads for v in read.tiers[Tier.EXACT].computed_at]
+            present[part] = stored
+    finally:
+        backend.close()
+    lost = int(np.count_nonzero(~present))
+    if lost:
+        logger.warning(
+            "%d of %d pairs the offline log calls fresh are missing from the online store "
+            "(a restart without persistence, an eviction, a flush): planning them again",
+            lost,
+            len(pairs),
+        )
+    kept = pairs.loc[present, [USER_ID, ITEM_ID]]
+    return fresh.merge(kept, on=[USER_ID, ITEM_ID], how="inner"), lost
+
+
+def lost_online(spec: PrecomputeRun) -> int:
+    """Pairs this round's shards found missing from the online store though the log calls
+    them fresh (:func:`confirmed_online`, in each shard's ``ranking.json``)."""
+    run_dir = Path(spec.run_dir)
+    paths = [shard_ranking_path(run_dir, i) for i in range(spec.settings.shards)]
+    return sum(
+        int(json.loads(path.read_text()).get("lost_online", 0)) for path in paths if path.is_file()
+    )
 
 
 def refuse_changed_settings(run_dir: Path, cfg: PrecomputeSettings) -> None:
@@ -568,6 +631,10 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     )
     if count > 1 and len(fresh):
         fresh = fresh.loc[users_of_shard(fresh[USER_ID].to_numpy(), shard_index, count)]
+    # The log says what was written; the online store says what is still there. A Redis
+    # restarted without persistence, evicted or flushed has lost vectors the log still calls
+    # fresh: those are planned again instead of counted as served until their TTL ran out.
+    fresh, lost_online = confirmed_online(spec, fresh)
     # No budget limit: the shard's whole ranking, cut later to its part of the round's budget.
     unlimited = len(candidates) + len(misses)
 
@@ -613,6 +680,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         "misses": len(misses),
         "scored": int(np.count_nonzero(to_score)) + len(misses),
         "skipped_fresh": ranking.stats.skipped_fresh,
+        "lost_online": lost_online,
     }
     write_atomic(ranking_path, json.dumps(report, indent=2))
     logger.info(
@@ -781,6 +849,11 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     stored = snapshot_rows(
         snapshot, USER_VIEW, now - pd.Timedelta(seconds=ttl_seconds), now - pd.Timedelta(1, "us")
     )
+    if lost_online(spec):
+        # The online store lost pair vectors the log calls fresh (rank_shard found them): its
+        # aggregates are gone with them, so none counts as unchanged.
+        logger.warning("the online store lost data since the last round: rewriting every aggregate")
+        stored = stored.iloc[0:0]
     changed = changed_user_rows(rows, stored, now, rewrite_after)
     applied = files = 0
     if len(changed):
