@@ -253,7 +253,9 @@ def evaluate_transfer_command(
     typer.echo(format_transfer_table(record))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(record, indent=2))
+        from solaris_feast.evaluation.metrics import strict_json
+
+        json_path.write_text(strict_json(record, indent=2) + "\n")
         typer.echo(f"JSON report: {json_path}")
     if plot is not None:
         plot_transfer_sweep(record, plot)
@@ -343,7 +345,7 @@ def train_command(
 
         loaded = _config_or_exit(config)
         with _final_errors_exit():
-            train_round(loaded, _utc(at), typer.echo)
+            train_round(loaded, _utc(at), typer.echo, str(config) if config is not None else None)
         return
     if models_dir is None:
         typer.echo(

@@ -130,3 +130,31 @@ def test_training_repeats_bit_for_bit_and_leaves_the_callers_torch_rng_alone() -
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
     expected_next = torch.rand(3, generator=torch.Generator().manual_seed(1234))
     assert torch.equal(torch.rand(3), expected_next)  # the caller's sequence was not consumed
+
+
+@pytest.mark.parametrize(
+    ("break_it", "match"),
+    [
+        (lambda log, label: log.assign(user_id=log["user_id"].iloc[0]), "single user"),
+        (lambda log, label: log.assign(**{label: 0}), "no positive rows"),
+        (lambda log, label: log.assign(**{label: 1}), "no negative rows"),
+        (lambda log, label: log.iloc[0:0], "no interactions"),
+    ],
+)
+def test_a_log_a_chain_cannot_learn_from_is_refused_before_any_model_trains(
+    break_it: object, match: str
+) -> None:
+    """One user, one class of a label, an empty window: no model trains, and the error names
+    the column (before, a chain of 5 rows or of no positive label registered a card whose NE
+    was meaningless)."""
+    import dataclasses
+
+    from solaris_feast.data.synthetic import SyntheticConfig, generate
+    from solaris_feast.errors import SchemaError
+    from solaris_feast.models.chain import TrainingData
+
+    data = generate(SyntheticConfig(num_users=20, num_items=15, num_categories=3, days=0.5))
+    label = data.label_columns[0]
+    broken = dataclasses.replace(data, interactions=break_it(data.interactions, label))  # type: ignore[operator]
+    with pytest.raises(SchemaError, match=match):
+        TrainingData.build(broken, history_len=8)

@@ -140,11 +140,64 @@ def ratio_of_means_interval(
         return None
     ratios = np.where(ok, num / np.where(ok, den, 1.0), -np.inf)
     tail = (1 - level) / 2
-    return float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+    # Order statistics, not interpolation: between two failed replicates (-inf) interpolating
+    # gives NaN. A lower end that falls on a failed replicate is -inf: unbounded below (null in
+    # the JSON reports).
+    return (
+        float(np.quantile(ratios, tail, method="inverted_cdf")),
+        float(np.quantile(ratios, 1 - tail, method="inverted_cdf")),
+    )
 
 
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-"""Two-sided 95 % quantiles of Student's t for 1..10 degrees of freedom; 1.96 beyond 30."""
+def bootstrap_ratio_of_means(
+    numerators: Any, denominators: Any, replicates: int = 2000, seed: int = 0
+) -> tuple[float, tuple[float, float] | None]:
+    """``sum(num) / sum(den)`` over K units (seeds) and its percentile interval from
+    ``replicates`` resamplings of the units (:func:`ratio_of_means_interval`); NaN and None
+    when the denominators do not sum to a positive gain."""
+    num, den = _as_float64(numerators).ravel(), _as_float64(denominators).ravel()
+    if len(num) == 0 or den.sum() <= 0:
+        return math.nan, None
+    picks = np.random.default_rng(seed).integers(0, len(num), (replicates, len(num)))
+    return float(num.sum() / den.sum()), ratio_of_means_interval(num[picks], den[picks])
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float (Python or numpy) replaced by None: strict
+    JSON has no NaN, and ``json.dumps`` would write the bare token most parsers refuse."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, float | np.floating):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def strict_json(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`json_safe` ``(value)``, refusing any NaN left."""
+    import json
+
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+"""Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom."""
+
+
+def _t975(df: int) -> float:
+    """Student's t 0.975 quantile: the table to 30 degrees of freedom, beyond it the
+    Cornish-Fisher expansion around the normal's 1.95996 (error below 1e-3 from df 31)."""
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
 
 
 def mean_ci95(values: Any) -> tuple[float, float, float]:
@@ -160,7 +213,5 @@ def mean_ci95(values: Any) -> tuple[float, float, float]:
     mean = float(v.mean())
     if len(v) < 2:
         return mean, math.nan, math.nan
-    df = len(v) - 1
-    t = _T975[df - 1] if df <= len(_T975) else (2.042 if df <= 30 else 1.96)
-    half = t * float(v.std(ddof=1)) / math.sqrt(len(v))
+    half = _t975(len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v))
     return mean, mean - half, mean + half

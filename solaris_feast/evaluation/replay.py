@@ -760,6 +760,18 @@ def _fm_main(bundle: ModelBundle, batch: Any) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0)
 
 
+ROUND_LOGGERS = ("solaris_feast.precompute", "solaris_feast.store", "solaris_feast.serving")
+"""The stages a replay runs once per simulated round: their INFO lines (one per plan,
+aggregation, fill) are a DAG task's log, and over hundreds of rounds a flood on a console."""
+
+
+def quiet_per_round_logs() -> None:
+    """Warnings only from :data:`ROUND_LOGGERS`, unless ``solaris --verbose`` asked for debug."""
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in ROUND_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def parse_floats(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
@@ -767,6 +779,8 @@ def parse_floats(text: str) -> tuple[float, ...]:
         raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from exc
     if not values or any(not 0 < v <= 1 for v in values):
         raise typer.BadParameter(f"budgets must lie in (0, 1], got {text!r}")
+    if len(set(values)) != len(values):
+        raise typer.BadParameter(f"budgets must not repeat, got {text!r}")
     return values
 
 
@@ -853,6 +867,7 @@ def simulate_command(
         raise typer.BadParameter(
             f"--fm-rows must be one of {get_args(FmRowsTier)}, got {fm_rows!r}"
         )
+    quiet_per_round_logs()
     if world == "funnel":
         from solaris_feast.evaluation.funnel import run_funnel_command
 
@@ -868,6 +883,12 @@ def simulate_command(
         return
     if world != "log":
         raise typer.BadParameter(f"--world must be log or funnel, got {world!r}")
+    if seeds != 1:
+        typer.echo(
+            f"note: --seeds {seeds} applies to --world funnel; the log replay runs once on its "
+            "log (--seed picks the synthetic log's seed)",
+            err=True,
+        )
     if dataset not in ("synthetic", "movielens"):
         raise typer.BadParameter(f"--dataset must be synthetic or movielens, got {dataset!r}")
     if budget_basis not in ("pair_ttl", "step"):

@@ -3,14 +3,18 @@ and a plot of coverage and NE against budget."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from solaris_feast.evaluation.metrics import coverage_shares, normalized_entropy, transfer_ratio
+from solaris_feast.evaluation.metrics import (
+    coverage_shares,
+    normalized_entropy,
+    strict_json,
+    transfer_ratio,
+)
 from solaris_feast.evaluation.replay_config import ABLATION_STEPS, SimulationConfig
 from solaris_feast.evaluation.replay_state import PlannerState
 
@@ -108,7 +112,7 @@ def write_report(
     """Write the records as JSON and, optionally, a PNG of coverage and NE against budget."""
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(records, indent=2) + "\n")
+        json_path.write_text(strict_json(records, indent=2) + "\n")
     if plot_path is not None:
         _plot(records, plot_path)
 

@@ -35,7 +35,7 @@ from solaris_feast.data.schema import (
     InteractionDataset,
     earliest_rows,
 )
-from solaris_feast.errors import ConfigError
+from solaris_feast.errors import ConfigError, SchemaError
 from solaris_feast.evaluation.transfer import TransferConfig
 from solaris_feast.keys import id_array
 from solaris_feast.models.compressor import PCA, EmbeddingCompressor
@@ -198,11 +198,25 @@ class TrainingData:
         if window_end is not None:
             keep &= (log[EVENT_TIMESTAMP] < window_end).to_numpy()
         rows = log.loc[keep].reset_index(drop=True)
+        window = f"the training window [{window_start}, {window_end})"
         if rows.empty:
-            raise ValueError(
-                f"no interactions in the training window [{window_start}, {window_end}): "
-                "widen the window or check the log source"
+            raise SchemaError(
+                dataset.name,
+                EVENT_TIMESTAMP,
+                f"has no interactions in {window}: widen the "
+                "window (training.train_window_hours, --at) or check the log source",
             )
+        # A chain trained on one user or on one class learns nothing a card could vouch for
+        # (its NE is undefined); refused before any model trains.
+        if rows[USER_ID].nunique() < 2:
+            raise SchemaError(dataset.name, USER_ID, f"has a single user in {window}")
+        for label in dataset.label_columns:
+            positives = int(np.count_nonzero(rows[label].to_numpy() > 0))
+            if positives == 0 or positives == len(rows):
+                kind = "no positive" if positives == 0 else "no negative"
+                raise SchemaError(
+                    dataset.name, label, f"has {kind} rows among the {len(rows)} in {window}"
+                )
         if vocabulary is None and not dataset.dense_ids:
             vocabulary = Vocabulary.from_log(rows, min_count=2)
         return cls(

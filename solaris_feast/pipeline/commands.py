@@ -35,8 +35,11 @@ def _interval(at: datetime | None, kind: str) -> dict[str, Any]:
     }
 
 
-def train_round(config: SolarisConfig, at: datetime | None, echo: Echo) -> dict[str, Any]:
-    """Train FM -> compressor -> VM on the config's log window and register their cards."""
+def train_round(
+    config: SolarisConfig, at: datetime | None, echo: Echo, config_file: str | None = None
+) -> dict[str, Any]:
+    """Train FM -> compressor -> VM on the config's log window and register their cards;
+    ``config_file``, the config's path, goes into the ``solaris promote`` line it suggests."""
     from solaris_feast.pipeline import training
 
     settings = training_settings(config).model_dump(mode="json")
@@ -48,7 +51,10 @@ def train_round(config: SolarisConfig, at: datetime | None, echo: Echo) -> dict[
     echo(f"compressor  {compressor['version']}")
     vm = training.train_vertical_stage(run, compressor["version"])
     echo(f"vm          {vm['version']}")
-    echo(f"cards in {config.models.dir}; serve it with: solaris promote --vm {vm['version']}")
+    echo(
+        f"cards in {config.models.dir}; serve it with: solaris promote --vm {vm['version']}"
+        + (f" --config {config_file}" if config_file else "")
+    )
     return {"fm": fm, "compressor": compressor, "vm": vm}
 
 

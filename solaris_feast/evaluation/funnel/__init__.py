@@ -5,7 +5,6 @@ over seeds (:mod:`.report`). :func:`simulate_funnel` runs it all."""
 
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from solaris_feast.evaluation.funnel.report import (
     plot_funnel,
 )
 from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
+from solaris_feast.evaluation.metrics import strict_json
 from solaris_feast.tiers import FmRowsTier
 
 __all__ = [
@@ -71,7 +71,7 @@ def write_funnel_report(
 ) -> None:
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(records, indent=2, allow_nan=True))
+        json_path.write_text(strict_json(records, indent=2) + "\n")
     if plot is not None:
         plot_funnel(records, plot)
 

@@ -10,7 +10,12 @@ from typing import Any
 import numpy as np
 
 from solaris_feast.evaluation.funnel.loop import SeedOutcome
-from solaris_feast.evaluation.metrics import coverage_shares, mean_ci95, normalized_entropy
+from solaris_feast.evaluation.metrics import (
+    bootstrap_ratio_of_means,
+    coverage_shares,
+    mean_ci95,
+    normalized_entropy,
+)
 from solaris_feast.evaluation.replay_config import ABLATION_STEPS
 
 
@@ -83,6 +88,13 @@ def _ci(values: list[float]) -> tuple[float, list[float]]:
     return mean, [lo, hi]
 
 
+def _share_ci(values: list[float]) -> tuple[float, list[float]]:
+    """:func:`_ci` of a share, its interval kept inside [0, 1] (a t-interval over few seeds
+    can reach past either end)."""
+    mean, (lo, hi) = _ci(values)
+    return mean, [min(max(lo, 0.0), 1.0), min(max(hi, 0.0), 1.0)]
+
+
 def _paired_final_stage_ne(rows: list[dict[str, Any]], step: str) -> dict[str, Any]:
     """NE on every final-stage pair at ``step`` and, past the first step, its change from the
     step before as a paired difference over seeds (same pairs, same labels)."""
@@ -105,10 +117,15 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
     for name in outcomes[0].arms:
         planner, budget = name.rsplit("@", 1)
         rows = [_seed_row(o, name) for o in outcomes]
-        hit, hit_ci = _ci([r["exact_hit_rate"] for r in rows])
+        hit, hit_ci = _share_ci([r["exact_hit_rate"] for r in rows])
         clicks, clicks_ci = _ci([r["clicks"] for r in rows])
         uplift, uplift_ci = _ci([r["uplift"] for r in rows])
-        transfer, transfer_ci = _ci([r["transfer"] for r in rows])
+        # Ratio of means over seeds, as the offline protocol's TR: a mean of per-seed ratios
+        # lets one seed with a small FM gain decide it. Interval: seeds resampled.
+        transfer, transfer_interval = bootstrap_ratio_of_means(
+            [r["uplift"] for r in rows], [r["clicks_fm"] - r["clicks_without_z"] for r in rows]
+        )
+        transfer_ci = list(transfer_interval) if transfer_interval else [math.nan, math.nan]
         records.append(
             {
                 "planner": planner,
@@ -146,6 +163,7 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
                 ),
                 "online_transfer_ratio": transfer,
                 "online_transfer_ratio_ci95": transfer_ci,
+                "online_transfer_ratio_mean_of_seeds": mean_ci95([r["transfer"] for r in rows])[0],
                 "fm_calls_per_request": mean_ci95([r["fm_calls"] for r in rows])[0],
                 "early_stage_vm_agreement": mean_ci95([r["agreement"] for r in rows])[0],
                 "requests_per_seed": float(np.mean([o.requests for o in outcomes])),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from solaris_feast.evaluation.funnel import FunnelConfig, simulate_funnel
+from solaris_feast.evaluation.metrics import strict_json
 
 KNOBS: dict[str, tuple[str, tuple[float, ...]]] = {
     "drift_hours": ("world", (4.0, 12.0, 48.0)),
@@ -87,7 +88,7 @@ def merge_row(path: Path, row: dict[str, Any]) -> None:
         rows.sort(key=_order)
         f.seek(0)
         f.truncate()
-        f.write(json.dumps(rows, indent=2, allow_nan=True))
+        f.write(strict_json(rows, indent=2))
 
 
 def _same_run(row: dict[str, Any], seeds: list[int], scored_hours: int, budget: float) -> bool:
