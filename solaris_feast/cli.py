@@ -440,3 +440,16 @@ def demo_command(
 
 if __name__ == "__main__":
     app()
+
+
+def run() -> None:
+    """The ``solaris`` command. Our own errors (bad input, a config or data set that does not
+    fit) end any command with one line and exit 1, as :func:`_final_errors_exit` does for the
+    commands that run a round; anything else keeps its traceback (a bug needs it)."""
+    from solaris_feast.errors import SolarisError
+
+    try:
+        app()
+    except SolarisError as exc:
+        typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        raise SystemExit(1) from None

@@ -7,6 +7,7 @@ from typing import Literal
 
 from solaris_feast.data.schema import InteractionDataset
 from solaris_feast.data.synthetic import WORLD_STRUCTURES, SyntheticConfig, generate
+from solaris_feast.errors import ConfigError
 
 DatasetName = Literal["synthetic", "movielens"]
 SyntheticSize = Literal["tiny", "demo", "default", "large"]
@@ -32,15 +33,15 @@ def load_dataset(
     :data:`~solaris_feast.data.synthetic.SURFACES_WORLD`)."""
     if name == "synthetic":
         if size not in SYNTHETIC_PRESETS:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown synthetic size {size!r}; choose one of {sorted(SYNTHETIC_PRESETS)}"
             )
         if world not in WORLD_STRUCTURES:
-            raise ValueError(f"unknown world {world!r}; choose one of {sorted(WORLD_STRUCTURES)}")
+            raise ConfigError(f"unknown world {world!r}; choose one of {sorted(WORLD_STRUCTURES)}")
         update = {"seed": seed, **WORLD_STRUCTURES[world]}
         return generate(SYNTHETIC_PRESETS[size].model_copy(update=update))
     if world != "neither":
-        raise ValueError(f"world {world!r} is a synthetic world; {name!r} has none")
+        raise ConfigError(f"world {world!r} is a synthetic world; {name!r} has none")
     if name == "movielens":
         from solaris_feast.data.movielens import MOVIELENS_RELEASES, load_movielens
 
@@ -48,8 +49,8 @@ def load_dataset(
         # or demo for simulate) means MovieLens-100K, as it always did.
         release = MOVIELENS_RELEASES.get("100k" if size in SYNTHETIC_PRESETS else size)
         if release is None:
-            raise ValueError(
+            raise ConfigError(
                 f"unknown MovieLens size {size!r}; choose one of {sorted(MOVIELENS_RELEASES)}"
             )
         return load_movielens(release=release)
-    raise ValueError(f"unknown dataset {name!r}; choose synthetic or movielens")
+    raise ConfigError(f"unknown dataset {name!r}; choose synthetic or movielens")

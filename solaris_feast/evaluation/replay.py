@@ -760,6 +760,9 @@ def _fm_main(bundle: ModelBundle, batch: Any) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0)
 
 
+FUNNEL_DEFAULT_SEEDS = 5
+"""Seeds of a funnel run without ``--seeds`` (the issue's minimum for intervals)."""
+
 ROUND_LOGGERS = ("solaris_feast.precompute", "solaris_feast.store", "solaris_feast.serving")
 """The stages a replay runs once per simulated round: their INFO lines (one per plan,
 aggregation, fill) are a DAG task's log, and over hundreds of rounds a flood on a console."""
@@ -803,11 +806,13 @@ def simulate_command(
         ),
     ] = "log",
     seeds: Annotated[
-        int,
+        int | None,
         typer.Option(
-            "--seeds", min=1, help="Seeds of the funnel world (--seed .. --seed + seeds - 1)."
+            "--seeds",
+            min=1,
+            help="Seeds of the funnel world (--seed .. --seed + seeds - 1); default 5.",
         ),
-    ] = 5,
+    ] = None,
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Processes running funnel seeds.")
     ] = 1,
@@ -874,7 +879,7 @@ def simulate_command(
         run_funnel_command(
             budget,
             planner,
-            list(range(seed, seed + seeds)),
+            list(range(seed, seed + (seeds or FUNNEL_DEFAULT_SEEDS))),
             json_path,
             plot,
             workers,
@@ -883,7 +888,7 @@ def simulate_command(
         return
     if world != "log":
         raise typer.BadParameter(f"--world must be log or funnel, got {world!r}")
-    if seeds != 1:
+    if seeds is not None:
         typer.echo(
             f"note: --seeds {seeds} applies to --world funnel; the log replay runs once on its "
             "log (--seed picks the synthetic log's seed)",
