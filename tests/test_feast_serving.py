@@ -327,7 +327,7 @@ def throwaway_redis(tmp_path: Path) -> Iterator[str]:
 
 
 def test_stopped_or_slow_redis_answers_zero_with_error_flag(
-    throwaway_redis: str, feast_project: str, tmp_path: Path
+    throwaway_redis: str, feast_project: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     import redis
 
@@ -358,6 +358,13 @@ def test_stopped_or_slow_redis_answers_zero_with_error_flag(
     assert time.perf_counter() - started < 0.2
     assert down.error and down.tiers.tolist() == [0, 0, 0]
     assert retriever.stats.errors == 2
+    # A serving loop during the outage: every fetch counted, one log line per interval.
+    with caplog.at_level("WARNING", logger="solaris_feast.serving.retriever"):
+        for _ in range(30):
+            assert retriever.fetch(9, [90]).error
+    assert retriever.stats.errors == 32
+    lines = [r.getMessage() for r in caplog.records if "serving ZERO" in r.getMessage()]
+    assert len(lines) <= 2, lines  # one per error kind (refused, reset) and interval
     with pytest.raises(RetryableStoreError):
         strict.fetch(9, [90])
 
