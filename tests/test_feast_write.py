@@ -177,6 +177,27 @@ def test_feast_itself_drops_a_same_timestamp_rewrite_on_redis(
     np.testing.assert_array_equal(np.asarray(stored, np.float32), first["embedding"][0])
 
 
+def test_a_truncated_offline_file_is_named_on_read_and_rewritten_by_the_same_batch(
+    store: FeatureStore,
+) -> None:
+    """A file a crash left half-written: reading the window names it and says what to do
+    (before: pyarrow's error, final, every later round); writing its batch again repairs it
+    (before: skipped, since a file of that name existed)."""
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.store.offline import read_offline_rows
+
+    writer = EmbeddingWriter(store, "solaris_pair")
+    frame = pair_batch(4)
+    [path] = writer.write(frame).offline_files
+    path.write_bytes(path.read_bytes()[: len(path.read_bytes()) // 2])
+    at = frame["computed_at"].iloc[0]
+    window = (at - pd.Timedelta(hours=1), at + pd.Timedelta(hours=1))
+    with pytest.raises(ConfigError, match=r"not readable parquet.*move it aside"):
+        read_offline_rows(store, "solaris_pair", *window)
+    assert writer.write(frame).offline_files_written == 1
+    assert len(read_offline_rows(store, "solaris_pair", *window)) == 4
+
+
 def test_offline_log_is_partitioned_by_day_and_idempotent(store: FeatureStore) -> None:
     writer = EmbeddingWriter(store, "solaris_pair")
     frame = pair_batch(6)

@@ -9,14 +9,18 @@ source path into a folder.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from solaris_feast.columns import COMPUTED_AT
+from solaris_feast.errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
     from feast import FeatureStore, FeatureView
+
+logger = logging.getLogger(__name__)
 
 
 def source_path(path: str, repo_path: Path | str | None) -> Path:
@@ -64,12 +68,25 @@ def read_offline_folder(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    if not root.is_dir():
+        # A first round has no log yet; a worker without the shared storage mounted sees the
+        # same: said, since a round then plans and aggregates as if nothing had been written.
+        logger.warning("offline log folder %s does not exist: read as empty", root)
     days = pd.date_range(start.floor("D"), end.floor("D"), freq="D")
     files = [
         f for day in days for f in sorted((root / day.strftime("%Y-%m-%d")).glob("part-*.parquet"))
     ]
     wanted = None if columns is None else sorted(set(columns) | {COMPUTED_AT})
-    tables = [pq.read_table(f, columns=wanted) for f in files]
+    tables = []
+    for f in files:
+        try:
+            tables.append(pq.read_table(f, columns=wanted))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise ConfigError(
+                f"offline log file {f} is not readable parquet ({exc}): a write that died "
+                "mid-file, or a disk fault. Its rows cannot be read: move it aside and run "
+                "again (re-running the round that wrote it writes it anew)"
+            ) from exc
     if not tables:
         return pd.DataFrame(columns=all_columns if columns is None else columns)
     frame = pa.concat_tables(tables, promote_options="default").to_pandas()

@@ -403,7 +403,15 @@ class EmbeddingWriter:
             path = root / day / f"part-{digest}.parquet"
             files.append(path)
             if path.exists():
-                continue
+                try:
+                    pq.read_metadata(path)
+                    continue  # the same rows, written before: nothing to do
+                except (pa.ArrowInvalid, OSError) as exc:
+                    # Named by its rows' hash: these very rows, left unreadable (a crash, a
+                    # disk fault). Written again below, whole.
+                    logger.warning(
+                        "offline file %s is unreadable (%s): writing it again", path, exc
+                    )
             columns: dict[str, Any] = {k: pa.array(batch.keys[k][order]) for k in self.join_keys}
             emb = batch.embeddings[order]
             columns[EMBEDDING] = pa.FixedSizeListArray.from_arrays(
