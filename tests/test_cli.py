@@ -176,3 +176,16 @@ def test_a_misread_config_says_what_it_is_instead_of_a_traceback(tmp_path: Path)
     )
     assert result.exit_code == 2 and "--solaris-config" in result.output
     assert "Traceback" not in result.output
+
+
+def test_simulate_says_which_given_options_its_world_does_not_read() -> None:
+    """The funnel has its own world: --size and --steps given with it are named, not silently
+    dropped (here the unknown planner then stops the command before any run)."""
+    from solaris_feast.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        ["simulate", "--world", "funnel", "--size", "tiny", "--steps", "1", "--planner", "nope"],
+    )
+    assert result.exit_code != 0
+    assert "--world funnel does not use --size, --steps" in result.output

@@ -760,6 +760,29 @@ def _fm_main(bundle: ModelBundle, batch: Any) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0)
 
 
+LOG_WORLD_OPTIONS = ("dataset", "size", "budget_basis", "steps", "warmup", "feast_check")
+FUNNEL_WORLD_OPTIONS = ("seeds", "workers", "fm_rows")
+
+
+def _note_options_of_the_other_world(world: str) -> None:
+    """Say which options given on the command line the chosen world does not read (the funnel
+    has its own world and schedule; the log replay runs once on its log)."""
+    # typer's own vendored click: the context of the running command is one of its objects.
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None or world not in ("log", "funnel"):
+        return
+    ignored = LOG_WORLD_OPTIONS if world == "funnel" else FUNNEL_WORLD_OPTIONS
+    given = [
+        name for name in ignored if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE
+    ]
+    if given:
+        options = ", ".join("--" + name.replace("_", "-") for name in given)
+        typer.echo(f"note: --world {world} does not use {options}", err=True)
+
+
 FUNNEL_DEFAULT_SEEDS = 5
 """Seeds of a funnel run without ``--seeds`` (the issue's minimum for intervals)."""
 
@@ -873,6 +896,7 @@ def simulate_command(
             f"--fm-rows must be one of {get_args(FmRowsTier)}, got {fm_rows!r}"
         )
     quiet_per_round_logs()
+    _note_options_of_the_other_world(world)
     if world == "funnel":
         from solaris_feast.evaluation.funnel import run_funnel_command
 
@@ -888,12 +912,7 @@ def simulate_command(
         return
     if world != "log":
         raise typer.BadParameter(f"--world must be log or funnel, got {world!r}")
-    if seeds is not None:
-        typer.echo(
-            f"note: --seeds {seeds} applies to --world funnel; the log replay runs once on its "
-            "log (--seed picks the synthetic log's seed)",
-            err=True,
-        )
+
     if dataset not in ("synthetic", "movielens"):
         raise typer.BadParameter(f"--dataset must be synthetic or movielens, got {dataset!r}")
     if budget_basis not in ("pair_ttl", "step"):

@@ -4,6 +4,7 @@ a text table and the plots (hit rate, coverage, NE and clicks against budget).""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -180,7 +181,26 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
                 ],
             }
         )
+    environment = run_environment()
+    for record in records:
+        record["environment"] = environment
     return records
+
+
+def run_environment() -> dict[str, Any]:
+    """What the figures depend on beyond the seeds: float kernels differ by machine and library
+    version (an outside rerun's per-seed uplifts moved by 2 to 21 per 1k on another machine)."""
+    import platform
+
+    import torch
+
+    return {
+        "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def format_funnel_summary(records: list[dict[str, Any]]) -> str:
