@@ -472,6 +472,36 @@ def _wipe_online(repo: Path, project: str, redis_url: str | None) -> None:
             conn.execute(f'DELETE FROM "{table}"')
 
 
+def test_the_replay_reads_a_users_own_log_through_its_config(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    """`solaris simulate --config` replays the deployment's own log (its columns, String ids),
+    not only the named data sets."""
+    config = own_deployment(tmp_path, feast_project)
+    out_json = tmp_path / "replay.json"
+    out = run_cli(
+        "simulate",
+        "--config",
+        str(config),
+        "--budget",
+        "0.2",
+        "--planner",
+        "random,verifier",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--no-feast-check",
+        "--json",
+        str(out_json),
+    )
+    records = json.loads(out_json.read_text())
+    assert {r["planner"] for r in records} == {"random", "verifier"}  # verifier: per space
+    assert all(r["dataset"] == "shop" for r in records), records[0].get("dataset")
+    assert all(0.0 <= r["coverage"]["exact"] <= 1.0 for r in records)
+    assert str(out_json) in out
+
+
 def test_a_vm_trained_on_another_log_is_refused_before_planning_naming_the_mismatch(
     tmp_path: Path, feast_project: str, no_config_env: None
 ) -> None:

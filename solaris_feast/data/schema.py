@@ -93,6 +93,40 @@ class InteractionDataset:
         )
 
 
+def with_dense_codes(dataset: InteractionDataset) -> InteractionDataset:
+    """The same log with its users and items numbered ``0..N-1`` in order of first appearance
+    (attribute rows of ids the log never names are dropped): for code that indexes the models'
+    tables by id directly, such as the replay's own models. A dense data set comes back as is."""
+    if dataset.dense_ids:
+        return dataset
+    interactions = dataset.interactions.copy()
+    tables = {}
+    sizes = {}
+    for column, table in ((USER_ID, dataset.users), (ITEM_ID, dataset.items)):
+        codes, ids = pd.factorize(interactions[column])
+        interactions[column] = codes.astype("int64")
+        index = pd.Index(ids)
+        kept = table.loc[table[column].isin(index)].copy()
+        kept[column] = index.get_indexer(kept[column]).astype("int64")
+        tables[column] = kept.reset_index(drop=True)
+        sizes[column] = len(ids)
+    return InteractionDataset(
+        name=dataset.name,
+        interactions=interactions,
+        users=tables[USER_ID],
+        items=tables[ITEM_ID],
+        label_columns=dataset.label_columns,
+        num_users=max(sizes[USER_ID], 1),
+        num_items=max(sizes[ITEM_ID], 1),
+        user_categorical=dataset.user_categorical,
+        item_categorical=dataset.item_categorical,
+        user_dense=dataset.user_dense,
+        item_dense=dataset.item_dense,
+        metadata=dataset.metadata,
+        dense_ids=True,
+    )
+
+
 def as_utc(ts: object, what: str = "timestamp") -> pd.Timestamp:
     """``ts`` as a UTC :class:`pandas.Timestamp`.
 

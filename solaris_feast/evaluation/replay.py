@@ -217,7 +217,7 @@ def simulate(
             )
     finally:
         torch.set_grad_enabled(grad_was_enabled)
-    return build_records(
+    records = build_records(
         run.states,
         run.baselines,
         run.candidate_recall,
@@ -227,6 +227,10 @@ def simulate(
         run.total_steps,
         run.first_scored,
     )
+    if dataset is not None:  # a log of the caller's (a deployment's own): named as it is
+        for record in records:
+            record["dataset"] = dataset.name
+    return records
 
 
 def _start_replay(
@@ -760,7 +764,30 @@ def _fm_main(bundle: ModelBundle, batch: Any) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0)
 
 
-LOG_WORLD_OPTIONS = ("dataset", "size", "budget_basis", "steps", "warmup", "feast_check")
+def _own_log(config_file: Path) -> InteractionDataset:
+    """The whole log a solaris config names, up to now, as the replay reads a named data set
+    (the replay trains on its first part and replays the rest)."""
+    import pandas as pd
+
+    from solaris_feast.config import load_config, resolved_log
+    from solaris_feast.data.log_source import read_log_window
+    from solaris_feast.data.schema import with_dense_codes
+
+    log = resolved_log(load_config(config_file))  # a Feast FileSource resolves to its path
+    # The replay trains its own models, which index tables by id: Int64 or String ids of the
+    # user's systems are numbered first (the records report shares and NE, never ids).
+    return with_dense_codes(read_log_window(log, None, pd.Timestamp.now(tz="UTC").to_pydatetime()))
+
+
+LOG_WORLD_OPTIONS = (
+    "dataset",
+    "size",
+    "budget_basis",
+    "steps",
+    "warmup",
+    "feast_check",
+    "config_file",
+)
 FUNNEL_WORLD_OPTIONS = ("seeds", "workers", "fm_rows")
 
 
@@ -877,6 +904,14 @@ def simulate_command(
         Path | None, typer.Option("--json", help="Write the records here.")
     ] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="PNG of coverage and NE.")] = None,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="Replay the log of this solaris config (its log section: your own log, columns "
+            "and id space) instead of --dataset; --world log only.",
+        ),
+    ] = None,
     fm_rows: Annotated[
         str,
         typer.Option(
@@ -929,7 +964,7 @@ def simulate_command(
         feast_check=feast_check,
         fm_rows_tier=cast(FmRowsTier, fm_rows),
     )
-    records = simulate(config)
+    records = simulate(config, dataset=_own_log(config_file) if config_file else None)
     write_report(records, json_path, plot)
     typer.echo(format_summary(records))
     for record in records:
