@@ -307,7 +307,12 @@ def test_a_retried_drain_gets_back_what_its_failed_try_took(
     assert pairs_of(again)[:5] == pairs_of(taken) and len(again) == 8  # its 5, then the 3 left
     other = MissQueue(feast_project, redis=client)
     assert other.read_group("precompute", "round-11h", max_pairs=100, min_idle_ms=600_000).empty
+    # A consumer that still holds entries stays in the group; one that holds none leaves it.
+    assert not retry.retire("precompute", "round-10h")
     assert retry.ack("precompute", again) == 8
+    assert retry.retire("precompute", "round-10h")
+    consumers = {c["name"] for c in client.xinfo_consumers(retry.stream_key, "precompute")}
+    assert b"round-10h" not in consumers and "round-10h" not in consumers
     assert retry.read_group("precompute", "round-10h", max_pairs=100, min_idle_ms=0).empty
 
 

@@ -109,12 +109,15 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     # Acknowledged only now, after the round's writes: a round that died earlier leaves its
     # group-read misses (Redis) to be claimed by a later round.
     acknowledged = 0
-    if "entry_id" in misses.columns and not misses.empty:
+    if "entry_id" in misses.columns:
         from solaris_feast.serving.miss_queue import MissQueue
 
-        acknowledged = MissQueue.for_store(run_online_facts(spec.settings)).ack(
-            MISS_QUEUE_GROUP, misses
-        )
+        queue = MissQueue.for_store(run_online_facts(spec.settings))
+        if not misses.empty:
+            acknowledged = queue.ack(MISS_QUEUE_GROUP, misses)
+        # The round's consumer (its interval) is done: it leaves the group, instead of one
+        # consumer per round piling up there.
+        queue.retire(MISS_QUEUE_GROUP, spec.interval_key)
     retagged: list[str] = []
     if _tags_outdated(snapshot, spec):
         store = open_run_store(spec.settings)

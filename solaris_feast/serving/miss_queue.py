@@ -201,6 +201,13 @@ class MissQueue:
         ]
         return self.backend.ack_misses(group, misses)
 
+    def retire(self, group: str, consumer: str) -> bool:
+        """Remove a consumer that holds nothing any more (a round whose misses are
+        acknowledged) from ``group``; one holding entries stays, for a later claim."""
+        if not self.backend.consumer_groups:
+            raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+        return self.backend.retire_consumer(group, consumer)
+
     def pending(self) -> int:
         """How many pairs wait in the queue."""
         return self.backend.pending_misses()

@@ -181,6 +181,11 @@ class OnlineBackend(Protocol):
         """Acknowledge consumer-group entries; they leave the queue. Return how many."""
         ...
 
+    def retire_consumer(self, group: str, consumer: str) -> bool:
+        """Remove ``consumer`` from ``group`` if it holds no unacknowledged entry (one consumer
+        per round would otherwise pile up in the group). True when it was removed."""
+        ...
+
     def scan(self, views: Mapping[Tier, str], max_keys: int, scan_count: int) -> StoredScan:
         """Up to ``max_keys`` stored keys of the views, with their version and timestamp."""
         ...

@@ -709,6 +709,15 @@ class RedisBackend(SolarisKeyLayouts):
         script = self._script("ack", ACK_SCRIPT)
         return int(script(keys=[self._stream_key, self._round_key], args=args))
 
+    def retire_consumer(self, group: str, consumer: str) -> bool:
+        # DELCONSUMER drops the consumer's pending entries with it: only an idle one goes.
+        pending = self.client.xpending_range(
+            self._stream_key, group, min="-", max="+", count=1, consumername=consumer
+        )
+        if pending:
+            return False
+        return bool(self.client.xgroup_delconsumer(self._stream_key, group, consumer) == 0)
+
     # -- status -------------------------------------------------------------------------------
 
     def scan(self, views: Mapping[Tier, str], max_keys: int, scan_count: int) -> StoredScan:

@@ -372,6 +372,9 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
     ) -> list[QueuedMiss]:
         raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
 
+    def retire_consumer(self, group: str, consumer: str) -> bool:
+        raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+
     def ack_misses(self, group: str, taken: Sequence[QueuedMiss]) -> int:
         raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
 
