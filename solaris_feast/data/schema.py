@@ -10,6 +10,7 @@ int64 up to 2**63-1 or strings, which the reference models map through a vocabul
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -100,8 +101,7 @@ def with_dense_codes(dataset: InteractionDataset) -> InteractionDataset:
     if dataset.dense_ids:
         return dataset
     interactions = dataset.interactions.copy()
-    tables = {}
-    sizes = {}
+    tables, sizes = {}, {}
     for column, table in ((USER_ID, dataset.users), (ITEM_ID, dataset.items)):
         codes, ids = pd.factorize(interactions[column])
         interactions[column] = codes.astype("int64")
@@ -109,20 +109,14 @@ def with_dense_codes(dataset: InteractionDataset) -> InteractionDataset:
         kept = table.loc[table[column].isin(index)].copy()
         kept[column] = index.get_indexer(kept[column]).astype("int64")
         tables[column] = kept.reset_index(drop=True)
-        sizes[column] = len(ids)
-    return InteractionDataset(
-        name=dataset.name,
+        sizes[column] = max(len(ids), 1)
+    return dataclasses.replace(
+        dataset,
         interactions=interactions,
         users=tables[USER_ID],
         items=tables[ITEM_ID],
-        label_columns=dataset.label_columns,
-        num_users=max(sizes[USER_ID], 1),
-        num_items=max(sizes[ITEM_ID], 1),
-        user_categorical=dataset.user_categorical,
-        item_categorical=dataset.item_categorical,
-        user_dense=dataset.user_dense,
-        item_dense=dataset.item_dense,
-        metadata=dataset.metadata,
+        num_users=sizes[USER_ID],
+        num_items=sizes[ITEM_ID],
         dense_ids=True,
     )
 

@@ -634,7 +634,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     # The log says what was written; the online store says what is still there. A Redis
     # restarted without persistence, evicted or flushed has lost vectors the log still calls
     # fresh: those are planned again instead of counted as served until their TTL ran out.
-    fresh, lost_online = confirmed_online(spec, fresh)
+    fresh, lost = confirmed_online(spec, fresh)
     # No budget limit: the shard's whole ranking, cut later to its part of the round's budget.
     unlimited = len(candidates) + len(misses)
 
@@ -680,7 +680,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         "misses": len(misses),
         "scored": int(np.count_nonzero(to_score)) + len(misses),
         "skipped_fresh": ranking.stats.skipped_fresh,
-        "lost_online": lost_online,
+        "lost_online": lost,
     }
     write_atomic(ranking_path, json.dumps(report, indent=2))
     logger.info(

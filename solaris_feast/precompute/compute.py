@@ -186,12 +186,11 @@ def run_precompute(
     pairs = PairsAsOf.of(users, items, at, log)
     version = chain.embedding_version
     computed_at = at.tz_convert("UTC")
-    featurize_s = fm_s = 0.0
-    write_busy = [0.0]
-    write_wait_s = 0.0
+    featurize_s = fm_s = write_busy_s = write_wait_s = 0.0
     batches = 0
 
     def write(lo: int, hi: int, z: np.ndarray) -> None:
+        nonlocal write_busy_s
         t0 = time.perf_counter()
         writer.write(
             pd.DataFrame(
@@ -204,7 +203,7 @@ def run_precompute(
                 }
             )
         )
-        write_busy[0] += time.perf_counter() - t0
+        write_busy_s += time.perf_counter() - t0
 
     # One worker thread: writes reach the sink one at a time and in batch order.
     pool = (
@@ -245,7 +244,7 @@ def run_precompute(
         wall_seconds=time.perf_counter() - started,
         featurize_seconds=featurize_s,
         fm_seconds=fm_s,
-        write_seconds=write_busy[0],
+        write_seconds=write_busy_s,
         write_wait_seconds=write_wait_s,
     )
     logger.info(

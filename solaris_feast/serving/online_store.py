@@ -247,15 +247,11 @@ class ResolvedViewReads(_StoreBase):
         return [retriever.stats for retriever in self._retrievers().values()]
 
     def _retriever(
-        self,
-        config: RepoConfig,
-        request: _ResolvedRequest,
-        version: str,
-        evicted: list[SolarisRetriever],
+        self, config: RepoConfig, request: _ResolvedRequest, version: str
     ) -> SolarisRetriever:
-        """The thread's retriever for ``version``; one pushed out of the cache goes to
-        ``evicted``, for the caller to close once its own reads are done (the request may still
-        use it)."""
+        """The thread's retriever for ``version``. The one pushed out of the cache is closed:
+        a request brings at most :data:`MAX_RETRIEVERS_PER_THREAD` versions, so it is never one
+        this request uses."""
         online = config.online_store
         key = (config.project, repr(online), version, request.key)
         cache = self._retrievers()
@@ -274,7 +270,7 @@ class ResolvedViewReads(_StoreBase):
         )
         cache[key] = retriever
         while len(cache) > MAX_RETRIEVERS_PER_THREAD:
-            evicted.append(cache.popitem(last=False)[1])
+            cache.popitem(last=False)[1].close()
         return retriever
 
     def _answer_resolved(
@@ -324,43 +320,32 @@ class ResolvedViewReads(_StoreBase):
             by_version.setdefault(version, []).append(
                 (user, list(dict.fromkeys(items[i] for i in rows)), rows)
             )
-        embeddings: np.ndarray | None = None
+        planned = []
+        for version, reads in by_version.items():
+            retriever = self._retriever(config, request, version)
+            try:
+                checked = [
+                    validate_request(user, distinct, retriever.user_id_type, retriever.item_id_type)
+                    for user, distinct, _ in reads
+                ]
+            except (TypeError, ValueError):
+                return None
+            planned.append((retriever, checked, reads))
+        embeddings = np.zeros((n, planned[0][0].dim), dtype=np.float32)
         tiers = np.zeros(n, dtype=np.int64)
         ages = np.full(n, -1.0)
-        evicted: list[SolarisRetriever] = []
-        try:
-            planned = []
-            for version, reads in by_version.items():
-                retriever = self._retriever(config, request, version, evicted)
-                try:
-                    checked = [
-                        validate_request(
-                            user, distinct, retriever.user_id_type, retriever.item_id_type
-                        )
-                        for user, distinct, _ in reads
-                    ]
-                except (TypeError, ValueError):
-                    return None
-                planned.append((retriever, checked, reads))
-            # One batched read per version: every user of it in one round trip.
-            for retriever, checked, reads in planned:
-                results = retriever.fetch_checked(checked)
-                if embeddings is None:
-                    embeddings = np.zeros((n, retriever.dim), dtype=np.float32)
-                for (_, distinct, rows), result in zip(reads, results, strict=True):
-                    if len(distinct) == len(rows):  # no repeated pair: rows in items' order
-                        picked: Any = slice(None)
-                    else:
-                        position = {item: k for k, item in enumerate(distinct)}
-                        picked = [position[items[i]] for i in rows]
-                    embeddings[rows] = result.embeddings[picked]
-                    tiers[rows] = result.tiers[picked]
-                    ages[rows] = result.age_seconds[picked]
-        finally:
-            # After the reads: a retriever this request planned with may have been pushed out.
-            for old in evicted:
-                old.close()
-        assert embeddings is not None  # n > 0: at least one group was read
+        # One batched read per version: every user of it in one round trip.
+        for retriever, checked, reads in planned:
+            results = retriever.fetch_checked(checked)
+            for (_, distinct, rows), result in zip(reads, results, strict=True):
+                if len(distinct) == len(rows):  # no repeated pair: rows in items' order
+                    picked: Any = slice(None)
+                else:
+                    position = {item: k for k, item in enumerate(distinct)}
+                    picked = [position[items[i]] for i in rows]
+                embeddings[rows] = result.embeddings[picked]
+                tiers[rows] = result.tiers[picked]
+                ages[rows] = result.age_seconds[picked]
         # The on-demand view answers -1 for ZERO's age where the retriever says NaN.
         ages = np.nan_to_num(ages, nan=-1.0)
 

@@ -315,13 +315,8 @@ class ReadsOneRequestAtATime:
     :meth:`~OnlineBackend.read_tiers` per request, each bounded by what is left of the one
     deadline."""
 
-    def read_tiers(
-        self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float
-    ) -> TierReads:
-        raise NotImplementedError
-
     def read_tiers_many(
-        self,
+        self: OnlineBackend,
         requests: Sequence[tuple[EntityId, np.ndarray]],
         views: Mapping[Tier, str],
         deadline_s: float,
