@@ -369,7 +369,13 @@ def test_request_model_is_not_the_early_stage_ranker(tiny_rounds: _Rounds) -> No
 
 def test_seeds_in_worker_processes_give_the_serial_run_s_records() -> None:
     """``--workers`` only spreads the seeds over processes: each seed is a pure function of
-    the config and the seed, so the records equal the serial run's, to the last digit."""
-    serial = simulate_funnel(TINY, [0, 1])
-    spread = simulate_funnel(TINY, [0, 1], workers=2)
+    the config and the seed, so the records equal the serial run's, to the last digit. The
+    progress bar counts hours when serial, finished seeds with workers, and ends full."""
+    hours: list[tuple[str, int, int]] = []
+    seeds: list[tuple[str, int, int]] = []
+    serial = simulate_funnel(TINY, [0, 1], progress=lambda *bar: hours.append(bar))
+    spread = simulate_funnel(TINY, [0, 1], workers=2, progress=lambda *bar: seeds.append(bar))
     assert json.dumps(spread, sort_keys=True) == json.dumps(serial, sort_keys=True)
+    assert [done for _, done, _ in hours] == list(range(1, 2 * TINY.hours + 1))
+    assert hours[-1][2] == 2 * TINY.hours
+    assert seeds == [("funnel seeds", done, 2) for done in range(3)]

@@ -866,6 +866,7 @@ def simulate_command(
     workers: Annotated[
         int, typer.Option("--workers", min=1, help="Processes running funnel seeds.")
     ] = 1,
+    progress: Annotated[bool, typer.Option(help="Progress bars.")] = True,
     dataset: Annotated[
         str, typer.Option("--dataset", help="synthetic or movielens.")
     ] = "synthetic",
@@ -943,6 +944,7 @@ def simulate_command(
             plot,
             workers,
             cast(FmRowsTier, fm_rows),
+            progress,
         )
         return
     if world != "log":
@@ -964,7 +966,11 @@ def simulate_command(
         feast_check=feast_check,
         fm_rows_tier=cast(FmRowsTier, fm_rows),
     )
-    records = simulate(config, dataset=_own_log(config_file) if config_file else None)
+    from solaris_feast.progress import stage_bars
+
+    own = _own_log(config_file) if config_file else None
+    with stage_bars(progress) as bars:
+        records = simulate(config, progress=bars, dataset=own)
     write_report(records, json_path, plot)
     typer.echo(format_summary(records))
     for record in records:

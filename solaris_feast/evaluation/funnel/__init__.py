@@ -17,6 +17,7 @@ from solaris_feast.evaluation.funnel.report import (
 )
 from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
 from solaris_feast.evaluation.metrics import strict_json
+from solaris_feast.progress import StageProgress
 from solaris_feast.tiers import FmRowsTier
 
 __all__ = [
@@ -34,13 +35,17 @@ logger = logging.getLogger(__name__)
 
 
 def simulate_funnel(
-    config: FunnelConfig, seeds: list[int], workers: int = 1
+    config: FunnelConfig,
+    seeds: list[int],
+    workers: int = 1,
+    progress: StageProgress | None = None,
 ) -> list[dict[str, Any]]:
     """Run every seed and return one record per (planner, budget).
 
     ``workers > 1`` runs seeds in that many processes (spawned, each single-threaded as
     :func:`run_seed` is); a seed is a pure function of ``(config, seed)``, so the records are
-    the serial run's.
+    the serial run's. ``progress`` gets ``(stage, done, total)``: simulated hours when serial,
+    finished seeds with workers (a worker process cannot draw the parent's bar).
     """
     unknown = [p for p in config.planners if p not in FUNNEL_PLANNERS]
     if unknown:
@@ -49,20 +54,32 @@ def simulate_funnel(
         )
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    report = progress if progress is not None else (lambda stage, done, total: None)
     outcomes = []
     if workers == 1 or len(seeds) == 1:
-        for seed in seeds:
-            outcomes.append(run_seed(config, seed))
+        total = len(seeds) * config.hours
+        for k, seed in enumerate(seeds):
+
+            def hour_done(hour: int, k: int = k) -> None:
+                report("funnel hours (all seeds)", k * config.hours + hour + 1, total)
+
+            outcomes.append(run_seed(config, seed, hour_done=hour_done))
             logger.info("funnel seed %d done: %d requests", seed, outcomes[-1].requests)
     else:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         context = multiprocessing.get_context("spawn")
+        by_seed = {}
+        report("funnel seeds", 0, len(seeds))
         with ProcessPoolExecutor(min(workers, len(seeds)), mp_context=context) as pool:
-            for outcome in pool.map(run_seed, [config] * len(seeds), seeds):
-                outcomes.append(outcome)
+            futures = [pool.submit(run_seed, config, seed) for seed in seeds]
+            for future in as_completed(futures):
+                outcome = future.result()
+                by_seed[outcome.seed] = outcome
+                report("funnel seeds", len(by_seed), len(seeds))
                 logger.info("funnel seed %d done: %d requests", outcome.seed, outcome.requests)
+        outcomes = [by_seed[seed] for seed in seeds]  # records in the seeds' order, as serial
     return build_funnel_records(outcomes)
 
 
@@ -84,6 +101,7 @@ def run_funnel_command(
     plot: Path | None,
     workers: int = 1,
     fm_rows: FmRowsTier = "zero",
+    progress: bool = True,
 ) -> None:
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer
@@ -106,7 +124,10 @@ def run_funnel_command(
             ),
         }
     )
-    records = simulate_funnel(config, seeds, workers)
+    from solaris_feast.progress import stage_bars
+
+    with stage_bars(progress) as bars:
+        records = simulate_funnel(config, seeds, workers, bars)
     write_funnel_report(records, json_path, plot)
     typer.echo(format_funnel_summary(records))
     if json_path is not None:

@@ -219,8 +219,10 @@ def run_seed(
     *,
     world: World | None = None,
     observer: RoundObserver | None = None,
+    hour_done: Callable[[int], None] | None = None,
 ) -> SeedOutcome:
-    """Run one seed of the world end to end (``world``: a prepared one, for the leakage test)."""
+    """Run one seed of the world end to end (``world``: a prepared one, for the leakage test;
+    ``hour_done(hour)``: called after each simulated hour, for a progress bar)."""
     import torch
 
     cfg = config
@@ -316,6 +318,8 @@ def run_seed(
                 traffic,
             )
             if run is None or pool_candidates is None:
+                if hour_done is not None:
+                    hour_done(hour)
                 continue
             step = _round(
                 run, hour, start, past, pool_candidates, records, two_tower, request_model, traffic
@@ -327,6 +331,8 @@ def run_seed(
             if scored:
                 outcome.hourly_requests.append(outcome.requests - requests_before)
                 outcome.hourly_clicks_without_z.append(outcome.clicks_without_z - clicks_before)
+            if hour_done is not None:
+                hour_done(hour)
     finally:
         torch.set_grad_enabled(grad)
         torch.set_num_threads(threads)
