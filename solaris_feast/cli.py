@@ -203,12 +203,20 @@ def evaluate_transfer_command(
             "training-only tier, so the served tiers do not mark the rows after the cut).",
         ),
     ] = "zero",
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            help="Evaluate on the log of this solaris config (its log section: your own log, "
+            "columns, tasks and id space) instead of --dataset.",
+        ),
+    ] = None,
 ) -> None:
     """Train VM, VM + KD, VM + SOLARIS z and the FM on a time split; report NE and TR, and the
     protocol (z served from hourly rounds, full-span FM, splits x seeds, intervals)."""
     from typing import cast, get_args
 
-    from solaris_feast.data.datasets import load_dataset
+    from solaris_feast.data.datasets import load_configured_log, load_dataset
     from solaris_feast.data.synthetic import WORLD_STRUCTURES
     from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
     from solaris_feast.evaluation.transfer_protocol import (
@@ -231,7 +239,13 @@ def evaluate_transfer_command(
         raise typer.BadParameter(f"choose one of {get_args(FmHistory)}", param_hint="--fm-history")
     if fm_rows not in get_args(FmRowsTier):
         raise typer.BadParameter(f"choose one of {get_args(FmRowsTier)}", param_hint="--fm-rows")
-    data = load_dataset(dataset, size, world=world)
+    if config_file is not None and world != "neither":
+        raise typer.BadParameter("a world is a synthetic data set's", param_hint="--world")
+    data = (
+        load_configured_log(config_file)
+        if config_file is not None
+        else load_dataset(dataset, size, world=world)
+    )
     try:
         protocol = protocol_for(
             data,

@@ -502,6 +502,27 @@ def test_the_replay_reads_a_users_own_log_through_its_config(
     assert str(out_json) in out
 
 
+def test_the_transfer_evaluation_reads_a_users_own_log_through_its_config(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    """`solaris evaluate transfer --config` evaluates on the deployment's own log and tasks."""
+    config = own_deployment(tmp_path, feast_project)
+    out_json = tmp_path / "transfer.json"
+    out = run_cli(
+        "evaluate", "transfer", "--config", str(config), "--no-progress", "--json", str(out_json)
+    )
+    record = json.loads(out_json.read_text())
+    assert record["dataset"] == "shop"
+    assert record["tasks"] == ["clicked", "bought"]  # the config's tasks, not the demo's
+    assert set(record["protocol"]["per_task"]) == {"clicked", "bought"}
+    assert f"JSON report: {out_json}" in out
+    # A synthetic world is the generator's, not a recorded log's.
+    result = CliRunner().invoke(
+        app, ["evaluate", "transfer", "--config", str(config), "--world", "sequential"]
+    )
+    assert result.exit_code == 2 and "synthetic" in result.output
+
+
 def test_a_vm_trained_on_another_log_is_refused_before_planning_naming_the_mismatch(
     tmp_path: Path, feast_project: str, no_config_env: None
 ) -> None:

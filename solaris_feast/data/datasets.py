@@ -3,6 +3,7 @@ a world) and ``movielens``."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from solaris_feast.data.schema import InteractionDataset
@@ -54,3 +55,19 @@ def load_dataset(
             )
         return load_movielens(release=release)
     raise ConfigError(f"unknown dataset {name!r}; choose synthetic or movielens")
+
+
+def load_configured_log(config_file: Path) -> InteractionDataset:
+    """The whole log a solaris config names, up to now, as a named data set is read by the
+    replay and the transfer evaluation (each trains its own models on the log's first part and
+    evaluates on the rest)."""
+    import pandas as pd
+
+    from solaris_feast.config import load_config, resolved_log
+    from solaris_feast.data.log_source import read_log_window
+    from solaris_feast.data.schema import with_dense_codes
+
+    log = resolved_log(load_config(config_file))  # a Feast FileSource resolves to its path
+    # The evaluations train their own models, which index tables by id: Int64 or String ids of
+    # the user's systems are numbered first (the reports give shares and NE, never ids).
+    return with_dense_codes(read_log_window(log, None, pd.Timestamp.now(tz="UTC").to_pydatetime()))

@@ -49,6 +49,7 @@ import pandas as pd
 import typer
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING
+from solaris_feast.data.datasets import load_configured_log
 from solaris_feast.data.schema import EVENT_TIMESTAMP, ITEM_ID, USER_ID, InteractionDataset
 from solaris_feast.errors import ConfigError
 from solaris_feast.evaluation.feast_check import check_against_feast
@@ -764,21 +765,6 @@ def _fm_main(bundle: ModelBundle, batch: Any) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def _own_log(config_file: Path) -> InteractionDataset:
-    """The whole log a solaris config names, up to now, as the replay reads a named data set
-    (the replay trains on its first part and replays the rest)."""
-    import pandas as pd
-
-    from solaris_feast.config import load_config, resolved_log
-    from solaris_feast.data.log_source import read_log_window
-    from solaris_feast.data.schema import with_dense_codes
-
-    log = resolved_log(load_config(config_file))  # a Feast FileSource resolves to its path
-    # The replay trains its own models, which index tables by id: Int64 or String ids of the
-    # user's systems are numbered first (the records report shares and NE, never ids).
-    return with_dense_codes(read_log_window(log, None, pd.Timestamp.now(tz="UTC").to_pydatetime()))
-
-
 LOG_WORLD_OPTIONS = (
     "dataset",
     "size",
@@ -968,7 +954,7 @@ def simulate_command(
     )
     from solaris_feast.progress import stage_bars
 
-    own = _own_log(config_file) if config_file else None
+    own = load_configured_log(config_file) if config_file else None
     with stage_bars(progress) as bars:
         records = simulate(config, progress=bars, dataset=own)
     write_report(records, json_path, plot)
