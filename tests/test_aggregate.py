@@ -248,3 +248,30 @@ def test_a_round_with_nothing_new_appends_no_user_row_and_a_changed_user_gets_on
     # An aggregate that nears the user view's TTL (24 h) is refreshed though unchanged.
     late = _round(repo, start + pd.Timedelta(hours=4), margin_seconds=86_400 - 3600)
     assert (late["written"], user_rows()) == (6, 13)
+
+
+def test_a_round_reads_a_pair_exactly_its_window_old_as_the_tier_rule_serves_it(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """The tier rule serves a value exactly TTL old (``age <= ttl``); the offline log is read
+    ``(start, end]``, and the round's readers started at ``now - window``, so a pair written by
+    the round one window earlier (every scheduled round writes on the hour) was left out."""
+    from test_dags import make_feature_repo
+
+    from solaris_feast.pipeline.settings import PrecomputeSettings
+    from solaris_feast.store.config import open_repo_store
+    from solaris_feast.store.offline import read_offline_rows
+
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    (repo / "run").mkdir()
+    now = pd.Timestamp.now(tz="UTC").floor("h")
+    window = pd.Timedelta(
+        seconds=PrecomputeSettings.model_fields["aggregate_window_seconds"].default
+    )
+    _write_pairs(repo, [0], item=1, at=now - window)  # exactly the window old
+    _write_pairs(repo, [0], item=2, at=now - pd.Timedelta(hours=1))
+    assert _round(repo, now)["written"] == 1
+    stored = read_offline_rows(
+        open_repo_store(repo), "solaris_user", now - pd.Timedelta(hours=1), now
+    )
+    assert stored["pair_count"].tolist() == [2]

@@ -195,15 +195,13 @@ def _tier_values(
     import pandas as pd
 
     from solaris_feast.pipeline.precompute import snapshot_rows
-    from solaris_feast.serving.resolve import TierValues
+    from solaris_feast.serving.resolve import TierValues, fresh_window
 
     keys = [USER_ID] if view == USER_VIEW else [USER_ID, ITEM_ID]
-    # The read takes (start, end]; a second earlier keeps a row exactly ttl old.
     rows = snapshot_rows(
         snapshot,
         view,
-        now - pd.Timedelta(seconds=ttl_seconds + 1),
-        now + pd.Timedelta(seconds=clock_skew_seconds),
+        *fresh_window(now, ttl_seconds, clock_skew_seconds),
         [*keys, EMBEDDING, MODEL_VERSION, COMPUTED_AT],
     )
     n = len(pairs)

@@ -604,6 +604,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         plan_precompute,
         users_of_shard,
     )
+    from solaris_feast.serving.resolve import fresh_window
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg, count = spec.settings, spec.settings.shards
@@ -623,11 +624,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
     now = pd.Timestamp(spec.now)
     fresh = snapshot_rows(
-        snapshot,
-        PAIR_VIEW,
-        now - pd.Timedelta(seconds=ttl),
-        now,
-        [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION],
+        snapshot, PAIR_VIEW, *fresh_window(now, ttl), [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION]
     )
     if count > 1 and len(fresh):
         fresh = fresh.loc[users_of_shard(fresh[USER_ID].to_numpy(), shard_index, count)]
@@ -838,6 +835,7 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     import pandas as pd
 
     from solaris_feast.precompute.aggregate import changed_user_rows
+    from solaris_feast.serving.resolve import fresh_window
 
     spec = PrecomputeRun.model_validate(dict(run))
     snapshot = run_snapshot(spec)
@@ -846,9 +844,8 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     ttl_seconds = snapshot.view(USER_VIEW).ttl_seconds
     rewrite_after = max(ttl_seconds - spec.settings.refresh_margin_seconds, 0.0)
     # Rows before this round's time only: a retry rewrites what its first try wrote.
-    stored = snapshot_rows(
-        snapshot, USER_VIEW, now - pd.Timedelta(seconds=ttl_seconds), now - pd.Timedelta(1, "us")
-    )
+    since, _ = fresh_window(now, ttl_seconds)
+    stored = snapshot_rows(snapshot, USER_VIEW, since, now - pd.Timedelta(1, "us"))
     if lost_online(spec):
         # The online store lost pair vectors the log calls fresh (rank_shard found them): its
         # aggregates are gone with them, so none counts as unchanged.
@@ -880,10 +877,11 @@ def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.D
     import pandas as pd
 
     from solaris_feast.precompute.aggregate import AggregateConfig, aggregate_user_embeddings
+    from solaris_feast.serving.resolve import fresh_window
 
     window = spec.settings.aggregate_window_seconds
     now = pd.Timestamp(spec.now)
-    exact = snapshot_rows(snapshot, PAIR_VIEW, now - pd.Timedelta(seconds=window), now)
+    exact = snapshot_rows(snapshot, PAIR_VIEW, *fresh_window(now, window))
     return aggregate_user_embeddings(
         exact, now, spec.embedding_version, AggregateConfig(window_seconds=window)
     )
@@ -902,6 +900,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         build_user_index,
         similarity_fill,
     )
+    from solaris_feast.serving.resolve import fresh_window
     from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
@@ -922,7 +921,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         logger.info("similarity fill: nothing to fill (no targets)")
         return {"targets": 0, "filled": 0}
     user_rows = user_aggregate_rows(spec, snapshot)
-    exact = snapshot_rows(snapshot, PAIR_VIEW, now - pd.Timedelta(seconds=ttl), now)
+    exact = snapshot_rows(snapshot, PAIR_VIEW, *fresh_window(now, ttl))
     if len(user_rows) < 2 or len(exact) == 0:
         logger.info("similarity fill: nothing to fill (%d targets)", len(targets))
         return {"targets": len(targets), "filled": 0}

@@ -24,10 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from solaris_feast.tiers import SEARCH_ORDER, Tier
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_CLOCK_SKEW_SECONDS = 300.0
 """How far in the future a ``computed_at`` may lie (writers' and servers' clocks differ)."""
@@ -35,6 +39,19 @@ TIER_DTYPE = np.int8
 REJECTION_REASONS = ("other_version", "stale", "future", "non_finite")
 """Why a stored, decodable vector was not served (absent and undecodable values are counted by
 the reader that decodes them)."""
+
+
+def fresh_window(
+    now: pd.Timestamp, ttl_seconds: float, clock_skew_seconds: float = 0.0
+) -> tuple[pd.Timestamp, pd.Timestamp]:
+    """``(start, end]``, the ``computed_at`` values :func:`usable_rows` calls fresh at ``now``,
+    in the half-open form the offline log is read with (``store/offline.py``): ``start`` is one
+    nanosecond before ``now - ttl``, so a value exactly TTL old is in, as the rule serves it;
+    ``end`` is ``now`` plus the clock skew a reader allows."""
+    import pandas as pd
+
+    start = now - pd.Timedelta(seconds=ttl_seconds) - pd.Timedelta(1, "ns")
+    return start, now + pd.Timedelta(seconds=clock_skew_seconds)
 
 
 def usable_rows(
