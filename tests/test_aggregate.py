@@ -275,3 +275,50 @@ def test_a_round_reads_a_pair_exactly_its_window_old_as_the_tier_rule_serves_it(
         open_repo_store(repo), "solaris_user", now - pd.Timedelta(hours=1), now
     )
     assert stored["pair_count"].tolist() == [2]
+
+
+def test_a_pair_written_twice_at_one_time_counts_with_its_later_write_everywhere(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """Two writes of a pair with the same ``computed_at`` (a round re-run with another FM): the
+    online store keeps the later one, and so must the round's readers of the offline log,
+    whose files are ordered by their content hash, not by when they were written."""
+    from test_dags import make_feature_repo
+
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.store.config import open_repo_store
+    from solaris_feast.store.offline import newest_per_key, read_offline_rows
+    from solaris_feast.store.write import EmbeddingWriter
+    from solaris_feast.tiers import Tier
+
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+    (repo / "run").mkdir()
+    now = pd.Timestamp.now(tz="UTC").floor("h")
+    at = now - pd.Timedelta(hours=1)
+    for value in (1.0, 3.0, 2.0):  # three writes, the last one's vector is 2
+        writer = EmbeddingWriter(open_repo_store(repo), "solaris_pair")
+        try:
+            writer.write(
+                pd.DataFrame(
+                    {
+                        "user_id": np.array([0], dtype=np.int64),
+                        "item_id": np.array([1], dtype=np.int64),
+                        "embedding": [np.full(32, value, dtype=np.float32)],
+                        "model_version": "v1",
+                        "computed_at": at,
+                    }
+                )
+            )
+        finally:
+            writer.close()
+    served = SolarisRetriever(open_repo_store(repo), "v1", record_misses=False).fetch(0, [1])
+    assert served.tiers.tolist() == [Tier.EXACT]
+    np.testing.assert_allclose(served.embeddings[0], 2.0)
+    logged = read_offline_rows(
+        open_repo_store(repo), "solaris_pair", at - pd.Timedelta(1, "s"), now
+    )
+    assert len(logged) == 3
+    np.testing.assert_allclose(newest_per_key(logged, ["user_id", "item_id"])["embedding"][0], 2.0)
+    assert _round(repo, now)["written"] == 1
+    user = read_offline_rows(open_repo_store(repo), "solaris_user", at, now)
+    np.testing.assert_allclose(user["embedding"][0], 2.0)  # the aggregate of the later write

@@ -21,7 +21,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
+from solaris_feast.columns import (
+    COMPUTED_AT,
+    EMBEDDING,
+    ITEM_ID,
+    MODEL_VERSION,
+    USER_ID,
+    WRITTEN_AT,
+)
 from solaris_feast.pipeline.runs import budget_path, shard_report_path, write_atomic
 from solaris_feast.pipeline.settings import (
     PAIR_VIEW,
@@ -196,24 +203,20 @@ def _tier_values(
 
     from solaris_feast.pipeline.precompute import snapshot_rows
     from solaris_feast.serving.resolve import TierValues, fresh_window
+    from solaris_feast.store.offline import newest_per_key
 
     keys = [USER_ID] if view == USER_VIEW else [USER_ID, ITEM_ID]
     rows = snapshot_rows(
         snapshot,
         view,
         *fresh_window(now, ttl_seconds, clock_skew_seconds),
-        [*keys, EMBEDDING, MODEL_VERSION, COMPUTED_AT],
+        [*keys, EMBEDDING, MODEL_VERSION, COMPUTED_AT, WRITTEN_AT],
     )
     n = len(pairs)
     if rows.empty:
         return TierValues.absent(n, 0)
-    at = pd.to_datetime(rows[COMPUTED_AT], utc=True)
-    rows = (
-        rows.assign(_at=at)
-        .sort_values("_at", kind="stable")
-        .drop_duplicates(keys, keep="last")
-        .reset_index(drop=True)
-    )
+    rows = newest_per_key(rows, keys)
+    rows = rows.assign(_at=pd.to_datetime(rows[COMPUTED_AT], utc=True))
     numbered = rows[keys].assign(_row=np.arange(len(rows)))
     matched = pairs[keys].merge(numbered, on=keys, how="left")["_row"]
     found = matched.notna().to_numpy()

@@ -26,6 +26,7 @@ from solaris_feast.keys import dense_pair_keys, id_array
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
 from solaris_feast.serving.resolve import usable_rows
 from solaris_feast.store.layout import version_matches
+from solaris_feast.store.offline import in_write_order, newest_per_key
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class PairEmbeddings:
         for column in (USER_ID, ITEM_ID, EMBEDDING, MODEL_VERSION, COMPUTED_AT):
             if column not in frame.columns:
                 raise SchemaError(table, column, f"is missing (columns: {list(frame.columns)})")
+        frame = in_write_order(frame)  # a later row is a later write (ties of computed_at)
         if len(frame):
             vectors = np.stack([np.asarray(v, dtype=np.float32) for v in frame[EMBEDDING]])
         else:
@@ -124,17 +126,17 @@ class PairEmbeddings:
         # Dense codes of this table's ids: sparse int64 and string ids pack in one int64 key.
         pair_key = dense_pair_keys(self.user_ids[rows], self.item_ids[rows])
         if not (np.diff(pair_key) > 0).all():
-            # One stable sort by pair, then the newest row of each run of equal pairs (the first
-            # newest on ties): a single int64 sort is several times faster than a lexsort.
+            # One stable sort by pair, then the newest row of each run of equal pairs (the last
+            # of the newest on ties, the later write, as the online store keeps it): a single
+            # int64 sort is several times faster than a lexsort.
             by_pair = np.argsort(pair_key, kind="stable")
             rows, pair_key = rows[by_pair], pair_key[by_pair]
             starts = np.flatnonzero(np.r_[True, pair_key[1:] != pair_key[:-1]])
             run = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(rows)]))
             at = self.computed_at_s[rows]
-            newest = at == np.maximum.reduceat(at, starts)[run]
-            first_newest = np.flatnonzero(newest)
-            keep_first = np.r_[True, run[first_newest][1:] != run[first_newest][:-1]]
-            rows = rows[first_newest[keep_first]]
+            newest = np.flatnonzero(at == np.maximum.reduceat(at, starts)[run])
+            keep_last = np.r_[run[newest][1:] != run[newest][:-1], True]
+            rows = rows[newest[keep_last]]
         return rows
 
 
@@ -252,13 +254,8 @@ def changed_user_rows(
     """
     if len(rows) == 0 or len(stored) == 0:
         return rows
-    at = pd.to_datetime(stored[COMPUTED_AT], utc=True)
-    newest = (
-        stored.assign(_at=at)
-        .sort_values("_at", kind="stable")
-        .drop_duplicates(USER_ID, keep="last")
-        .set_index(USER_ID)
-    )
+    newest = newest_per_key(stored, [USER_ID])
+    newest = newest.assign(_at=pd.to_datetime(newest[COMPUTED_AT], utc=True)).set_index(USER_ID)
     old = newest.reindex(rows[USER_ID].to_numpy())
     known = old["_at"].notna().to_numpy()
     age = (as_utc(now, "now") - old["_at"]).dt.total_seconds().to_numpy()

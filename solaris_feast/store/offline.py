@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from solaris_feast.columns import COMPUTED_AT
+from solaris_feast.columns import COMPUTED_AT, WRITTEN_AT
 from solaris_feast.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -93,6 +93,27 @@ def read_offline_folder(
     at = pd.to_datetime(frame[COMPUTED_AT], utc=True)
     frame = frame.loc[(at > start) & (at <= end)].reset_index(drop=True)
     return frame if columns is None else frame[columns]
+
+
+def in_write_order(frame: pd.DataFrame) -> pd.DataFrame:
+    """The log's rows in the order they were written (``written_at``, stable; the files' order
+    where the column was not read): later rows are later writes, as the online store saw them."""
+    if WRITTEN_AT not in frame.columns or frame[WRITTEN_AT].is_monotonic_increasing:
+        return frame
+    return frame.iloc[frame[WRITTEN_AT].argsort(kind="stable")].reset_index(drop=True)
+
+
+def newest_per_key(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The row of each key the online store holds: the newest ``computed_at``, a tie going to
+    the later write (``written_at``), as the online write and Feast's materialize break it."""
+    import pandas as pd
+
+    ordered = in_write_order(frame)
+    at = pd.to_datetime(ordered[COMPUTED_AT], utc=True)
+    newest = at.argsort(kind="stable")
+    return (
+        ordered.iloc[newest].drop_duplicates(keys, keep="last").sort_index().reset_index(drop=True)
+    )
 
 
 def offline_row_count(store: FeatureStore, view_name: str) -> int:
