@@ -178,6 +178,25 @@ def test_embeddings_of_another_model_version_count_as_absent() -> None:
     assert plan.pairs["reason"].tolist() == [REASON_NEW]
 
 
+def test_a_newer_embedding_of_another_version_hides_an_older_one_of_this_version() -> None:
+    """Serving takes the newest stored row, then checks its version (a rollback to "old"
+    serves no exact vector while a newer "new" row is stored); the planner must see the same,
+    not find the older "old" row fresh and skip the pair."""
+    cand = _scored([1, 2], [1, 1], [0.9, 0.8])
+    hour = pd.Timedelta(hours=1)
+    state = pd.DataFrame(
+        {
+            "user_id": [1, 1, 2, 2],
+            "item_id": [1, 1, 1, 1],
+            "computed_at": [NOW - 2 * hour, NOW - hour, NOW - hour, NOW - 2 * hour],
+            "model_version": ["old", "new", "old", "new"],
+        }
+    )
+    plan = _plan(cand, None, state, budget=5, model_version="old")
+    assert plan.pairs["user_id"].tolist() == [1]  # user 2's newest row is "old": fresh
+    assert plan.stats.skipped_fresh == 1
+
+
 def test_plan_is_identical_for_shuffled_inputs() -> None:
     cand = _random_candidates(2)
     misses = _random_candidates(3, rows=40)

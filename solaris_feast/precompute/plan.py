@@ -51,6 +51,7 @@ from solaris_feast.keys import (
     stable_id_hash,
 )
 from solaris_feast.store.layout import version_matches
+from solaris_feast.store.offline import in_write_order
 
 logger = logging.getLogger(__name__)
 
@@ -524,19 +525,27 @@ def _remaining_seconds(
     for column in (USER_ID, ITEM_ID, COMPUTED_AT):
         if column not in fresh_state.columns:
             raise SchemaError("fresh_state", column, "is missing")
-    state = fresh_state
-    if model_version is not None and MODEL_VERSION in state.columns:
-        state = state.loc[version_matches(state[MODEL_VERSION], model_version)]
+    state = in_write_order(fresh_state)  # a tie of computed_at goes to the later write
     computed_s = unix_seconds(state[COMPUTED_AT])
+    if model_version is not None and MODEL_VERSION in state.columns:
+        of_version = np.asarray(version_matches(state[MODEL_VERSION], model_version), dtype=bool)
+    else:
+        of_version = np.ones(len(state), dtype=bool)
     # Stored pairs of ids this round does not plan cannot matter; the rest get their codes.
     state_user, state_item = id_array(state[USER_ID]), id_array(state[ITEM_ID])
     inside = codes.contains(state_user, state_item)
-    computed_s = computed_s[inside]
+    computed_s, of_version = computed_s[inside], of_version[inside]
     state_key = codes.keys(state_user[inside], state_item[inside])
-    # Several rows for one pair: the newest decides.
-    newest = pd.Series(computed_s).groupby(state_key).max()
-    known_key = newest.index.to_numpy(dtype=np.int64)
-    known_s = newest.to_numpy(dtype=np.float64)
+    if len(state_key) == 0:
+        return stored, remaining
+    # Several rows for one pair: the newest decides, as it does when served; a newer row of
+    # another version hides an older one of this version (served: no exact vector), so the
+    # pair counts as not stored and is planned again.
+    order = np.lexsort((np.arange(len(state_key)), computed_s, state_key))
+    last = np.r_[state_key[order][1:] != state_key[order][:-1], True]
+    newest = order[last]
+    newest = newest[of_version[newest]]
+    known_key, known_s = state_key[newest], computed_s[newest]
     if len(known_key) == 0:
         return stored, remaining
     pos = np.minimum(np.searchsorted(known_key, key), len(known_key) - 1)
