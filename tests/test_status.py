@@ -265,8 +265,23 @@ def test_status_counts_freshness_by_the_tier_rule_future_values_included(
     )
     status = store_status(store, VERSION)
     pair = next(v for v in status["views"] if v["name"] == "solaris_pair")
-    assert (pair["rows"], pair["fresh"], pair["expired"], pair["future"]) == (3, 1, 2, 1)
+    # The future value is "future", not also "expired" (the one 7 h old).
+    assert (pair["rows"], pair["fresh"], pair["expired"], pair["future"]) == (3, 1, 1, 1)
     assert pair["fresh_expected_version"] == 1
+    # A stored value that does not parse is unknown, as serving reads it, not an error.
+    import sqlite3
+
+    from solaris_feast.store.layout import quoted_sqlite_table
+
+    db = Path(store.config.repo_path) / store.config.online_store.path
+    with sqlite3.connect(db) as conn:
+        conn.execute(
+            f"UPDATE {quoted_sqlite_table(feast_project, 'solaris_pair')} SET value = ? "
+            "WHERE feature_name IN ('computed_at', 'model_version')",
+            (b"\xff\xff",),
+        )
+    pair = next(v for v in store_status(store, VERSION)["views"] if v["name"] == "solaris_pair")
+    assert (pair["rows"], pair["without_computed_at"], pair["versions"]) == (3, 3, {"<none>": 3})
 
 
 def _redis_yaml(repo: Path, project: str) -> Path:

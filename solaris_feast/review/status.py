@@ -37,11 +37,21 @@ import typer
 
 from solaris_feast.columns import ITEM_ID, USER_ID
 from solaris_feast.errors import ConfigError, SolarisError
-from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, usable_rows
+from solaris_feast.serving.resolve import (
+    DEFAULT_CLOCK_SKEW_SECONDS,
+    TierValues,
+    rejection_counts,
+    usable_rows,
+)
 from solaris_feast.store.backends import StoredScan, StoredValues, backend_for, online_kind
 from solaris_feast.store.config import open_repo_store
 from solaris_feast.store.definitions import SolarisFeastConfig
-from solaris_feast.store.layout import stored_model_version, version_matches
+from solaris_feast.store.layout import (
+    decode_string,
+    decode_timestamp,
+    stored_model_version,
+    version_matches,
+)
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -99,44 +109,19 @@ def age_bucket(age_seconds: float) -> str:
     return AGE_BUCKETS[-1][0]
 
 
-class _ValueReader:
-    """Stored ``ValueProto`` bytes to Python values, caching repeated versions."""
-
-    def __init__(self) -> None:
-        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-
-        self._proto = ValueProto()
-        self._versions: dict[bytes, str | None] = {}
-
-    def version(self, raw: bytes | None) -> str | None:
-        if not raw:
-            return None
-        if raw not in self._versions:
-            self._proto.ParseFromString(raw)
-            text = self._proto.string_val if self._proto.WhichOneof("val") == "string_val" else ""
-            self._versions[raw] = text or None
-        return self._versions[raw]
-
-    def timestamp(self, raw: bytes | None) -> float | None:
-        if not raw:
-            return None
-        self._proto.ParseFromString(raw)
-        if self._proto.WhichOneof("val") != "unix_timestamp_val":
-            return None
-        return float(self._proto.unix_timestamp_val)
+def _rows(scan: StoredScan) -> list[StoredRow]:
+    return [_row(stored) for stored in scan.rows]
 
 
-def _rows(scan: StoredScan, reader: _ValueReader) -> list[StoredRow]:
-    return [_row(stored, reader) for stored in scan.rows]
-
-
-def _row(stored: StoredValues, reader: _ValueReader) -> StoredRow:
+def _row(stored: StoredValues) -> StoredRow:
+    # The serving decoders: a value that does not parse is unknown (a miss), as served.
+    computed_at = decode_timestamp(stored.computed_at)
     return StoredRow(
         tier=stored.tier,
         user_id=stored.keys[USER_ID],
         item_id=stored.keys.get(ITEM_ID),
-        model_version=reader.version(stored.model_version),
-        computed_at=reader.timestamp(stored.computed_at),
+        model_version=decode_string(stored.model_version),
+        computed_at=None if computed_at != computed_at else computed_at,
     )
 
 
@@ -174,9 +159,18 @@ def _view_summary(
     servable = usable_rows(
         no_vectors, stored, is_current, computed, now, ttl_seconds, DEFAULT_CLOCK_SKEW_SECONDS
     )
+    # Why dated rows are not fresh, counted as serving counts them: a row from the future is
+    # "future", not also "expired".
+    refused = rejection_counts(
+        TierValues(
+            vectors=no_vectors, present=dated, version_matches=stored, computed_at_s=computed
+        ),
+        now,
+        ttl_seconds,
+        DEFAULT_CLOCK_SKEW_SECONDS,
+    )
     undated = int((~dated).sum())
     fresh = int(fresh_rows.sum())
-    expired = int(dated.sum()) - fresh
     current = int(is_current.sum())
     fresh_current = int(servable.sum())
     return {
@@ -185,8 +179,8 @@ def _view_summary(
         "ttl_seconds": ttl_seconds,
         "rows": len(rows),
         "fresh": fresh,
-        "expired": expired,
-        "future": int((computed[dated] - now > DEFAULT_CLOCK_SKEW_SECONDS).sum()),
+        "expired": refused["stale"],
+        "future": refused["future"],
         "without_computed_at": undated,
         "expected_version": current,
         "other_version": len(rows) - current,
@@ -300,14 +294,13 @@ def store_status(
         ttl_seconds[tier] = ttl.total_seconds()
 
     kind = online_kind(store)
-    reader = _ValueReader()
     backend = backend_for(store, timeout_seconds=SCAN_TIMEOUT_SECONDS)
     try:
         scan = backend.scan(view_names, max_keys, scan_count)
         depth = MissQueue(store.config.project, backend=backend).pending()
     finally:
         backend.close()
-    rows = _rows(scan, reader)
+    rows = _rows(scan)
     now = time.time()
 
     source = "given"

@@ -27,7 +27,6 @@ classifies them.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import math
@@ -56,7 +55,7 @@ from solaris_feast.serving.resolve import (
 from solaris_feast.store.backends import OnlineBackend, OnlineFacts, TierRead, backend_for
 from solaris_feast.store.definitions import SolarisFeastConfig
 from solaris_feast.store.ids import EntityId, IdType, check_id, check_ids, join_key_types
-from solaris_feast.store.layout import accepted_model_versions, embedding_codec
+from solaris_feast.store.layout import accepted_model_versions, decode_timestamp, embedding_codec
 from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 from solaris_feast.tiers import Tier
 
@@ -139,26 +138,6 @@ _TierRead = TierRead
 
 FAILURE_LOG_INTERVAL_SECONDS = 10.0
 """A failing store is logged once per error kind per this many seconds, with the count."""
-
-
-@functools.lru_cache(maxsize=4096)
-def _decode_timestamp(raw: Any) -> float:
-    """Unix seconds of a stored ``computed_at`` (``ValueProto(unix_timestamp_val=...)``), NaN
-    when it is absent or does not parse as one. Cached: a precompute round writes one
-    ``computed_at`` for many pairs, so a request sees few distinct ones."""
-    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-    from google.protobuf.message import DecodeError
-
-    if not isinstance(raw, bytes) or not raw:
-        return float("nan")
-    proto = ValueProto()
-    try:
-        proto.ParseFromString(raw)
-    except (DecodeError, ValueError):
-        return float("nan")
-    if proto.WhichOneof("val") != "unix_timestamp_val":
-        return float("nan")
-    return float(proto.unix_timestamp_val)
 
 
 def validate_request(
@@ -460,7 +439,7 @@ class SolarisRetriever:
         size, header = codec.size, codec.header
         # Redis answers a missing entity with empty values: a miss, never a zero vector.
         stored = [i for i, raw in enumerate(embedding) if raw]
-        stamps = [_decode_timestamp(computed_at[i]) for i in stored]
+        stamps = [decode_timestamp(computed_at[i]) for i in stored]
         versions = [model_version[i] for i in stored]
         rows: list[int] = []
         packed: list[bytes] = []  # the codec's own layout for length D: header + payload

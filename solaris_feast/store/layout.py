@@ -24,6 +24,7 @@ calls these.
 
 from __future__ import annotations
 
+import functools
 import struct
 import sys
 from functools import cached_property
@@ -269,6 +270,43 @@ class FloatListCodec:
         if proto.WhichOneof("val") != "float_list_val" or len(proto.float_list_val.val) != self.dim:
             return None
         return np.asarray(proto.float_list_val.val, dtype=np.float32)
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_timestamp(raw: Any) -> float:
+    """Unix seconds of a stored ``computed_at`` (``ValueProto(unix_timestamp_val=...)``), NaN
+    when it is absent or does not parse as one: one bad stored value is a miss, never an error.
+    Cached: a precompute round writes one ``computed_at`` for many pairs."""
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+    from google.protobuf.message import DecodeError
+
+    if not isinstance(raw, bytes) or not raw:
+        return float("nan")
+    proto = ValueProto()
+    try:
+        proto.ParseFromString(raw)
+    except (DecodeError, ValueError):
+        return float("nan")
+    if proto.WhichOneof("val") != "unix_timestamp_val":
+        return float("nan")
+    return float(proto.unix_timestamp_val)
+
+
+@functools.lru_cache(maxsize=4096)
+def decode_string(raw: Any) -> str | None:
+    """The text of a stored string value (a ``model_version``), None when it is absent, empty
+    or does not parse as one. Cached: a view holds few distinct versions."""
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+    from google.protobuf.message import DecodeError
+
+    if not isinstance(raw, bytes) or not raw:
+        return None
+    proto = ValueProto()
+    try:
+        proto.ParseFromString(raw)
+    except (DecodeError, ValueError):
+        return None
+    return (proto.string_val or None) if proto.WhichOneof("val") == "string_val" else None
 
 
 def stored_model_version(version: str) -> str:
