@@ -97,11 +97,6 @@ class MissQueue:
             raise ValueError(f"the backend serves another project than {project!r}")
         self.backend: OnlineBackend = backend
 
-    @staticmethod
-    def round_key_for(project: str) -> str:
-        """Counter bumped by every drain that took pairs: a new round has begun."""
-        return miss_round_key(project)
-
     @classmethod
     def for_store(
         cls,

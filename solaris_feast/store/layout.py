@@ -555,13 +555,8 @@ def miss_round_key(project: str) -> str:
 
 
 def miss_marker_prefix(project: str) -> str:
-    """Prefix of the per-pair markers (``<prefix><user>:<item>``) that dedupe a round."""
+    """Prefix of the per-pair markers that dedupe a round: ``<prefix><user>:<item>``, the ids
+    in their typed text form (``store/ids.py``'s ``encode_id``: ints read ``5``, a string id
+    ``"a:b"``, so a ``:`` inside one cannot make two pairs collide). The Redis backend's
+    scripts join the parts (``store/backends/redis.py``)."""
     return f"solaris:{{{project}}}:missed:"
-
-
-def miss_marker(project: str, user: int | str, item: int | str) -> str:
-    """The per-pair marker: ids in their typed text form (``5``, ``"a:b"``), so ints read as
-    before (``<prefix>5:7``) and a ``:`` inside a string id cannot make two pairs collide."""
-    from solaris_feast.store.ids import encode_id
-
-    return f"{miss_marker_prefix(project)}{encode_id(user)}:{encode_id(item)}"

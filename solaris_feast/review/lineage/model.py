@@ -236,9 +236,6 @@ class LineageReport:
     def view_names(self) -> list[str]:
         return [v.name for v in self.views]
 
-    def failed_checks(self) -> set[str]:
-        return {f.check for f in self.errors}
-
 
 def is_versioned(value: str | None) -> bool:
     """Whether a version tag names a model (not empty, not ``unversioned``)."""
