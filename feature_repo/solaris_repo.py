@@ -6,7 +6,8 @@ embedding dimension come from the newest VM's model chain in ``SOLARIS_MODELS_DI
 ``<repo>/../models``), read by the torch-free ``solaris_feast.models.cards``; without cards they
 are ``unversioned``. The user and item entities are Int64, or what the chain's id vocabulary
 holds (a log with String item ids gives String item keys). TTLs can be set with
-``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS`` and ``SOLARIS_SIMILAR_TTL_SECONDS``;
+``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS`` and ``SOLARIS_SIMILAR_TTL_SECONDS``,
+the clock skew a ``computed_at`` may lie ahead (default 300 s) with ``SOLARIS_CLOCK_SKEW_SECONDS``;
 the embedding codec (float32, float16 or int8) with ``SOLARIS_EMBEDDING_CODEC``, else the
 ``precompute.embedding_codec`` of the config file named by ``SOLARIS_CONFIG``.
 Run ``feast apply`` again after training so the tags name the models in service. Anything else

@@ -284,6 +284,47 @@ def test_status_counts_freshness_by_the_tier_rule_future_values_included(
     assert (pair["rows"], pair["without_computed_at"], pair["versions"]) == (3, 3, {"<none>": 3})
 
 
+def test_the_repos_clock_skew_is_applied_by_every_reader_and_writer(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """``SolarisFeastConfig.clock_skew_seconds`` was applied by the resolved view alone: the
+    retriever, the writer and the status kept 300 s, so with 0 configured a vector 2 minutes
+    ahead was refused by the view and served EXACT by the retriever."""
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.tiers import Tier
+
+    store = open_store(feast_project, tmp_path, online="sqlite")
+    store.apply(
+        solaris_definitions(SolarisFeastConfig(embedding_dim=DIM, clock_skew_seconds=0)).all()
+    )
+    ahead = pd.Timestamp.now(tz="UTC") + pd.Timedelta(minutes=2)
+    frame = pd.DataFrame(
+        {
+            "user_id": pd.array([5], dtype="int64"),
+            "item_id": pd.array([1], dtype="int64"),
+            "embedding": [[1.0, 0.5, 0.25, 1.0]],
+            "model_version": [VERSION],
+            "computed_at": pd.Series([ahead], dtype="datetime64[ns, UTC]"),
+        }
+    )
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+    with pytest.raises(WriteBatchError, match="more than 0 s after"):
+        writer.write(frame)
+    writer.close()
+    store.write_to_online_store(
+        "solaris_pair", frame.assign(event_timestamp=ahead, written_at=ahead)
+    )
+    retriever = SolarisRetriever(store, VERSION, record_misses=False, deadline_ms=5000)
+    assert retriever.clock_skew_seconds == 0.0
+    assert retriever.fetch(5, [1]).tiers.tolist() == [Tier.ZERO]
+    pair = next(v for v in store_status(store, VERSION)["views"] if v["name"] == "solaris_pair")
+    assert (pair["fresh"], pair["future"]) == (0, 1)
+    # A repo that never set it keeps the default.
+    other = open_store(f"{feast_project}_b", tmp_path / "b", online="sqlite")
+    other.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=DIM)).all())
+    assert SolarisRetriever(other, VERSION, record_misses=False).clock_skew_seconds == 300.0
+
+
 def _redis_yaml(repo: Path, project: str) -> Path:
     path = repo / "feature_store.redis.yaml"
     path.write_text(

@@ -29,6 +29,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from solaris_feast.errors import ArtifactIntegrityError, ConfigError
+from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
 from solaris_feast.store.definitions import (
     DEFAULT_PAIR_TTL_SECONDS,
     DEFAULT_SIMILAR_TTL_SECONDS,
@@ -47,6 +48,9 @@ MODELS_DIR_ENV = "SOLARIS_MODELS_DIR"
 PAIR_TTL_ENV = "SOLARIS_PAIR_TTL_SECONDS"
 USER_TTL_ENV = "SOLARIS_USER_TTL_SECONDS"
 SIMILAR_TTL_ENV = "SOLARIS_SIMILAR_TTL_SECONDS"
+CLOCK_SKEW_ENV = "SOLARIS_CLOCK_SKEW_SECONDS"
+"""How far in the future a ``computed_at`` may lie (the resolved view's tag, which every
+reader and writer of the repo applies)."""
 SCHEDULE_ENV = "SOLARIS_PRECOMPUTE_SCHEDULE"
 EMBEDDING_CODEC_ENV = "SOLARIS_EMBEDDING_CODEC"
 """The precompute DAG's schedule variable; the views' schedule tags follow it."""
@@ -480,10 +484,10 @@ def versioned_feast_config(
 
     Without cards the versions are ``"unversioned"`` and the dimension is the default. The
     variables: ``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS``,
-    ``SOLARIS_SIMILAR_TTL_SECONDS`` and ``SOLARIS_PRECOMPUTE_SCHEDULE`` (the one the precompute
-    DAG reads, so the tag says what runs). The embedding codec is ``SOLARIS_EMBEDDING_CODEC``,
-    else the config file's ``precompute.embedding_codec`` when ``SOLARIS_CONFIG`` is set, else
-    float32.
+    ``SOLARIS_SIMILAR_TTL_SECONDS``, ``SOLARIS_CLOCK_SKEW_SECONDS`` (the resolved view's clock
+    skew) and ``SOLARIS_PRECOMPUTE_SCHEDULE`` (the one the precompute DAG reads, so the tag says
+    what runs). The embedding codec is ``SOLARIS_EMBEDDING_CODEC``, else the config file's
+    ``precompute.embedding_codec`` when ``SOLARIS_CONFIG`` is set, else float32.
 
     Raises:
         ConfigError: a malformed card, a missing parent card or a non-numeric TTL variable.
@@ -498,6 +502,7 @@ def versioned_feast_config(
         "pair_ttl_seconds": _env_seconds(env, PAIR_TTL_ENV, DEFAULT_PAIR_TTL_SECONDS),
         "user_ttl_seconds": _env_seconds(env, USER_TTL_ENV, DEFAULT_USER_TTL_SECONDS),
         "similar_ttl_seconds": _env_seconds(env, SIMILAR_TTL_ENV, DEFAULT_SIMILAR_TTL_SECONDS),
+        "clock_skew_seconds": _env_seconds(env, CLOCK_SKEW_ENV, int(DEFAULT_CLOCK_SKEW_SECONDS)),
         "pair_schedule": schedule,
         "user_schedule": schedule,
         "similar_schedule": schedule,

@@ -159,7 +159,7 @@ def served_tiers(
     ``pairs`` (``user_id``, ``item_id``) at ``now``, from the views' offline rows and TTLs
     (of a Feast store's registry, or of a round's snapshot of it)."""
     from solaris_feast.pipeline.registry_snapshot import RegistrySnapshot, take_snapshot
-    from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS, resolve
+    from solaris_feast.serving.resolve import clock_skew_of, resolve
     from solaris_feast.tiers import Tier
 
     snapshot = (
@@ -169,6 +169,7 @@ def served_tiers(
     )
     views = {Tier.EXACT: PAIR_VIEW, Tier.SIMILAR: SIMILAR_VIEW, Tier.USER_AGG: USER_VIEW}
     ttls = {tier: snapshot.view(view).ttl_seconds for tier, view in views.items()}
+    skew = clock_skew_of(snapshot.resolved_tags)
     values = {
         tier: _tier_values(
             snapshot,
@@ -176,7 +177,7 @@ def served_tiers(
             pairs,
             now,
             ttls[tier],
-            DEFAULT_CLOCK_SKEW_SECONDS,
+            skew,
             embedding_version,
         )
         for tier, view in views.items()
@@ -184,7 +185,7 @@ def served_tiers(
     dims = {v.vectors.shape[1] for v in values.values() if v.present.any()}
     if len(dims) > 1:
         raise ValueError(f"views {', '.join(SOLARIS_VIEWS)} hold vectors of lengths {dims}")
-    return resolve(values, now_s=now.timestamp(), ttl_seconds=ttls).tiers
+    return resolve(values, now_s=now.timestamp(), ttl_seconds=ttls, clock_skew_seconds=skew).tiers
 
 
 def _tier_values(

@@ -38,9 +38,9 @@ import typer
 from solaris_feast.columns import ITEM_ID, USER_ID
 from solaris_feast.errors import ConfigError, SolarisError
 from solaris_feast.serving.resolve import (
-    DEFAULT_CLOCK_SKEW_SECONDS,
     TierValues,
     rejection_counts,
+    repo_clock_skew,
     usable_rows,
 )
 from solaris_feast.store.backends import StoredScan, StoredValues, backend_for, online_kind
@@ -137,6 +137,7 @@ def _view_summary(
     rows: list[StoredRow],
     expected: str | None,
     now: float,
+    clock_skew_seconds: float,
 ) -> dict[str, Any]:
     histogram = dict.fromkeys((label for label, _ in AGE_BUCKETS), 0)
     versions: Counter[str] = Counter(row.model_version or "<none>" for row in rows)
@@ -154,10 +155,10 @@ def _view_summary(
     stored = np.ones(n, dtype=bool)
     no_vectors = np.zeros((n, 1), dtype=np.float32)
     fresh_rows = usable_rows(
-        no_vectors, stored, stored, computed, now, ttl_seconds, DEFAULT_CLOCK_SKEW_SECONDS
+        no_vectors, stored, stored, computed, now, ttl_seconds, clock_skew_seconds
     )
     servable = usable_rows(
-        no_vectors, stored, is_current, computed, now, ttl_seconds, DEFAULT_CLOCK_SKEW_SECONDS
+        no_vectors, stored, is_current, computed, now, ttl_seconds, clock_skew_seconds
     )
     # Why dated rows are not fresh, counted as serving counts them: a row from the future is
     # "future", not also "expired".
@@ -167,7 +168,7 @@ def _view_summary(
         ),
         now,
         ttl_seconds,
-        DEFAULT_CLOCK_SKEW_SECONDS,
+        clock_skew_seconds,
     )
     undated = int((~dated).sum())
     fresh = int(fresh_rows.sum())
@@ -314,6 +315,7 @@ def store_status(
         source = "most common stored version" if expected else "none"
 
     rows = _named_versions(rows, expected, models_dir)
+    skew = repo_clock_skew(store, names.resolved_view_name)  # as the resolved view applies it
     summaries = [
         _view_summary(
             view_names[tier],
@@ -322,6 +324,7 @@ def store_status(
             [r for r in rows if r.tier == tier],
             expected,
             now,
+            skew,
         )
         for tier in _TIER_ORDER
     ]

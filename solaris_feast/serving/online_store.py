@@ -51,7 +51,7 @@ from feast.repo_config import FeastConfigBaseModel
 from pydantic import Field
 
 from solaris_feast.columns import ITEM_ID, USER_ID
-from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
+from solaris_feast.serving.resolve import clock_skew_of
 from solaris_feast.serving.retriever import RetrieverStats, SolarisRetriever, validate_request
 from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD, SolarisFeastConfig
 from solaris_feast.store.ids import join_key_types
@@ -148,8 +148,7 @@ class _ResolvedRequest:
 
     @property
     def clock_skew_seconds(self) -> float:
-        raw = self.odfv.tags.get(TAG_CLOCK_SKEW_SECONDS)
-        return float(raw) if raw is not None else DEFAULT_CLOCK_SKEW_SECONDS
+        return clock_skew_of(self.odfv.tags)
 
     def view_names(self) -> SolarisFeastConfig:
         return SolarisFeastConfig(

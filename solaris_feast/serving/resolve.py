@@ -35,6 +35,36 @@ if TYPE_CHECKING:
 
 DEFAULT_CLOCK_SKEW_SECONDS = 300.0
 """How far in the future a ``computed_at`` may lie (writers' and servers' clocks differ)."""
+
+
+def clock_skew_of(resolved_tags: Mapping[str, str] | None) -> float:
+    """The clock skew a deployment configured (``SolarisFeastConfig.clock_skew_seconds``, kept
+    in the resolved view's tag), else :data:`DEFAULT_CLOCK_SKEW_SECONDS`: the one value every
+    reader and writer of the repo applies."""
+    from solaris_feast.store.tags import TAG_CLOCK_SKEW_SECONDS
+
+    raw = (resolved_tags or {}).get(TAG_CLOCK_SKEW_SECONDS)
+    return float(raw) if raw is not None else DEFAULT_CLOCK_SKEW_SECONDS
+
+
+def repo_clock_skew(store: object, resolved_view: str | None = None) -> float:
+    """:func:`clock_skew_of` the resolved view of a Feast store's registry (the default where
+    the repo has none, as a writer-only repo may)."""
+    from feast.errors import FeastObjectNotFoundException
+
+    from solaris_feast.store.definitions import SolarisFeastConfig
+
+    name = resolved_view or SolarisFeastConfig().resolved_view_name
+    lookup = getattr(store, "get_on_demand_feature_view", None)
+    if lookup is None:  # not a Feast store (a test double, a registry-less facts object)
+        return DEFAULT_CLOCK_SKEW_SECONDS
+    try:
+        view = lookup(name)
+    except FeastObjectNotFoundException:
+        return DEFAULT_CLOCK_SKEW_SECONDS
+    return clock_skew_of(view.tags)
+
+
 TIER_DTYPE = np.int8
 REJECTION_REASONS = ("other_version", "stale", "future", "non_finite")
 """Why a stored, decodable vector was not served (absent and undecodable values are counted by

@@ -47,9 +47,9 @@ from solaris_feast.errors import (
 )
 from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.serving.resolve import (
-    DEFAULT_CLOCK_SKEW_SECONDS,
     REJECTION_REASONS,
     TierValues,
+    repo_clock_skew,
     resolve,
 )
 from solaris_feast.store.backends import OnlineBackend, OnlineFacts, TierRead, backend_for
@@ -178,7 +178,9 @@ class SolarisRetriever:
         record_misses: queue every exact miss for the next precompute round.
         views: names of the views; TTLs and the dimension are read from the registry.
         clock_skew_seconds: how far in the future a stored ``computed_at`` may lie before the
-            value is distrusted (a miss); writers' clocks differ from this one.
+            value is distrusted (a miss); writers' clocks differ from this one. Default: the
+            repo's setting (``SolarisFeastConfig.clock_skew_seconds``, the resolved view's tag),
+            else :data:`~solaris_feast.serving.resolve.DEFAULT_CLOCK_SKEW_SECONDS`.
 
     The Redis connection pool is shared safely between threads; the counters in ``stats`` and
     the memory of queued misses are not locked, so give each serving thread its own retriever.
@@ -195,7 +197,7 @@ class SolarisRetriever:
         strict: bool = False,
         record_misses: bool = True,
         views: SolarisFeastConfig | None = None,
-        clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS,
+        clock_skew_seconds: float | None = None,
     ) -> None:
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
@@ -203,6 +205,10 @@ class SolarisRetriever:
             raise ValueError("expected_model_version must be a non-empty string")
         if deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {deadline_ms}")
+        names = views or SolarisFeastConfig()
+        if clock_skew_seconds is None:
+            # The deployment's setting, as the resolved view applies it.
+            clock_skew_seconds = repo_clock_skew(store, names.resolved_view_name)
         if not np.isfinite(clock_skew_seconds) or clock_skew_seconds < 0:
             raise ValueError(
                 f"clock_skew_seconds must be finite and >= 0, got {clock_skew_seconds}"
@@ -214,7 +220,6 @@ class SolarisRetriever:
         self.strict = strict
         self.record_misses = record_misses
         self.stats = RetrieverStats()
-        names = views or SolarisFeastConfig()
         self.view_names = names.view_name_by_tier()
         self.project = store.config.project
 

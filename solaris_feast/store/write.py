@@ -49,7 +49,7 @@ import pandas as pd
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, EVENT_TIMESTAMP, MODEL_VERSION, WRITTEN_AT
 from solaris_feast.errors import ConfigError, WriteBatchError
-from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
+from solaris_feast.serving.resolve import repo_clock_skew
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.ids import join_key_types
 from solaris_feast.store.layout import EntityKeyLayout, embedding_codec, stored_model_version
@@ -167,6 +167,8 @@ class EmbeddingWriter:
         self.chunk_rows = chunk_rows
         self.atomic_rows = atomic_rows
         self.project = store.config.project
+        # A computed_at further ahead than the repo's clock skew is refused (serving would).
+        self.clock_skew_seconds = repo_clock_skew(store)
         self.join_keys = list(self.view.join_keys)
         self.feature_kinds = {f.name: _feature_kind(f.name, f.dtype) for f in self.view.features}
         embedding_features = [n for n, k in self.feature_kinds.items() if k == EMBEDDING]
@@ -290,10 +292,10 @@ class EmbeddingWriter:
                     # Serving rejects a vector from the future, and newest-wins would keep it
                     # over every correct rewrite until its time had passed.
                     latest = pd.Timestamp.now(tz="UTC").value + int(
-                        DEFAULT_CLOCK_SKEW_SECONDS * NANOS_PER_SECOND
+                        self.clock_skew_seconds * NANOS_PER_SECOND
                     )
                     refuse(
-                        f"{name} is more than {DEFAULT_CLOCK_SKEW_SECONDS:.0f} s after this "
+                        f"{name} is more than {self.clock_skew_seconds:.0f} s after this "
                         "machine's clock (a vector from the future is not served, and it would "
                         "keep later rewrites out)",
                         values > latest,
