@@ -189,6 +189,11 @@ def checked_id_column(table: str, frame: Any, column: str) -> np.ndarray:
     from solaris_feast.errors import SchemaError
 
     values = frame[column]
+    missing = np.flatnonzero(values.isna().to_numpy())
+    if len(missing):
+        raise SchemaError(
+            table, column, f"has {len(missing)} missing ids (rows {missing[:5].tolist()})"
+        )
     if values.dtype.kind in "iu":
         if len(values) and values.min() < 0:
             raise SchemaError(table, column, "has negative ids")

@@ -342,6 +342,65 @@ def test_a_bad_candidate_table_is_refused_naming_the_users_own_columns(tmp_path:
             read_candidate_table(settings.candidates, end, None, None, 10)
 
 
+def test_a_log_with_a_null_id_is_refused_naming_the_file_and_column(tmp_path: Path) -> None:
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    folder = write_own_log(tmp_path / "log", 20, 15, end)
+    first = sorted(folder.glob("*.parquet"))[0]
+    frame = pd.read_parquet(first)
+    frame["sku"] = frame["sku"].astype("Int64").mask(frame.index == 3)
+    frame.to_parquet(first, index=False)
+    write_item_table(tmp_path / "items.parquet", 15)
+    config = load_config(write_config(tmp_path, config_dict(tmp_path))).log
+    with pytest.raises(SchemaError, match=r"log .*: column 'sku' has 1 missing ids \(rows \[3\]"):
+        read_log_window(config, end - timedelta(days=3), end)
+
+
+def test_a_candidate_table_must_match_the_logs_ids_and_drops_met_pairs_when_asked(
+    tmp_path: Path,
+) -> None:
+    """A table of String ids beside an Int64 log was accepted, scored, planned and then refused
+    by the writer naming neither file nor column; a null id raised pandas' own error; and
+    ``exclude_seen_items`` was applied to the built-in generators only."""
+    from solaris_feast.config import precompute_settings
+    from solaris_feast.pipeline.log import load_log
+    from solaris_feast.pipeline.precompute import _candidate_table
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    write_own_log(tmp_path / "log", 20, 15, end)
+    write_item_table(tmp_path / "items.parquet", 15)
+    tables = {
+        "strings": pd.DataFrame({"uid": [1, 2], "iid": ["3", "4"]}),
+        "null": pd.DataFrame({"uid": pd.array([1, None], dtype="Int64"), "iid": [3, 4]}),
+        "ints": pd.DataFrame({"uid": np.repeat([1, 2], 15), "iid": np.tile(np.arange(15), 2)}),
+    }
+    for name, frame in tables.items():
+        frame.to_parquet(tmp_path / f"{name}.parquet", index=False)
+
+    def table(name: str, exclude_seen: bool = False) -> pd.DataFrame:
+        source = {"path": f"{name}.parquet", "user_column": "uid", "item_column": "iid"}
+        raw = config_dict(tmp_path, candidates={"source": "table", "table": source})
+        raw["precompute"]["exclude_seen_items"] = exclude_seen
+        settings = precompute_settings(load_config(write_config(tmp_path, raw)))
+        return _candidate_table(settings, load_log(settings, end), end)
+
+    with pytest.raises(SchemaError, match=r"strings\.parquet: column 'iid' holds String ids"):
+        table("strings")
+    with pytest.raises(SchemaError, match=r"null\.parquet: column 'uid' has 1 missing ids"):
+        table("null")
+    everything = table("ints")
+    assert len(everything) == 30
+    kept = table("ints", exclude_seen=True)
+    log = load_log(precompute_settings(load_config(tmp_path / "solaris.yaml")), end).interactions
+    met = set(zip(log["user_id"].tolist(), log["item_id"].tolist(), strict=True))
+    offered = set(zip(kept["user_id"].tolist(), kept["item_id"].tolist(), strict=True))
+    assert offered and not offered & met
+    assert offered | (met & {(u, i) for u in (1, 2) for i in range(15)}) == {
+        (u, i) for u in (1, 2) for i in range(15)
+    }
+
+
 # -- train, promote, precompute -------------------------------------------------------------------
 
 

@@ -393,9 +393,11 @@ def _ids(column: pd.Series) -> Any:
     import numpy as np
     import pandas as pd
 
-    if pd.api.types.is_integer_dtype(column):
+    if pd.api.types.is_integer_dtype(column) and not column.hasnans:
         return column.to_numpy(np.int64)
-    return column.astype(object).to_numpy()
+    # A nullable Int64 column with nulls stays object, its nulls None: the schema check then
+    # refuses it naming the file, the column and the positions, as it does a null string id.
+    return column.astype(object).where(column.notna(), None).to_numpy()
 
 
 def _utc_day(moment: datetime) -> str:

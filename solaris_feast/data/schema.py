@@ -154,6 +154,14 @@ def validate_interactions(
         if column not in frame.columns:
             raise SchemaError(table, column, f"is missing (columns present: {list(frame.columns)})")
     for column in (USER_ID, ITEM_ID):
+        missing = np.flatnonzero(frame[column].isna().to_numpy())
+        if len(missing):
+            raise SchemaError(
+                table,
+                column,
+                f"has {len(missing)} missing ids (rows {missing[:5].tolist()}"
+                f"{', ...' if len(missing) > 5 else ''}): every row needs a user and an item",
+            )
         if dense_ids and not pd.api.types.is_integer_dtype(frame[column]):
             raise SchemaError(table, column, f"must be an integer type, got {frame[column].dtype}")
         if not dense_ids:

@@ -289,19 +289,47 @@ def refuse_future_round(now: datetime) -> None:
 def _candidate_table(
     cfg: PrecomputeSettings, dataset: InteractionDataset, now: datetime
 ) -> pd.DataFrame:
-    """The user's candidate table of the round (``cfg.candidates`` is set)."""
+    """The user's candidate table of the round (``cfg.candidates`` is set): its ids of the
+    log's types, and with ``exclude_seen_items`` without the pairs the round's log has met, as
+    the built-in generators leave them out."""
+    import pandas as pd
+
     from solaris_feast.data.log_source import read_candidate_table
+    from solaris_feast.data.schema import EVENT_TIMESTAMP
+    from solaris_feast.errors import SchemaError
 
     if cfg.candidates is None:
         raise ValueError("no candidate table configured")
     dense = dataset.dense_ids
-    return read_candidate_table(
+    table = read_candidate_table(
         cfg.candidates,
         now,
         dataset.num_users if dense else None,
         dataset.num_items if dense else None,
         cfg.candidates_per_user,
     )
+    log = dataset.interactions
+    for key, column in (
+        (USER_ID, cfg.candidates.user_column),
+        (ITEM_ID, cfg.candidates.item_column),
+    ):
+        kinds = {"String" if frame[key].dtype == object else "Int64" for frame in (table, log)}
+        if len(table) and len(log) and len(kinds) > 1:
+            ours = "String" if table[key].dtype == object else "Int64"
+            raise SchemaError(
+                f"candidate table {cfg.candidates.path_at(now)}",
+                column,
+                f"holds {ours} ids, the log's are {({'String', 'Int64'} - {ours}).pop()}: "
+                "store them as the log does (a vector written under the other type's key is "
+                "never read)",
+            )
+    if cfg.exclude_seen_items and len(table) and len(log):
+        met = log.loc[log[EVENT_TIMESTAMP] < pd.Timestamp(now), [USER_ID, ITEM_ID]]
+        marked = table.merge(
+            met.drop_duplicates(), on=[USER_ID, ITEM_ID], how="left", indicator=True
+        )
+        table = table.loc[(marked["_merge"] == "left_only").to_numpy()].reset_index(drop=True)
+    return table
 
 
 def _repo_config(settings: PrecomputeSettings) -> tuple[Path, Path]:
