@@ -531,6 +531,55 @@ def _wipe_online(repo: Path, project: str, redis_url: str | None) -> None:
             conn.execute(f'DELETE FROM "{table}"')
 
 
+def test_views_registered_under_a_repos_own_names_are_precomputed_served_and_reviewed(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    """`SolarisFeastConfig(pair_view_name=...)`, as the README's own-repo section shows: the
+    round found its views by the default names and refused the repo (ViewsNotAppliedError),
+    and `solaris status` too. The views are now found by their tier tags."""
+    from test_dags import make_feature_repo
+
+    from solaris_feast.models.cards import list_cards
+    from solaris_feast.review.status import store_status
+    from solaris_feast.serving.retriever import SolarisRetriever
+    from solaris_feast.tiers import Tier
+
+    names = {
+        "pair_view_name": "shop_pair",
+        "user_view_name": "shop_user",
+        "similar_view_name": "shop_similar",
+        "resolved_view_name": "shop_resolved",
+        "service_name": "shop_embeddings",
+    }
+    end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+    write_own_log(tmp_path / "log", 60, 45, end)
+    write_item_table(tmp_path / "items.parquet", 45)
+    make_feature_repo(tmp_path / "repo", feast_project, **names)
+    config = write_config(tmp_path, config_dict(tmp_path))
+    out = run_cli("train", "--config", str(config))
+    vm = next(c for c in list_cards(tmp_path / "models") if c.kind == "vm")
+    run_cli("promote", "--config", str(config), "--vm", vm.version)
+    at = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
+    out = run_cli("precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}")
+    assert "offline     shop_pair:" in out
+    store = open_store(tmp_path / "repo", False)
+    assert {v.name: v.tags["solaris.verifier_version"] for v in store.list_feature_views()} == {
+        "shop_pair": vm.version,
+        "shop_user": vm.version,
+        "shop_similar": vm.version,
+    }
+    [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
+    planned = pd.concat(map(pd.read_parquet, sorted(run_dir.glob("shards/*/plan/pairs.parquet"))))
+    user = planned["user_id"].iloc[0]
+    items = planned.loc[planned["user_id"] == user, "item_id"].tolist()
+    retriever = SolarisRetriever(store, vm.parents[0], record_misses=False, deadline_ms=5000)
+    assert retriever.view_names[Tier.EXACT] == "shop_pair"
+    assert retriever.fetch(user, items).tiers.tolist() == [Tier.EXACT] * len(items)
+    status = store_status(store, vm.parents[0])
+    assert [v["name"] for v in status["views"]][:1] == ["shop_pair"]
+    assert next(v for v in status["views"] if v["name"] == "shop_pair")["fresh"] >= len(items)
+
+
 def test_the_replay_reads_a_users_own_log_through_its_config(
     tmp_path: Path, feast_project: str, no_config_env: None
 ) -> None:

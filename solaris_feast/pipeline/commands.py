@@ -68,10 +68,11 @@ def precompute_round(config: SolarisConfig, at: datetime | None, echo: Echo) -> 
     run, planned, covered = done["run"], done["plan"], done["coverage"]
     run_dir = Path(run["run_dir"])
     echo(f"run folder  {run_dir} (shards/, budget.json, coverage.json)")
-    from solaris_feast.pipeline.settings import SOLARIS_VIEWS, PrecomputeSettings
+    from solaris_feast.pipeline.settings import PrecomputeSettings
+    from solaris_feast.store.definitions import applied_view_names
     from solaris_feast.store.offline import offline_view_root
 
     store = precompute.open_run_store(PrecomputeSettings.model_validate(settings))
-    for view in SOLARIS_VIEWS:
+    for view in applied_view_names(store).view_name_by_tier().values():
         echo(f"offline     {view}: {offline_view_root(store, view)}")
     return {"run": run, "plan": planned, "coverage": covered, "run_dir": str(run_dir)}

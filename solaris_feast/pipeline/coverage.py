@@ -31,11 +31,6 @@ from solaris_feast.columns import (
 )
 from solaris_feast.pipeline.runs import budget_path, shard_report_path, write_atomic
 from solaris_feast.pipeline.settings import (
-    PAIR_VIEW,
-    RESOLVED_VIEW,
-    SIMILAR_VIEW,
-    SOLARIS_VIEWS,
-    USER_VIEW,
     PrecomputeRun,
 )
 from solaris_feast.store.layout import version_matches
@@ -162,18 +157,15 @@ def served_tiers(
     from solaris_feast.serving.resolve import clock_skew_of, resolve
     from solaris_feast.tiers import Tier
 
-    snapshot = (
-        registry
-        if isinstance(registry, RegistrySnapshot)
-        else take_snapshot(registry, SOLARIS_VIEWS, RESOLVED_VIEW)
-    )
-    views = {Tier.EXACT: PAIR_VIEW, Tier.SIMILAR: SIMILAR_VIEW, Tier.USER_AGG: USER_VIEW}
+    snapshot = registry if isinstance(registry, RegistrySnapshot) else take_snapshot(registry)
+    views = snapshot.names_by_tier()
     ttls = {tier: snapshot.view(view).ttl_seconds for tier, view in views.items()}
     skew = clock_skew_of(snapshot.resolved_tags)
     values = {
         tier: _tier_values(
             snapshot,
             view,
+            [USER_ID] if tier == Tier.USER_AGG else [USER_ID, ITEM_ID],
             pairs,
             now,
             ttls[tier],
@@ -184,13 +176,14 @@ def served_tiers(
     }
     dims = {v.vectors.shape[1] for v in values.values() if v.present.any()}
     if len(dims) > 1:
-        raise ValueError(f"views {', '.join(SOLARIS_VIEWS)} hold vectors of lengths {dims}")
+        raise ValueError(f"views {', '.join(views.values())} hold vectors of lengths {dims}")
     return resolve(values, now_s=now.timestamp(), ttl_seconds=ttls, clock_skew_seconds=skew).tiers
 
 
 def _tier_values(
     snapshot: RegistrySnapshot,
     view: str,
+    keys: list[str],
     pairs: pd.DataFrame,
     now: pd.Timestamp,
     ttl_seconds: float,
@@ -206,7 +199,6 @@ def _tier_values(
     from solaris_feast.serving.resolve import TierValues, fresh_window
     from solaris_feast.store.offline import newest_per_key
 
-    keys = [USER_ID] if view == USER_VIEW else [USER_ID, ITEM_ID]
     rows = snapshot_rows(
         snapshot,
         view,
@@ -279,11 +271,13 @@ def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[st
     Lineage review traces a served vector through these tags to the FM, compressor and verifier
     cards; they change (one registry update) only when a run writes with new models.
     """
+    from solaris_feast.store.definitions import applied_view_names
     from solaris_feast.store.tags import TAG_COMPRESSOR_VERSION
 
     wanted = _version_tags(spec)
+    names = applied_view_names(store)
     changed: list[Any] = []  # FeatureStore.apply takes a list of any Feast object
-    for name in SOLARIS_VIEWS:
+    for name in names.view_name_by_tier().values():
         view = store.get_feature_view(name)
         if any(view.tags.get(k) != v for k, v in wanted.items()):
             view.tags.update(wanted)
@@ -291,7 +285,7 @@ def tag_views_with_versions(store: FeatureStore, spec: PrecomputeRun) -> list[st
     # The resolved on-demand view reads the three views: it carries the compressor's version.
     compressor_tag = TAG_COMPRESSOR_VERSION
     for resolved in store.list_on_demand_feature_views():
-        if resolved.name == RESOLVED_VIEW and resolved.tags.get(compressor_tag) != (
+        if resolved.name == names.resolved_view_name and resolved.tags.get(compressor_tag) != (
             spec.embedding_version
         ):
             resolved.tags[compressor_tag] = spec.embedding_version

@@ -69,15 +69,8 @@ from solaris_feast.pipeline.runs import (
     write_parquet_atomic,
     write_parquet_once,
 )
-from solaris_feast.pipeline.settings import (
-    PAIR_VIEW,
-    RESOLVED_VIEW,
-    SIMILAR_VIEW,
-    SOLARIS_VIEWS,
-    USER_VIEW,
-    PrecomputeRun,
-    PrecomputeSettings,
-)
+from solaris_feast.pipeline.settings import PAIR_VIEW, PrecomputeRun, PrecomputeSettings
+from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
     import numpy as np
@@ -115,13 +108,14 @@ def start_precompute(
     from solaris_feast.errors import ChainMismatchError, ConfigError
     from solaris_feast.models.cards import serving_chain
     from solaris_feast.pipeline.promotion import chain_mismatches, embedding_dim_mismatch
+    from solaris_feast.serving.resolve import clock_skew_of
     from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 
     cfg = PrecomputeSettings.model_validate(dict(settings))
     # Refuses a repo without the views before any work is done.
     snapshot, fingerprint = start_snapshot(cfg)
     now, key = run_time(**interval)
-    refuse_future_round(now)
+    refuse_future_round(now, clock_skew_of(snapshot.resolved_tags))
     models_dir = Path(cfg.models_dir)
     chain = serving_chain(models_dir, cfg.serving_vm or None) if models_dir.is_dir() else None
     if chain is None or chain.vm is None:
@@ -133,10 +127,10 @@ def start_precompute(
     if cfg.candidates is not None:
         _candidate_table(cfg, dataset, now)
     problems = chain_mismatches(chain, dataset, models_dir)
-    pair_tags = snapshot.view(PAIR_VIEW).tags
+    pair_tags = snapshot.tier_view(Tier.EXACT).tags
     view_dim = pair_tags.get(TAG_EMBEDDING_DIM, "")
     dim_problem = embedding_dim_mismatch(
-        chain, int(view_dim) if view_dim.isdigit() else None, PAIR_VIEW
+        chain, int(view_dim) if view_dim.isdigit() else None, snapshot.name_of(Tier.EXACT)
     )
     if dim_problem is not None:
         problems.append(dim_problem)
@@ -178,13 +172,15 @@ ONLINE_CHECK_PAIRS_PER_READ = 10_000
 fresh (several users' reads batched: ``OnlineBackend.read_tiers_many``)."""
 
 
-def confirmed_online(spec: PrecomputeRun, fresh: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def confirmed_online(
+    spec: PrecomputeRun, fresh: pd.DataFrame, views: dict[Tier, str]
+) -> tuple[pd.DataFrame, int]:
     """The rows of ``fresh`` (pair rows the offline log calls fresh) whose pair still holds a
     value in the online store, and how many do not (lost: they are planned again).
 
     One batched read of the pair view's stored ``computed_at`` per
     :data:`ONLINE_CHECK_PAIRS_PER_READ` pairs; only the online store's address is needed (no
-    Feast import)."""
+    Feast import); ``views``: the stored views' names by tier, as the registry has them."""
     import itertools
 
     import numpy as np
@@ -198,7 +194,6 @@ def confirmed_online(spec: PrecomputeRun, fresh: pd.DataFrame) -> tuple[pd.DataF
     pairs = fresh[[USER_ID, ITEM_ID]].drop_duplicates().reset_index(drop=True)
     users, items = id_array(pairs[USER_ID]), id_array(pairs[ITEM_ID])
     order = np.argsort(users, kind="stable")
-    views = {Tier.EXACT: PAIR_VIEW, Tier.SIMILAR: SIMILAR_VIEW, Tier.USER_AGG: USER_VIEW}
     present = np.zeros(len(pairs), dtype=bool)
     backend = backend_for(run_online_facts(spec.settings), timeout_seconds=60.0)
     try:
@@ -265,7 +260,7 @@ def refuse_changed_settings(run_dir: Path, cfg: PrecomputeSettings) -> None:
         )
 
 
-def refuse_future_round(now: datetime) -> None:
+def refuse_future_round(now: datetime, clock_skew_seconds: float) -> None:
     """Refuse a round whose time is past this machine's clock by more than the serving clock
     skew (a typo in ``--at``, a local time taken for UTC, a manual run with a future logical
     date). Its vectors would carry that ``computed_at``: serving rejects them as from the future,
@@ -274,13 +269,12 @@ def refuse_future_round(now: datetime) -> None:
     import pandas as pd
 
     from solaris_feast.errors import ConfigError
-    from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
 
     ahead = (pd.Timestamp(now) - pd.Timestamp.now(tz="UTC")).total_seconds()
-    if ahead > DEFAULT_CLOCK_SKEW_SECONDS:
+    if ahead > clock_skew_seconds:
         raise ConfigError(
             f"the round's time {pd.Timestamp(now).isoformat()} is {ahead / 3600:.1f} h after this "
-            f"machine's clock (allowed: {DEFAULT_CLOCK_SKEW_SECONDS:.0f} s of clock skew); "
+            f"machine's clock (allowed: {clock_skew_seconds:.0f} s of clock skew); "
             "vectors computed as of a future time are not served and block later rounds' "
             "writes: check --at (or the run's logical date) and its time zone"
         )
@@ -343,11 +337,15 @@ def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
     when its registry lacks any of the SOLARIS views (a final error: no retry adds them)."""
     from solaris_feast.errors import ViewsNotAppliedError
     from solaris_feast.store.config import open_repo_store
+    from solaris_feast.store.definitions import applied_view_names
 
     repo, yaml_file = _repo_config(settings)
     store = open_repo_store(repo, yaml_file)
     applied = {view.name for view in store.list_feature_views()}
-    missing = [name for name in SOLARIS_VIEWS if name not in applied]
+    # Under the repo's own names where it registered its own (found by the views' tier tags).
+    names = applied_view_names(store)
+    wanted = (names.pair_view_name, names.user_view_name, names.similar_view_name)
+    missing = [name for name in wanted if name not in applied]
     if missing:
         raise ViewsNotAppliedError(str(repo), missing)
     return store
@@ -388,7 +386,7 @@ def _snapshot_through_feast(
 
     repo, yaml_file = _repo_config(settings)
     before = registry_fingerprint(repo, yaml_file)
-    snapshot = take_snapshot(store, SOLARIS_VIEWS, RESOLVED_VIEW)
+    snapshot = take_snapshot(store)
     unchanged = before is not None and registry_fingerprint(repo, yaml_file) == before
     return snapshot, before if unchanged else None
 
@@ -405,7 +403,7 @@ def run_snapshot(spec: PrecomputeRun) -> RegistrySnapshot:
     written before snapshots were kept)."""
     snapshot = read_snapshot(Path(spec.run_dir))
     if snapshot is None:
-        snapshot = take_snapshot(open_run_store(spec.settings), SOLARIS_VIEWS, RESOLVED_VIEW)
+        snapshot = take_snapshot(open_run_store(spec.settings))
     return snapshot
 
 
@@ -649,17 +647,18 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     misses = misses[[USER_ID, ITEM_ID]].drop_duplicates()
     misses = misses.loc[users_of_shard(misses[USER_ID].to_numpy(), shard_index, count)]
     snapshot = run_snapshot(spec)
-    ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
+    pair_view = snapshot.name_of(Tier.EXACT)
+    ttl = pair_ttl_seconds(spec, snapshot.view(pair_view).ttl_seconds, pair_view)
     now = pd.Timestamp(spec.now)
     fresh = snapshot_rows(
-        snapshot, PAIR_VIEW, *fresh_window(now, ttl), [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION]
+        snapshot, pair_view, *fresh_window(now, ttl), [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION]
     )
     if count > 1 and len(fresh):
         fresh = fresh.loc[users_of_shard(fresh[USER_ID].to_numpy(), shard_index, count)]
     # The log says what was written; the online store says what is still there. A Redis
     # restarted without persistence, evicted or flushed has lost vectors the log still calls
     # fresh: those are planned again instead of counted as served until their TTL ran out.
-    fresh, lost = confirmed_online(spec, fresh)
+    fresh, lost = confirmed_online(spec, fresh, snapshot.names_by_tier())
     # No budget limit: the shard's whole ranking, cut later to its part of the round's budget.
     unlimited = len(candidates) + len(misses)
 
@@ -795,7 +794,9 @@ def round_plan(spec: PrecomputeRun, uncovered_rows: int | None = None) -> Plan:
     )
 
 
-def pair_ttl_seconds(spec: PrecomputeRun, view_ttl_seconds: float) -> int:
+def pair_ttl_seconds(
+    spec: PrecomputeRun, view_ttl_seconds: float, view_name: str = PAIR_VIEW
+) -> int:
     """The planner's TTL: the param, or the pair view's TTL (``view_ttl_seconds``, from the
     registry), which serving enforces.
 
@@ -806,13 +807,13 @@ def pair_ttl_seconds(spec: PrecomputeRun, view_ttl_seconds: float) -> int:
 
     view_seconds = int(view_ttl_seconds)
     if view_seconds <= 0:
-        raise ConfigError(f"feature view {PAIR_VIEW} needs a positive ttl")
+        raise ConfigError(f"feature view {view_name} needs a positive ttl")
     wanted = spec.settings.pair_ttl_seconds
     if wanted is None:
         return view_seconds
     if wanted > view_seconds:
         raise ConfigError(
-            f"pair_ttl_seconds={wanted} exceeds the {PAIR_VIEW} view's ttl ({view_seconds} s): "
+            f"pair_ttl_seconds={wanted} exceeds the {view_name} view's ttl ({view_seconds} s): "
             "pairs the retriever treats as expired would be skipped as fresh"
         )
     return wanted
@@ -841,7 +842,7 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]
 
     dataset = load_log(spec.settings, spec.now)
     store = open_run_store(spec.settings)
-    writer = EmbeddingWriter(store, PAIR_VIEW)
+    writer = EmbeddingWriter(store, run_snapshot(spec).name_of(Tier.EXACT))
     try:
         stats = run_precompute(part, chain, dataset, writer, spec.settings.batch_size)
     finally:
@@ -869,11 +870,12 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     snapshot = run_snapshot(spec)
     rows = user_aggregate_rows(spec, snapshot)
     now = pd.Timestamp(spec.now)
-    ttl_seconds = snapshot.view(USER_VIEW).ttl_seconds
+    user_view = snapshot.name_of(Tier.USER_AGG)
+    ttl_seconds = snapshot.view(user_view).ttl_seconds
     rewrite_after = max(ttl_seconds - spec.settings.refresh_margin_seconds, 0.0)
     # Rows before this round's time only: a retry rewrites what its first try wrote.
     since, _ = fresh_window(now, ttl_seconds)
-    stored = snapshot_rows(snapshot, USER_VIEW, since, now - pd.Timedelta(1, "us"))
+    stored = snapshot_rows(snapshot, user_view, since, now - pd.Timedelta(1, "us"))
     if lost_online(spec):
         # The online store lost pair vectors the log calls fresh (rank_shard found them): its
         # aggregates are gone with them, so none counts as unchanged.
@@ -884,7 +886,7 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     if len(changed):
         from solaris_feast.store.write import EmbeddingWriter
 
-        writer = EmbeddingWriter(open_run_store(spec.settings), USER_VIEW)
+        writer = EmbeddingWriter(open_run_store(spec.settings), user_view)
         try:
             report = writer.write(changed)
         finally:
@@ -909,7 +911,7 @@ def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.D
 
     window = spec.settings.aggregate_window_seconds
     now = pd.Timestamp(spec.now)
-    exact = snapshot_rows(snapshot, PAIR_VIEW, *fresh_window(now, window))
+    exact = snapshot_rows(snapshot, snapshot.name_of(Tier.EXACT), *fresh_window(now, window))
     return aggregate_user_embeddings(
         exact, now, spec.embedding_version, AggregateConfig(window_seconds=window)
     )
@@ -935,7 +937,8 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     cfg = spec.settings
     snapshot = run_snapshot(spec)
     now = pd.Timestamp(spec.now)
-    ttl = pair_ttl_seconds(spec, snapshot.view(PAIR_VIEW).ttl_seconds)
+    pair_view = snapshot.name_of(Tier.EXACT)
+    ttl = pair_ttl_seconds(spec, snapshot.view(pair_view).ttl_seconds, pair_view)
     plan = round_plan(spec, uncovered_rows=cfg.fill_targets)
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     targets = pd.concat(
@@ -949,7 +952,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         logger.info("similarity fill: nothing to fill (no targets)")
         return {"targets": 0, "filled": 0}
     user_rows = user_aggregate_rows(spec, snapshot)
-    exact = snapshot_rows(snapshot, PAIR_VIEW, *fresh_window(now, ttl))
+    exact = snapshot_rows(snapshot, pair_view, *fresh_window(now, ttl))
     if len(user_rows) < 2 or len(exact) == 0:
         logger.info("similarity fill: nothing to fill (%d targets)", len(targets))
         return {"targets": len(targets), "filled": 0}
@@ -968,7 +971,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         ttl,
         similarity,
     )
-    writer = EmbeddingWriter(open_run_store(cfg), SIMILAR_VIEW)
+    writer = EmbeddingWriter(open_run_store(cfg), snapshot.name_of(Tier.SIMILAR))
     try:
         report = writer.write(fill)
     finally:

@@ -34,6 +34,8 @@ from solaris_feast.pipeline.runs import write_atomic, write_once
 if TYPE_CHECKING:
     from feast import FeatureStore
 
+    from solaris_feast.tiers import Tier
+
 SNAPSHOT_FILE = "registry.json"
 _CONFIG = ConfigDict(extra="forbid", frozen=True)
 
@@ -62,19 +64,44 @@ class RegistrySnapshot(BaseModel):
     views: dict[str, ViewSnapshot]
     resolved_tags: dict[str, str] | None = None
     """Tags of the on-demand resolved view; None when the repo has none."""
+    names: dict[str, str] = {}
+    """View name by tier tag (``EXACT``, ``SIMILAR``, ``USER_AGG``, ``RESOLVED``), as the
+    registry has them (:func:`~solaris_feast.store.definitions.applied_view_names`); empty in a
+    snapshot written before the names were read from the registry: the default names."""
 
     def view(self, name: str) -> ViewSnapshot:
         return self.views[name]
 
+    def name_of(self, tier: Tier | str) -> str:
+        """The name of the view of ``tier`` (a :class:`~solaris_feast.tiers.Tier` or
+        ``"RESOLVED"``) in this registry."""
+        from solaris_feast.pipeline.settings import DEFAULT_VIEW_NAMES
 
-def take_snapshot(
-    store: FeatureStore, view_names: tuple[str, ...], resolved: str
-) -> RegistrySnapshot:
-    """The snapshot of ``view_names`` (and the on-demand view ``resolved``) in ``store``."""
+        key = tier if isinstance(tier, str) else tier.name
+        return self.names.get(key, DEFAULT_VIEW_NAMES[key])
+
+    def tier_view(self, tier: Tier) -> ViewSnapshot:
+        """The snapshot of the view that serves ``tier``."""
+        return self.views[self.name_of(tier)]
+
+    def names_by_tier(self) -> dict[Tier, str]:
+        """The three stored views' names, by the tier each serves."""
+        from solaris_feast.tiers import Tier
+
+        return {tier: self.name_of(tier) for tier in (Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG)}
+
+
+def take_snapshot(store: FeatureStore) -> RegistrySnapshot:
+    """The snapshot of the SOLARIS views in ``store``, under the names its registry has them
+    (found by their tier tags, :func:`~solaris_feast.store.definitions.applied_view_names`)."""
+    from solaris_feast.store.definitions import applied_view_names
     from solaris_feast.store.offline import offline_view_root
 
+    applied = applied_view_names(store)
+    names = {tier.name: name for tier, name in applied.view_name_by_tier().items()}
+    names["RESOLVED"] = resolved = applied.resolved_view_name
     views = {}
-    for name in view_names:
+    for name in (names["EXACT"], names["USER_AGG"], names["SIMILAR"]):
         view = store.get_feature_view(name)
         ttl = view.ttl.total_seconds() if view.ttl is not None else 0.0
         views[name] = ViewSnapshot(
@@ -87,7 +114,9 @@ def take_snapshot(
     resolved_tags = next(
         (dict(v.tags) for v in store.list_on_demand_feature_views() if v.name == resolved), None
     )
-    return RegistrySnapshot(project=store.config.project, views=views, resolved_tags=resolved_tags)
+    return RegistrySnapshot(
+        project=store.config.project, views=views, resolved_tags=resolved_tags, names=names
+    )
 
 
 SNAPSHOT_CACHE = ".registry_snapshot.json"

@@ -24,6 +24,7 @@ import logging
 import os
 import re
 import uuid
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +39,18 @@ logger = logging.getLogger(__name__)
 RUNS_SUBDIR = Path("data") / "precompute_runs"
 """Default runs folder, inside the Feast repo."""
 TRAINING_MARKERS_SUBDIR = ".training_runs"
+
+
+def interval_of(context: Mapping[str, Any]) -> dict[str, Any]:
+    """The Airflow task context's fields :func:`run_time` takes, as a DAG's first task passes
+    them on (JSON-ready for XCom once serialized by Airflow)."""
+    return {
+        "data_interval_start": context.get("data_interval_start"),
+        "data_interval_end": context.get("data_interval_end"),
+        "logical_date": context.get("logical_date"),
+        "run_after": getattr(context["dag_run"], "run_after", None),
+        "run_id": context["run_id"],
+    }
 
 
 def run_time(

@@ -33,7 +33,15 @@ USER_VIEW = "solaris_user"
 SIMILAR_VIEW = "solaris_similar"
 RESOLVED_VIEW = "solaris_resolved"
 SOLARIS_VIEWS = (PAIR_VIEW, USER_VIEW, SIMILAR_VIEW)
-"""The feature views a precompute run reads and writes; the registry must hold all of them."""
+"""The default names of the feature views a precompute run reads and writes (those of
+``SolarisFeastConfig``); a repo that registered its own names is read under those, found by the
+views' tier tags (``RegistrySnapshot.name_of``)."""
+DEFAULT_VIEW_NAMES = {
+    "EXACT": PAIR_VIEW,
+    "SIMILAR": SIMILAR_VIEW,
+    "USER_AGG": USER_VIEW,
+    "RESOLVED": RESOLVED_VIEW,
+}
 
 ENVIRONMENT_DEFAULTS: Mapping[str, str] = {
     "feature_repo": "SOLARIS_FEATURE_REPO",

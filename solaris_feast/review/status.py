@@ -45,7 +45,7 @@ from solaris_feast.serving.resolve import (
 )
 from solaris_feast.store.backends import StoredScan, StoredValues, backend_for, online_kind
 from solaris_feast.store.config import open_repo_store
-from solaris_feast.store.definitions import SolarisFeastConfig
+from solaris_feast.store.definitions import SolarisFeastConfig, applied_view_names
 from solaris_feast.store.layout import (
     decode_string,
     decode_timestamp,
@@ -277,7 +277,7 @@ def store_status(
             f"max_keys, max_users and scan_count must be positive, got "
             f"{max_keys}, {max_users}, {scan_count}"
         )
-    names = views or SolarisFeastConfig()
+    names = views or applied_view_names(store)  # the repo's own names, found by tier tags
     view_names = names.view_name_by_tier()
     ttl_seconds: dict[Tier, float] = {}
     from feast.errors import FeatureViewNotFoundException

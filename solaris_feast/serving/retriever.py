@@ -53,7 +53,7 @@ from solaris_feast.serving.resolve import (
     resolve,
 )
 from solaris_feast.store.backends import OnlineBackend, OnlineFacts, TierRead, backend_for
-from solaris_feast.store.definitions import SolarisFeastConfig
+from solaris_feast.store.definitions import SolarisFeastConfig, applied_view_names
 from solaris_feast.store.ids import EntityId, IdType, check_id, check_ids, join_key_types
 from solaris_feast.store.layout import accepted_model_versions, decode_timestamp, embedding_codec
 from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
@@ -176,7 +176,8 @@ class SolarisRetriever:
             original error when it is final (e.g.
             :class:`~solaris_feast.errors.ViewsNotAppliedError`).
         record_misses: queue every exact miss for the next precompute round.
-        views: names of the views; TTLs and the dimension are read from the registry.
+        views: names of the views (default: those the registry holds, found by their tier tags);
+            TTLs and the dimension are read from the registry.
         clock_skew_seconds: how far in the future a stored ``computed_at`` may lie before the
             value is distrusted (a miss); writers' clocks differ from this one. Default: the
             repo's setting (``SolarisFeastConfig.clock_skew_seconds``, the resolved view's tag),
@@ -205,7 +206,12 @@ class SolarisRetriever:
             raise ValueError("expected_model_version must be a non-empty string")
         if deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {deadline_ms}")
-        names = views or SolarisFeastConfig()
+        if views is not None:
+            names = views
+        elif hasattr(store, "list_on_demand_feature_views"):  # a Feast store: its own names
+            names = applied_view_names(store)  # type: ignore[arg-type]
+        else:
+            names = SolarisFeastConfig()
         if clock_skew_seconds is None:
             # The deployment's setting, as the resolved view applies it.
             clock_skew_seconds = repo_clock_skew(store, names.resolved_view_name)

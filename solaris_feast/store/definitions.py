@@ -83,7 +83,7 @@ from solaris_feast.store.tags import (
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
-    from feast import Entity, FeatureService, FeatureView, OnDemandFeatureView
+    from feast import Entity, FeatureService, FeatureStore, FeatureView, OnDemandFeatureView
 
 DEFAULT_EMBEDDING_DIM = 32
 DEFAULT_PAIR_TTL_SECONDS = 6 * 3600
@@ -188,6 +188,49 @@ class SolarisFeastConfig(BaseModel):
             Tier.SIMILAR: self.similar_view_name,
             Tier.USER_AGG: self.user_view_name,
         }
+
+
+_NAME_FIELD_BY_TIER_TAG = {
+    Tier.EXACT.name: "pair_view_name",
+    Tier.SIMILAR.name: "similar_view_name",
+    Tier.USER_AGG.name: "user_view_name",
+    "RESOLVED": "resolved_view_name",
+}
+
+
+def applied_view_names(store: FeatureStore) -> SolarisFeastConfig:
+    """The names of the SOLARIS views applied in ``store``'s project, found by their tier tag
+    (:data:`~solaris_feast.store.tags.TAG_TIER`): a repo that registered them under its own
+    names (``SolarisFeastConfig(pair_view_name=...)``) is written and reviewed under those.
+
+    A tier no view is tagged with keeps its default name (so a missing view is reported by the
+    name a user would apply); where several views claim a tier, the default name wins if it is
+    one of them, else the names are refused.
+
+    Raises:
+        ConfigError: two or more views of other names tagged with one tier.
+    """
+    from solaris_feast.errors import ConfigError
+
+    tagged: dict[str, list[str]] = {}
+    objects = [*store.list_feature_views(), *store.list_on_demand_feature_views()]
+    for view in objects:
+        tier = view.tags.get(TAG_TIER)
+        if tier in _NAME_FIELD_BY_TIER_TAG:
+            tagged.setdefault(tier, []).append(view.name)
+    default = SolarisFeastConfig()
+    chosen: dict[str, str] = {}
+    for tier, field in _NAME_FIELD_BY_TIER_TAG.items():
+        names = sorted(tagged.get(tier, []))
+        if not names or getattr(default, field) in names:
+            continue
+        if len(names) > 1:
+            raise ConfigError(
+                f"feature views {names} of project {store.config.project!r} are all tagged "
+                f"{TAG_TIER}={tier}: keep one SOLARIS registration per project"
+            )
+        chosen[field] = names[0]
+    return default.model_copy(update=chosen)
 
 
 @dataclass(frozen=True)
