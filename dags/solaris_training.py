@@ -66,15 +66,10 @@ def solaris_training() -> None:
     def start() -> dict[str, Any]:
         from solaris_feast.config import run_settings
         from solaris_feast.pipeline import training
+        from solaris_feast.pipeline.runs import interval_of
 
         context = get_current_context()
-        interval = {
-            "data_interval_start": context.get("data_interval_start"),
-            "data_interval_end": context.get("data_interval_end"),
-            "logical_date": context.get("logical_date"),
-            "run_after": getattr(context["dag_run"], "run_after", None),
-            "run_id": context["run_id"],
-        }
+        interval = interval_of(context)
         # $SOLARIS_CONFIG is read here, at run time: the settings come from the config file,
         # the params a manual run changed override them (solaris_feast.config.run_settings).
         settings = run_settings(

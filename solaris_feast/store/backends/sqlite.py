@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, MODEL_VERSION
-from solaris_feast.errors import DeadlineExceededError, ViewsNotAppliedError
+from solaris_feast.errors import DeadlineExceededError, ViewsNotAppliedError, is_retryable
 from solaris_feast.store.backends import (
     READ_FEATURES,
     BackendKind,
@@ -172,10 +172,7 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
                 raise self._missing_views(exc, [views[t] for t in SEARCH_ORDER]) from exc
             # Interrupted by the progress handler, or a writer's lock held past the busy wait:
             # either way the deadline ran out.
-            message = str(exc)
-            if ("interrupted" in message or "locked" in message) and (
-                time.perf_counter() >= deadline_s - 0.001
-            ):
+            if is_retryable(exc) and time.perf_counter() >= deadline_s - 0.001:
                 raise DeadlineExceededError("SQLite read", deadline_ms) from exc
             raise
         finally:
