@@ -316,6 +316,25 @@ def test_a_retried_drain_gets_back_what_its_failed_try_took(
     assert retry.read_group("precompute", "round-10h", max_pairs=100, min_idle_ms=0).empty
 
 
+def test_a_queue_lost_with_the_stores_data_is_acknowledged_and_retired_without_error(
+    feast_project: str, redis_url: str
+) -> None:
+    """A Redis restarted without persistence loses the stream and its group mid-round: the
+    round's ack and retire met NOGROUP, a final error, and the round failed at its last task."""
+    client = redis.Redis.from_url(redis_url)
+    queue = MissQueue(feast_project, redis=client)
+    queue.record(3, list(range(4)), VERSION)
+    taken = queue.read_group("precompute", "round-12h", max_pairs=10, min_idle_ms=600_000)
+    assert len(taken) == 4
+    client.delete(queue.stream_key)  # the data loss (this test's own key only)
+    assert queue.ack("precompute", taken) == 0
+    assert queue.retire("precompute", "round-12h")
+    # A request after the restart queues into a new stream, still without the group.
+    assert queue.record(3, [9], VERSION) == 1
+    assert queue.ack("precompute", taken) == 0
+    assert queue.retire("precompute", "round-12h")
+
+
 def test_a_consumer_that_dies_after_writing_causes_no_duplicate_rows(
     tmp_path: Path, feast_project: str, redis_url: str
 ) -> None:

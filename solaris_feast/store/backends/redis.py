@@ -25,6 +25,7 @@ Miss queue: a stream ``solaris:{project}:misses``, per-pair markers with a TTL, 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -64,6 +65,8 @@ from solaris_feast.tiers import SEARCH_ORDER, Tier
 
 if TYPE_CHECKING:
     from feast import FeatureStore
+
+logger = logging.getLogger(__name__)
 
 NANOS_PER_SECOND = 1_000_000_000
 SCAN_READ_BATCH = 500
@@ -262,6 +265,11 @@ def redis_client(store: FeatureStore | OnlineFacts, timeout_seconds: float | Non
         retry=Retry(NoBackoff(), 0),
         **kwargs,
     )
+
+
+def _is_nogroup(exc: BaseException) -> bool:
+    """Redis's answer for a stream or consumer group that does not exist."""
+    return str(exc).startswith("NOGROUP")
 
 
 def _remaining(deadline_s: float, deadline_ms: float, what: str) -> float:
@@ -706,17 +714,41 @@ class RedisBackend(SolarisKeyLayouts):
             if miss.entry_id is None:
                 raise ValueError("ack needs the entry_id of each pair, as read_group returns it")
             args += [miss.entry_id, f"{encode_id(miss.user_id)}:{encode_id(miss.item_id)}"]
+        import redis
+
         script = self._script("ack", ACK_SCRIPT)
-        return int(script(keys=[self._stream_key, self._round_key], args=args))
+        try:
+            return int(script(keys=[self._stream_key, self._round_key], args=args))
+        except redis.ResponseError as exc:
+            if not _is_nogroup(exc):
+                raise
+            # The group went with the store's data (a restart without persistence, a flush):
+            # its entries are gone, none is left to acknowledge. A pair still missed is queued
+            # again by the next request that misses it.
+            logger.warning(
+                "miss queue %s has no group %s (the online store lost its data): %d taken "
+                "misses cannot be acknowledged and are not needed to be",
+                self._stream_key,
+                group,
+                len(taken),
+            )
+            return 0
 
     def retire_consumer(self, group: str, consumer: str) -> bool:
+        import redis
+
         # DELCONSUMER drops the consumer's pending entries with it: only an idle one goes.
-        pending = self.client.xpending_range(
-            self._stream_key, group, min="-", max="+", count=1, consumername=consumer
-        )
-        if pending:
-            return False
-        return bool(self.client.xgroup_delconsumer(self._stream_key, group, consumer) == 0)
+        try:
+            pending = self.client.xpending_range(
+                self._stream_key, group, min="-", max="+", count=1, consumername=consumer
+            )
+            if pending:
+                return False
+            return bool(self.client.xgroup_delconsumer(self._stream_key, group, consumer) == 0)
+        except redis.ResponseError as exc:
+            if not _is_nogroup(exc):
+                raise
+            return True  # the group, and the consumer with it, went with the store's data
 
     # -- status -------------------------------------------------------------------------------
 
