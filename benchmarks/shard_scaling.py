@@ -228,7 +228,12 @@ def run_round(
     repo = root / f"repo_{shards}"
     apply_sqlite_repo(repo, f"shardbench{shards}")
     settings = precompute_settings(load_config(config)).model_dump(mode="json")
-    settings.update(feature_repo=str(repo), shards=shards, runs_dir=str(root / f"runs_{shards}"))
+    settings.update(
+        feature_repo=str(repo),
+        shards=shards,
+        runs_dir=str(root / f"runs_{shards}"),
+        allow_expired_rounds=True,  # the round runs at the recorded log's end
+    )
     interval = {
         "data_interval_start": None,
         "data_interval_end": None,

@@ -698,6 +698,17 @@ def test_a_vocabulary_chain_takes_new_users_but_refuses_a_log_of_strangers(
         precompute_settings(load_config(big)).model_dump(mode="json"),
         _interval(datetime.now(UTC) + timedelta(seconds=60), "skew"),
     )
+    # A round dated past the pair TTL (6 h) is refused too: its vectors expire before they are
+    # written; a replay of a recorded log says so explicitly.
+    behind = datetime.now(UTC) - timedelta(hours=7)
+    with pytest.raises(ConfigError, match=r"7\.0 h before this machine's clock, past the pair"):
+        precompute.start_precompute(
+            precompute_settings(load_config(big)).model_dump(mode="json"),
+            _interval(behind, "behind"),
+        )
+    assert len(sorted((tmp_path / "big" / "runs").rglob("manifest.json"))) == len(runs) + 1
+    replay = precompute_settings(load_config(big)).model_dump(mode="json")
+    precompute.start_precompute(replay | {"allow_expired_rounds": True}, _interval(behind, "old"))
     # The same log in another id space (every member id moved by 10**12): nobody is known.
     for day in (tmp_path / "big" / "log").glob("*.parquet"):
         frame = pd.read_parquet(day)

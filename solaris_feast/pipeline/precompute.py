@@ -116,6 +116,10 @@ def start_precompute(
     snapshot, fingerprint = start_snapshot(cfg)
     now, key = run_time(**interval)
     refuse_future_round(now, clock_skew_of(snapshot.resolved_tags))
+    if not cfg.allow_expired_rounds:
+        refuse_expired_round(
+            now, cfg.pair_ttl_seconds or snapshot.tier_view(Tier.EXACT).ttl_seconds
+        )
     models_dir = Path(cfg.models_dir)
     chain = serving_chain(models_dir, cfg.serving_vm or None) if models_dir.is_dir() else None
     if chain is None or chain.vm is None:
@@ -277,6 +281,25 @@ def refuse_future_round(now: datetime, clock_skew_seconds: float) -> None:
             f"machine's clock (allowed: {clock_skew_seconds:.0f} s of clock skew); "
             "vectors computed as of a future time are not served and block later rounds' "
             "writes: check --at (or the run's logical date) and its time zone"
+        )
+
+
+def refuse_expired_round(now: datetime, pair_ttl_seconds: float) -> None:
+    """Refuse a round dated further back than the pair TTL (a backfill of an old interval, a
+    wrong ``--at``): its exact vectors would expire before they were written, so its FM work
+    serves nothing, and its coverage, measured at the round's time, would count them."""
+    import pandas as pd
+
+    from solaris_feast.errors import ConfigError
+
+    behind = (pd.Timestamp.now(tz="UTC") - pd.Timestamp(now)).total_seconds()
+    if pair_ttl_seconds > 0 and behind > pair_ttl_seconds:
+        raise ConfigError(
+            f"the round's time {pd.Timestamp(now).isoformat()} is {behind / 3600:.1f} h before "
+            f"this machine's clock, past the pair TTL ({pair_ttl_seconds / 3600:.1f} h): its "
+            "vectors would be expired when written. Run the round for now (no --at, or a "
+            "recent logical date); to replay a recorded log set "
+            "precompute.allow_expired_rounds: true"
         )
 
 

@@ -121,6 +121,9 @@ class PrecomputeSettings(LogSource):
     """TTL the planner assumes for exact vectors; null: the pair view's TTL in the registry."""
     refresh_margin_seconds: int = Field(1800, ge=0)
     """A stored vector that expires within this margin is computed again."""
+    allow_expired_rounds: bool = False
+    """Run a round dated further back than the pair TTL (a backfill, a replay of a recorded
+    log); off: such a round is refused, since its exact vectors expire before they are written."""
     min_miss_score: float = Field(0.05, ge=0.0, le=1.0)
     """Queued misses scoring at least this go before every candidate."""
     user_balanced_plan: bool = False
