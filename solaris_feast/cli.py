@@ -311,28 +311,34 @@ def _config_or_exit(path: Path | None) -> Any:
         raise typer.Exit(2) from exc
 
 
-def _final_errors_exit() -> Any:
-    """Our errors end the command with their message and exit 1, without a traceback."""
-    from contextlib import contextmanager
-
+def _one_line_error(exc: BaseException) -> str | None:
+    """The one line an error ends a command with, None for a bug (its traceback is what a
+    report needs): our own errors, and a store that is down, slow or locked (retryable)."""
     from solaris_feast.errors import SolarisError, is_retryable
+
+    if isinstance(exc, SolarisError):
+        return f"error: {type(exc).__name__}: {exc}"
+    if isinstance(exc, Exception) and is_retryable(exc):
+        return (
+            f"error: {type(exc).__name__}: {exc} (the store is unreachable or busy: "
+            "run the command again once it answers)"
+        )
+    return None
+
+
+def _final_errors_exit() -> Any:
+    """Our errors and a store's retryable ones end the command with one line and exit 1."""
+    from contextlib import contextmanager
 
     @contextmanager
     def guard() -> Any:
         try:
             yield
-        except SolarisError as exc:
-            typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
-            raise typer.Exit(1) from exc
         except Exception as exc:
-            if not is_retryable(exc):
-                raise  # a bug: its traceback is what a report needs
-            # A store that is down, slow or locked: what failed, and that a retry may succeed.
-            typer.echo(
-                f"error: {type(exc).__name__}: {exc} (the store is unreachable or busy: "
-                "run the command again once it answers)",
-                err=True,
-            )
+            line = _one_line_error(exc)
+            if line is None:
+                raise
+            typer.echo(line, err=True)
             raise typer.Exit(1) from exc
 
     return guard()
@@ -450,8 +456,17 @@ def demo_command(
     progress: Annotated[bool, typer.Option(help="Progress bars.")] = True,
 ) -> None:
     """The SOLARIS loop on embedded defaults (synthetic data, SQLite, local files)."""
-    from solaris_feast.demo import DemoSettings, run_demo
+    from typing import get_args
 
+    from solaris_feast.demo import DemoSettings, run_demo
+    from solaris_feast.pipeline.settings import LogSource
+
+    # Refused before any work, in one line, as the other commands refuse a typo.
+    if online_store not in ("sqlite", "redis"):
+        raise typer.BadParameter("choose sqlite or redis", param_hint="--online-store")
+    sizes = get_args(LogSource.model_fields["dataset_size"].annotation)
+    if size not in sizes:
+        raise typer.BadParameter(f"choose one of {', '.join(sizes)}", param_hint="--size")
     settings = DemoSettings(size=size, budget_fraction=budget, transfer=transfer)
     summary = run_demo(out, online_store=online_store, progress=progress, settings=settings)
     typer.echo(summary)
@@ -463,12 +478,14 @@ if __name__ == "__main__":
 
 def run() -> None:
     """The ``solaris`` command. Our own errors (bad input, a config or data set that does not
-    fit) end any command with one line and exit 1, as :func:`_final_errors_exit` does for the
-    commands that run a round; anything else keeps its traceback (a bug needs it)."""
-    from solaris_feast.errors import SolarisError
-
+    fit) and a store that is down or busy end any command with one line and exit 1, as
+    :func:`_final_errors_exit` does for the commands that run a round; anything else keeps its
+    traceback (a bug needs it)."""
     try:
         app()
-    except SolarisError as exc:
-        typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+    except Exception as exc:
+        line = _one_line_error(exc)
+        if line is None:
+            raise
+        typer.echo(line, err=True)
         raise SystemExit(1) from None

@@ -66,6 +66,8 @@ def run_demo(
     if online_store not in ("sqlite", "redis"):
         raise ValueError(f"--online-store must be sqlite or redis, got {online_store!r}")
     cfg = settings or DemoSettings()
+    if online_store == "redis":
+        _check_redis_answers()  # before minutes of training, not after
     started = time.perf_counter()
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -172,6 +174,23 @@ def _transfer(dataset: InteractionDataset, out: Path, bars: StageProgress) -> li
     (out / "transfer.json").write_text(json.dumps(record, indent=2))
     plot_transfer_sweep(record, out / "ne_against_coverage.png")
     return [format_transfer_table(record), ""]
+
+
+def _check_redis_answers() -> None:
+    """PING the Redis at ``REDIS_URL`` (the demo's Redis repo connects there); a store that is
+    down raises redis-py's ``ConnectionError``, which the CLI prints in one line."""
+    import os
+
+    import redis
+
+    from solaris_feast.store.config import DEFAULT_REDIS_URL
+
+    url = os.environ.get("REDIS_URL", DEFAULT_REDIS_URL)
+    client = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        client.ping()
+    finally:
+        client.close()
 
 
 def _feature_repo(out: Path, online_store: str, models_dir: Path) -> tuple[Path, str]:

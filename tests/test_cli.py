@@ -189,3 +189,29 @@ def test_simulate_says_which_given_options_its_world_does_not_read() -> None:
     )
     assert result.exit_code != 0
     assert "--world funnel does not use --size, --steps" in result.output
+
+
+def test_a_store_that_is_down_ends_any_command_in_one_line(tmp_path: Path) -> None:
+    """`solaris bench` (like status and the Redis demo) printed a traceback of several boxes
+    when Redis did not answer; the demo did so only after training. Run as users run it: the
+    installed entry point, a Redis port nothing listens on."""
+    from conftest import free_port
+
+    solaris = Path(sys.executable).with_name("solaris")
+    command = [str(solaris)] if solaris.is_file() else [sys.executable, "-m", "solaris_feast.cli"]
+    env = _env() | {"REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"}
+    for args in (
+        ["bench", "serve"],
+        ["demo", "--size", "tiny", "--online-store", "redis", "--out", str(tmp_path / "d")],
+    ):
+        proc = subprocess.run(
+            [*command, *args], env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert (
+            lines[-1].startswith("error: ConnectionError:")
+            and "run the command again" in (lines[-1])
+        ), proc.stderr
+        assert "Traceback" not in proc.stderr and "╭" not in proc.stderr
+    assert not (tmp_path / "d").exists()  # refused before any work
