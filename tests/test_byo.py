@@ -357,6 +357,22 @@ def test_a_log_with_a_null_id_is_refused_naming_the_file_and_column(tmp_path: Pa
         read_log_window(config, end - timedelta(days=3), end)
 
 
+def test_a_log_row_without_a_time_is_refused_not_dropped(tmp_path: Path) -> None:
+    """The window's filter compared a null time with its bounds and dropped the row unsaid."""
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    folder = write_own_log(tmp_path / "log", 20, 15, end)
+    last = sorted(folder.glob("*.parquet"))[-1]
+    frame = pd.read_parquet(last)
+    frame["seen_at"] = frame["seen_at"].mask(frame.index.isin([2, 5]))
+    frame.to_parquet(last, index=False)
+    write_item_table(tmp_path / "items.parquet", 15)
+    config = load_config(write_config(tmp_path, config_dict(tmp_path))).log
+    with pytest.raises(SchemaError, match=r"column 'seen_at' has 2 missing timestamps"):
+        read_log_window(config, end - timedelta(days=3), end)
+
+
 def test_a_candidate_table_must_match_the_logs_ids_and_drops_met_pairs_when_asked(
     tmp_path: Path,
 ) -> None:

@@ -320,6 +320,9 @@ def read_log_window(
     window = pads.field(cols.timestamp) < _as_scalar(end, ts_type)
     if start is not None:
         window = window & (pads.field(cols.timestamp) >= _as_scalar(start, ts_type))
+    # A row without a time belongs to no window: read, so that the schema check refuses it
+    # (a comparison with null is null, and the filter alone would drop it unsaid).
+    window = window | pads.field(cols.timestamp).is_null()
     table = dataset.to_table(columns=list(roles.values()), filter=window)
     frame = table.to_pandas()
     ts = pd.to_datetime(frame[cols.timestamp])
@@ -339,7 +342,9 @@ def read_log_window(
     try:
         validate_interactions(interactions, tuple(cols.labels), config.dense_ids)
     except SchemaError as exc:
-        mapped = {USER_ID: cols.user, ITEM_ID: cols.item}.get(exc.column, exc.column)
+        mapped = {USER_ID: cols.user, ITEM_ID: cols.item, EVENT_TIMESTAMP: cols.timestamp}.get(
+            exc.column, exc.column
+        )
         raise SchemaError(where, mapped, exc.problem) from exc
     interactions = interactions.sort_values(EVENT_TIMESTAMP, kind="stable").reset_index(drop=True)
 
