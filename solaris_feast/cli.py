@@ -368,6 +368,13 @@ def train_command(
     if config is not None or os.environ.get(CONFIG_ENV, "").strip():
         from solaris_feast.pipeline.commands import train_round
 
+        if models_dir is not None:
+            # Silently training into the config's models.dir instead would surprise.
+            raise typer.BadParameter(
+                "a config trains into its models.dir; set that there (or drop --config for a "
+                "named data set)",
+                param_hint="--models",
+            )
         loaded = _config_or_exit(config)
         with _final_errors_exit():
             train_round(loaded, _utc(at), typer.echo, str(config) if config is not None else None)

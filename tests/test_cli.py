@@ -215,3 +215,12 @@ def test_a_store_that_is_down_ends_any_command_in_one_line(tmp_path: Path) -> No
         ), proc.stderr
         assert "Traceback" not in proc.stderr and "╭" not in proc.stderr
     assert not (tmp_path / "d").exists()  # refused before any work
+
+
+def test_train_refuses_models_beside_a_config_instead_of_ignoring_it(tmp_path: Path) -> None:
+    from solaris_feast.cli import app
+
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(tmp_path / "solaris.yaml"), "--models", str(tmp_path)]
+    )
+    assert result.exit_code == 2 and "models.dir" in result.output

@@ -24,6 +24,7 @@ import pytest
 from solaris_feast.review.lineage import (
     CHECK_MISSING_VERSION_TAGS,
     CHECK_MIXED_COMPRESSOR_VERSIONS,
+    CHECK_NO_SOLARIS_VIEWS,
     CHECK_STALE_VIEW,
     CHECK_TTL_SHORTER_THAN_SCHEDULE,
     CHECK_VM_EXPECTS_OTHER_COMPRESSOR,
@@ -658,3 +659,17 @@ def test_coverage_comes_from_the_newest_precompute_run(tmp_path: Path) -> None:
         "solaris_resolved": 0.8,
     }
     assert "| Coverage | 50.0% |" in render(report, "md")
+
+
+def test_a_registry_without_solaris_views_fails_the_review(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """A repo never applied (or another project) has nothing to review: that said "All checks
+    passed"."""
+    from test_dags import make_feature_repo
+
+    repo = make_feature_repo(tmp_path / "repo", feast_project, apply=False)
+    (tmp_path / "dags").mkdir()
+    report = build_lineage(repo, tmp_path / "models", tmp_path / "dags")
+    assert [f.check for f in report.errors] == [CHECK_NO_SOLARIS_VIEWS]
+    assert "run `feast apply`" in report.errors[0].message

@@ -36,6 +36,7 @@ from solaris_feast.review.lineage.dags import read_dags
 from solaris_feast.review.lineage.model import (
     CHECK_MISSING_VERSION_TAGS,
     CHECK_MIXED_COMPRESSOR_VERSIONS,
+    CHECK_NO_SOLARIS_VIEWS,
     CHECK_STALE_VIEW,
     CHECK_TTL_SHORTER_THAN_SCHEDULE,
     CHECK_VM_EXPECTS_OTHER_COMPRESSOR,
@@ -57,6 +58,7 @@ from solaris_feast.review.lineage.schedule import format_seconds, schedule_inter
 __all__ = [
     "CHECK_MISSING_VERSION_TAGS",
     "CHECK_MIXED_COMPRESSOR_VERSIONS",
+    "CHECK_NO_SOLARIS_VIEWS",
     "CHECK_STALE_VIEW",
     "CHECK_TTL_SHORTER_THAN_SCHEDULE",
     "CHECK_VM_EXPECTS_OTHER_COMPRESSOR",

@@ -7,6 +7,7 @@ from datetime import datetime
 from solaris_feast.review.lineage.model import (
     CHECK_MISSING_VERSION_TAGS,
     CHECK_MIXED_COMPRESSOR_VERSIONS,
+    CHECK_NO_SOLARIS_VIEWS,
     CHECK_STALE_VIEW,
     CHECK_TTL_SHORTER_THAN_SCHEDULE,
     CHECK_VM_EXPECTS_OTHER_COMPRESSOR,
@@ -21,6 +22,7 @@ from solaris_feast.store.tags import (
     TAG_COMPRESSOR_VERSION,
     TAG_PRODUCING_DAG,
     TAG_SCHEDULE,
+    TAG_TIER,
     TAG_TTL_SECONDS,
     VERSION_TAGS,
 )
@@ -32,6 +34,17 @@ ON_DEMAND_VERSION_TAGS = (TAG_COMPRESSOR_VERSION,)
 def check_lineage(report: LineageReport, now: datetime) -> list[Finding]:
     """Run every check over a report; the order is stable so output diffs cleanly."""
     findings: list[Finding] = []
+    if not any(TAG_TIER in view.tags for view in report.views):
+        # Nothing to review is not a passed review: a repo never applied, or another project.
+        findings.append(
+            Finding(
+                CHECK_NO_SOLARIS_VIEWS,
+                report.project,
+                f"the registry of project {report.project!r} in {report.repo} holds no SOLARIS "
+                "view: run `feast apply` in the feature repo (or point --repo/--config at the "
+                "one that serves)",
+            )
+        )
     for view in report.views:
         findings += _check_version_tags(view)
         findings += _check_ttl_against_schedule(view, report)

@@ -12,6 +12,7 @@ CHECK_TTL_SHORTER_THAN_SCHEDULE = "ttl_shorter_than_schedule"
 CHECK_STALE_VIEW = "stale_view"
 CHECK_WEIGHTS_SHA256_MISMATCH = "weights_sha256_mismatch"
 CHECK_VM_EXPECTS_OTHER_COMPRESSOR = "vm_expects_other_compressor"
+CHECK_NO_SOLARIS_VIEWS = "no_solaris_views"
 
 # The definitions' default when no model was named: as good as no tag for tracing a vector.
 UNVERSIONED = frozenset({"", "unversioned", "unknown", "none"})
