@@ -405,7 +405,9 @@ def precompute_command(config: ConfigOption = None, at: AtOption = None) -> None
     with _final_errors_exit():
         result = precompute_round(loaded, _utc(at), typer.echo)
     shares = result["coverage"].get("coverage", {})
-    typer.echo(f"coverage    {json.dumps(shares)}")
+    typer.echo(
+        f"coverage    {json.dumps({tier: round(share, 4) for tier, share in shares.items()})}"
+    )
 
 
 @app.command("promote")

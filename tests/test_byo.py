@@ -492,9 +492,14 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
     finally:
         retriever.close()
     assert fetched.tiers.tolist() == [Tier.EXACT] * len(items)
-    # The same round again with the same settings reuses its files; with another budget it is
-    # refused, naming the change, instead of reusing the plan made under the old one.
+    # The same round again with the same settings reuses its files, the shards' reports and
+    # the coverage record included (no FM work, the record as first measured); with another
+    # budget it is refused, naming the change, instead of reusing the plan made under the old.
+    records = sorted([*run_dir.glob("shards/*/report.json"), run_dir / "coverage.json"])
+    before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in records}
     run_cli("precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}")
+    assert len(records) == 3  # two shards and the round
+    assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in records} == before
     raw["precompute"]["budget_pairs"] = 10
     write_config(tmp_path, raw)
     result = CliRunner().invoke(

@@ -58,13 +58,9 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     import pandas as pd
 
     from solaris_feast.pipeline.precompute import (
-        MISS_QUEUE_GROUP,
-        keep_snapshot,
         lost_online,
-        open_run_store,
         round_candidates,
         round_plan,
-        run_online_facts,
         run_snapshot,
     )
     from solaris_feast.tiers import Tier
@@ -73,6 +69,20 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     snapshot = run_snapshot(spec)
     run_dir = Path(spec.run_dir)
     misses = pd.read_parquet(run_dir / "misses.parquet")
+    written = run_dir / "coverage.json"
+    if written.is_file():
+        # The round's record stays as it was first measured: a cleared task re-run later would
+        # count the pairs of the rounds since (computed within the clock skew of this one).
+        report = json.loads(written.read_text())
+        return {
+            "coverage": report["coverage"],
+            "pairs": report["pairs"],
+            # What a first try that died after its record may have left undone.
+            "misses_acknowledged": _acknowledge_and_retire(spec, misses),
+            "views_retagged": _retag_views(snapshot, spec),
+            "path": str(written),
+            "reused": True,
+        }
     pool = pd.concat(
         [
             round_candidates(spec, [USER_ID, ITEM_ID]),
@@ -107,24 +117,9 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         # A scheduled round's skipped ticks and late start (None: manual or asset-triggered).
         "schedule": spec.ticks,
     }
-    write_atomic(run_dir / "coverage.json", json.dumps(report, indent=2))
-    # Acknowledged only now, after the round's writes: a round that died earlier leaves its
-    # group-read misses (Redis) to be claimed by a later round.
-    acknowledged = 0
-    if "entry_id" in misses.columns:
-        from solaris_feast.serving.miss_queue import MissQueue
-
-        queue = MissQueue.for_store(run_online_facts(spec.settings))
-        if not misses.empty:
-            acknowledged = queue.ack(MISS_QUEUE_GROUP, misses)
-        # The round's consumer (its interval) is done: it leaves the group, instead of one
-        # consumer per round piling up there.
-        queue.retire(MISS_QUEUE_GROUP, spec.interval_key)
-    retagged: list[str] = []
-    if _tags_outdated(snapshot, spec):
-        store = open_run_store(spec.settings)
-        retagged = tag_views_with_versions(store, spec)
-        keep_snapshot(spec.settings, store)  # the next round's start reads the new registry
+    write_atomic(written, json.dumps(report, indent=2))
+    acknowledged = _acknowledge_and_retire(spec, misses)
+    retagged = _retag_views(snapshot, spec)
     logger.info(
         "coverage %s: exact=%.3f similar=%.3f user=%.3f zero=%.3f over %d pairs (%s)",
         spec.interval_key,
@@ -142,6 +137,35 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         "views_retagged": retagged,
         "path": str(run_dir / "coverage.json"),
     }
+
+
+def _retag_views(snapshot: RegistrySnapshot, spec: PrecomputeRun) -> list[str]:
+    """Tag the views with this round's models where the registry names others."""
+    from solaris_feast.pipeline.precompute import keep_snapshot, open_run_store
+
+    if not _tags_outdated(snapshot, spec):
+        return []
+    store = open_run_store(spec.settings)
+    retagged = tag_views_with_versions(store, spec)
+    keep_snapshot(spec.settings, store)  # the next round's start reads the new registry
+    return retagged
+
+
+def _acknowledge_and_retire(spec: PrecomputeRun, misses: pd.DataFrame) -> int:
+    """Acknowledge the round's misses, after its writes (a round that died earlier leaves its
+    group-read misses, Redis, to be claimed by a later round), and retire its consumer (its
+    interval), instead of one consumer per round piling up in the group. Acknowledging again
+    is harmless: a retry of this task does it once more."""
+    from solaris_feast.pipeline.precompute import MISS_QUEUE_GROUP, run_online_facts
+
+    if "entry_id" not in misses.columns:
+        return 0
+    from solaris_feast.serving.miss_queue import MissQueue
+
+    queue = MissQueue.for_store(run_online_facts(spec.settings))
+    acknowledged = queue.ack(MISS_QUEUE_GROUP, misses) if not misses.empty else 0
+    queue.retire(MISS_QUEUE_GROUP, spec.interval_key)
+    return acknowledged
 
 
 def served_tiers(

@@ -22,15 +22,23 @@ from solaris_feast.errors import is_retryable
 
 logger = logging.getLogger(__name__)
 
+TASK_QUIET_LOGGERS = ("feast", "faiss")
+"""Libraries whose INFO lines ("Registry cache expired, so refreshing", faiss's loader) fill a
+task's log several times per task; their warnings and errors still show. Airflow's own lines
+stay: they are the task log."""
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
 def fail_fast_on_final_errors(function: Callable[P, R]) -> Callable[P, R]:
-    """``function``, with its final errors raised as ``AirflowFailException`` (no retry)."""
+    """``function``, with its final errors raised as ``AirflowFailException`` (no retry), and
+    the chatter of :data:`TASK_QUIET_LOGGERS` kept out of its task log."""
 
     @functools.wraps(function)
     def task_body(*args: P.args, **kwargs: P.kwargs) -> R:
+        for name in TASK_QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
         try:
             return function(*args, **kwargs)
         except Exception as exc:

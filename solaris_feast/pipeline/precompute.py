@@ -685,7 +685,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     # No budget limit: the shard's whole ranking, cut later to its part of the round's budget.
     unlimited = len(candidates) + len(misses)
 
-    def ranked(scored: pd.DataFrame, scored_misses: pd.DataFrame | None) -> Any:
+    def ranked(scored: pd.DataFrame, scored_misses: pd.DataFrame | None, log: bool) -> Any:
         return plan_precompute(
             scored,
             scored_misses,
@@ -697,10 +697,12 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
             cfg.min_miss_score,
             model_version=spec.embedding_version,
             user_balanced=cfg.user_balanced_plan,
+            log=log,
         )
 
     unscored = candidates[[USER_ID, ITEM_ID]].assign(**{VERIFIER_SCORE: 0.0})
-    takeable = ranked(unscored, None).pairs[[USER_ID, ITEM_ID]]
+    # Which pairs could be taken at all (not fresh): a first pass, not the shard's plan.
+    takeable = ranked(unscored, None, log=False).pairs[[USER_ID, ITEM_ID]]
     to_score = (
         candidates[[USER_ID, ITEM_ID]]
         .merge(takeable.drop_duplicates(), on=[USER_ID, ITEM_ID], how="left", indicator=True)[
@@ -714,7 +716,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         chain, dataset, candidates, spec.now, cfg.retrieval_weight, scored_rows=to_score
     )
     scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
-    ranking = ranked(scored_candidates, scored_misses)
+    ranking = ranked(scored_candidates, scored_misses, log=True)
     _publish_plan(ranking, shard_ranked_dir(run_dir, shard_index))
     facts = ShardRanking.of(ranking)
     report = {
@@ -850,6 +852,11 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]
     """
     spec = PrecomputeRun.model_validate(dict(run))
     shard_count = spec.settings.shards
+    done = shard_report_path(Path(spec.run_dir), shard_index)
+    if done.is_file():
+        # Written after the shard's last write: a cleared or re-run task has nothing left to
+        # do, and running the FM again would only rewrite the same rows and the report.
+        return {**json.loads(done.read_text()), "reused": True}
     part = shard_plan(spec, shard_index)
     if len(part) == 0:
         # Nothing planned for this shard: no model, no store (torch and Feast stay unloaded).

@@ -133,6 +133,7 @@ def plan_precompute(
     *,
     model_version: str | None = None,
     user_balanced: bool = False,
+    log: bool = True,
 ) -> Plan:
     """Pick at most ``budget_pairs`` pairs for the FM, misses first, then by verifier score.
 
@@ -234,7 +235,7 @@ def plan_precompute(
         misses_below_threshold=misses_below,
         budget_pairs=budget_pairs,
     )
-    logger.info(
+    (logger.info if log else logger.debug)(
         "plan: %d pairs (misses %d, refreshes %d, new %d), skipped fresh %d, over budget %d",
         stats.planned,
         stats.from_misses,
