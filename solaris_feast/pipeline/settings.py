@@ -239,7 +239,8 @@ class TaskPolicy(BaseModel):
     retries: int = Field(2, ge=0)
     """Tries after the first for a retryable error (a store that is down, a timeout)."""
     retry_delay_seconds: int = Field(60, ge=0)
-    """Wait before the first retry; each next one waits retry_exponential_backoff times longer."""
+    """Base wait before a retry: with a backoff above 1 Airflow waits between it and twice it
+    (a per-task jitter), each next retry retry_exponential_backoff times longer."""
     retry_exponential_backoff: float = Field(2.0, ge=1.0)
     """Factor between two retry delays (1: a constant delay)."""
     max_retry_delay_seconds: int = Field(600, ge=0)
