@@ -122,8 +122,11 @@ def test_bad_batch_is_refused_naming_rows_and_nothing_is_written(
         (lambda f: f.assign(item_id=f["item_id"].astype(float)), "must be int64"),
         (lambda f: f.assign(computed_at=f["computed_at"].dt.tz_localize(None)), "timezone-aware"),
         (lambda f: f.assign(embedding=["x"] * len(f)), "not numeric"),
+        # Finite, but float32 would store inf: said so, with no numpy overflow warning.
+        (lambda f: f.assign(embedding=[np.full(32, 1e39)] * len(f)), "beyond float32's range"),
     ],
 )
+@pytest.mark.filterwarnings("error:overflow encountered:RuntimeWarning")
 def test_malformed_columns_are_refused(
     store: FeatureStore, change: Callable[[pd.DataFrame], pd.DataFrame], message: str
 ) -> None:

@@ -635,5 +635,7 @@ def status_cli(
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(status, indent=2) + "\n")
+        typer.echo(f"JSON: {json_path}")
     if plot is not None:
         plot_freshness(status, plot)
+        typer.echo(f"plot: {plot}")

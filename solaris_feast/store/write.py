@@ -127,6 +127,9 @@ def _key_order(batch: _ValidBatch, rows: np.ndarray, join_keys: list[str]) -> np
     return np.lexsort(list(reversed(columns)))
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
 class EmbeddingWriter:
     """Writes batches of one SOLARIS view to the offline parquet log and the online store.
 
@@ -360,6 +363,7 @@ class EmbeddingWriter:
         matrix = np.zeros((n, self.dim), dtype=np.float32)
         wrong_shape = np.zeros(n, dtype=bool)
         not_numeric = np.zeros(n, dtype=bool)
+        too_large = np.zeros(n, dtype=bool)
         for i, value in enumerate(column.tolist()):
             if value is None or isinstance(value, str | bytes):
                 not_numeric[i] = True
@@ -372,9 +376,13 @@ class EmbeddingWriter:
             if row.shape != (self.dim,):
                 wrong_shape[i] = True
                 continue
+            if (np.abs(row) > FLOAT32_MAX).any() and np.isfinite(row).all():
+                too_large[i] = True  # finite, but float32 would hold inf
+                continue
             matrix[i] = row
         refuse("embedding is missing or not numeric", not_numeric)
         refuse(f"embedding must have length {self.dim}", wrong_shape)
+        refuse("embedding has values beyond float32's range (about 3.4e38)", too_large)
         refuse("embedding has NaN or Inf", ~np.isfinite(matrix).all(axis=1))
         refuse(
             f"embedding is out of the range of the view's {self.codec.name} codec",
