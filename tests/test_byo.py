@@ -470,6 +470,13 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
     [vm] = [c for c in cards if c.kind == "vm"]
     assert vm.tasks == tuple(LABELS) and vm.dataset == "shop"
     assert f"solaris promote --vm {vm.version}" in out
+    # A window with no events cannot vouch for the chain: refused, not passed.
+    empty = CliRunner().invoke(
+        app,
+        ["promote", "--config", str(config), "--vm", vm.version, "--at", "2020-01-01T00:00:00"],
+    )
+    assert empty.exit_code == 1 and "holds no events" in empty.output, empty.output
+    assert not (tmp_path / "models" / SERVING_ALIAS_FILE).exists()
     out = run_cli("promote", "--config", str(config), "--vm", vm.version)
     assert (tmp_path / "models" / SERVING_ALIAS_FILE).is_file()
     out = run_cli("precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}")

@@ -128,6 +128,12 @@ def start_precompute(
         )
     vm = chain.vm
     dataset = load_log(cfg, now)  # a log that breaks the schema is refused here, by name
+    if len(dataset.interactions) == 0:
+        logger.warning(
+            "the round's log window before %s holds no events: no user is active, so the round "
+            "plans only queued misses (check log.path and history_seconds if traffic is live)",
+            now.isoformat(),
+        )
     if cfg.candidates is not None:
         _candidate_table(cfg, dataset, now)
     problems = chain_mismatches(chain, dataset, models_dir)

@@ -229,6 +229,13 @@ def promote_checked(
             raise ConfigError(f"no model cards in {models_dir}")
         moment = at or datetime.now(UTC)
         log = load_log(precompute_settings(config), moment)
+        if len(log.interactions) == 0:
+            # No event to check the chain against is not a chain that fits.
+            raise ConfigError(
+                f"the log's window before {moment.isoformat()} holds no events: the chain "
+                "cannot be checked against it (check log.path and history_seconds, or --at); "
+                "--no-check promotes without the check"
+            )
         problems = chain_mismatches(chain, log, models_dir)
         if problems:
             raise ChainMismatchError(vm_version, problems)
