@@ -205,15 +205,16 @@ def run_environment() -> dict[str, Any]:
 
 def format_funnel_summary(records: list[dict[str, Any]]) -> str:
     """A text table: one line per (planner, budget)."""
+    width = max([len("planner"), *(len(r["planner"]) for r in records)])
     lines = [
-        f"{'planner':<12} {'budget':>6} {'hit':>6} {'hit ci95':>15} {'any':>5} {'NE':>6} "
+        f"{'planner':<{width}} {'budget':>6} {'hit':>6} {'hit ci95':>15} {'any':>5} {'NE':>6} "
         f"{'clk/1k':>7} {'no z':>7} {'FM':>7} {'uplift ci95':>15} {'TR':>6} {'FM/req':>7}"
     ]
     for r in records:
         lo, hi = r["exact_hit_rate_ci95"]
         ulo, uhi = r["click_uplift_per_1k_requests_ci95"]
         lines.append(
-            f"{r['planner']:<12} {r['budget']:>6.2f} {r['exact_hit_rate']:>6.3f} "
+            f"{r['planner']:<{width}} {r['budget']:>6.2f} {r['exact_hit_rate']:>6.3f} "
             f"[{lo:>6.3f},{hi:>6.3f}] {r['coverage']['any']:>5.2f} {r['ne']:>6.3f} "
             f"{r['clicks_per_1k_requests']:>7.1f} {r['clicks_per_1k_requests_without_z']:>7.1f} "
             f"{r['clicks_per_1k_requests_fm_ranking']:>7.1f} [{ulo:>6.1f},{uhi:>6.1f}] "
