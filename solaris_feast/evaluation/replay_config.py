@@ -35,7 +35,16 @@ ABLATION_STEPS: tuple[str, ...] = tuple(ABLATION_TIERS)
 
 
 class SimulationConfig(BaseModel):
-    """What a replay runs."""
+    """What a replay runs.
+
+    Not the production defaults (``PrecomputeSettings``), and the figures it publishes are for
+    these: 50 candidates per user (200), a user-balanced plan (off), a refresh margin of one
+    step, 3600 s (1800), and 100 faiss neighbours searched (200). The replay trains and scores
+    every planner at every budget on every step, so it keeps the pool small; and with hourly
+    steps a vector refreshed one step before it expires is the margin a round of the DAG has.
+    A deployment that wants the replay's planner sets ``precompute.candidates_per_user``,
+    ``user_balanced_plan`` and ``refresh_margin_seconds`` to these.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
