@@ -157,8 +157,9 @@ class ChainMismatchError(ConfigError):
         self.vm_version = vm_version
         self.mismatches = list(mismatches)
         super().__init__(
-            f"the serving chain of VM {vm_version} does not fit the log: "
+            f"the serving chain of VM {vm_version} does not fit the log it reads or the views "
+            "it writes: "
             + "; ".join(self.mismatches)
-            + ". Train on this log (solaris train --config) and promote the new VM "
-            "(solaris promote --config PATH --vm VERSION)"
+            + ". Fix each as it says, or train on this log (solaris train --config) and promote "
+            "the new VM (solaris promote --config PATH --vm VERSION)"
         )
