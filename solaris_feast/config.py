@@ -222,7 +222,12 @@ def load_config(path: str | Path | None = None) -> SolarisConfig:
     except OSError as exc:
         raise ConfigError(f"config file {file} is not readable: {exc}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {file} is not valid YAML: {exc}") from exc
+        # One line, with the file's own line and column (PyYAML's text names "<unicode
+        # string>" and spans several lines with a caret drawing).
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"config file {file} is not valid YAML{where}: {problem}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {file} must hold a mapping, got {type(raw).__name__}")
     try:

@@ -175,6 +175,19 @@ def test_config_refuses_unknown_keys_and_a_malformed_model_naming_the_key(tmp_pa
     assert load_config(write_config(tmp_path, raw)).models.fm.options == {"dim": 8}  # type: ignore[union-attr]
 
 
+def test_a_malformed_config_is_refused_in_one_line_with_its_line_and_column(
+    tmp_path: Path,
+) -> None:
+    bad = tmp_path / "solaris.yaml"
+    bad.write_text("log: {path: x\nmodels: [\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(bad)
+    assert str(caught.value) == (
+        f"config file {bad} is not valid YAML at line 2, column 7: expected ',' or '}}', "
+        "but got ':'"
+    )
+
+
 def test_without_a_config_the_commands_say_what_to_set(no_config_env: None) -> None:
     with pytest.raises(ConfigError, match="pass --config PATH or set SOLARIS_CONFIG"):
         config_path(None)
