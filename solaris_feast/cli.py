@@ -326,6 +326,25 @@ def _one_line_error(exc: BaseException) -> str | None:
     return None
 
 
+def _steps_echoed() -> Any:
+    """While a command echoes one line per step, its steps' own INFO log lines would say each
+    thing twice: they are held back (warnings and errors still show; --verbose shows all)."""
+    from contextlib import contextmanager
+
+    @contextmanager
+    def held() -> Any:
+        ours = logging.getLogger("solaris_feast")
+        level = ours.level
+        if logging.getLogger().getEffectiveLevel() > logging.DEBUG:  # not --verbose
+            ours.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            ours.setLevel(level)
+
+    return held()
+
+
 def _final_errors_exit() -> Any:
     """Our errors and a store's retryable ones end the command with one line and exit 1."""
     from contextlib import contextmanager
@@ -376,7 +395,7 @@ def train_command(
                 param_hint="--models",
             )
         loaded = _config_or_exit(config)
-        with _final_errors_exit():
+        with _final_errors_exit(), _steps_echoed():
             train_round(loaded, _utc(at), typer.echo, str(config) if config is not None else None)
         return
     if models_dir is None:
@@ -402,7 +421,7 @@ def precompute_command(config: ConfigOption = None, at: AtOption = None) -> None
     from solaris_feast.pipeline.commands import precompute_round
 
     loaded = _config_or_exit(config)
-    with _final_errors_exit():
+    with _final_errors_exit(), _steps_echoed():
         result = precompute_round(loaded, _utc(at), typer.echo)
     shares = result["coverage"].get("coverage", {})
     typer.echo(

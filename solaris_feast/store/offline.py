@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from feast import FeatureStore, FeatureView
 
 logger = logging.getLogger(__name__)
+_SAID_MISSING: set[Path] = set()
 
 
 def source_path(path: str, repo_path: Path | str | None) -> Path:
@@ -68,10 +69,16 @@ def read_offline_folder(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if not root.is_dir():
+    if not root.is_dir() and root not in _SAID_MISSING:
         # A first round has no log yet; a worker without the shared storage mounted sees the
-        # same: said, since a round then plans and aggregates as if nothing had been written.
-        logger.warning("offline log folder %s does not exist: read as empty", root)
+        # same: said (once per folder and process), since a round then plans and aggregates as
+        # if nothing had been written.
+        _SAID_MISSING.add(root)
+        logger.warning(
+            "offline log folder %s does not exist: read as empty (a first round; else check "
+            "that this worker mounts the shared storage)",
+            root,
+        )
     days = pd.date_range(start.floor("D"), end.floor("D"), freq="D")
     files = [
         f for day in days for f in sorted((root / day.strftime("%Y-%m-%d")).glob("part-*.parquet"))
