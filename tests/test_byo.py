@@ -550,6 +550,20 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
         assert retriever.fetch(user, [other]).tiers.tolist() == [Tier.USER_AGG]
     finally:
         retriever.close()
+    # Lost again, with a budget that computes only 10 of them again: the round's coverage
+    # counts as exact what the online store holds, not the rest the log still calls fresh.
+    raw["precompute"]["budget_pairs"] = 10
+    write_config(tmp_path, raw)
+    _wipe_online(tmp_path / "repo", feast_project, redis_url if redis else None)
+    latest = at + timedelta(minutes=2)
+    run_cli("precompute", "--config", str(config), "--at", f"{latest:%Y-%m-%dT%H:%M:%S}")
+    [record] = [
+        json.loads(p.read_text())
+        for p in (tmp_path / "runs").rglob("coverage.json")
+        if latest.strftime("%Y%m%dT%H%M") in str(p)
+    ]
+    assert record["lost_online"] >= 290
+    assert record["coverage"]["exact"] * record["pairs"] <= 10 + 1e-9
 
 
 def _wipe_online(repo: Path, project: str, redis_url: str | None) -> None:

@@ -90,7 +90,9 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         ],
         ignore_index=True,
     ).drop_duplicates(ignore_index=True)
-    tiers = served_tiers(snapshot, pool, pd.Timestamp(spec.now), spec.embedding_version)
+    tiers = served_tiers(
+        snapshot, pool, pd.Timestamp(spec.now), spec.embedding_version, lost_pairs(spec)
+    )
     total = len(pool)
     coverage = {
         TIER_NAMES[t.name]: (float(np.count_nonzero(tiers == int(t))) / total if total else 0.0)
@@ -168,15 +170,30 @@ def _acknowledge_and_retire(spec: PrecomputeRun, misses: pd.DataFrame) -> int:
     return acknowledged
 
 
+def lost_pairs(spec: PrecomputeRun) -> pd.DataFrame | None:
+    """The pairs this round's shards found missing online though the log calls them fresh
+    (``lost_online.parquet``), None when none were."""
+    import pandas as pd
+
+    from solaris_feast.pipeline.runs import shard_lost_path
+
+    paths = [shard_lost_path(Path(spec.run_dir), i) for i in range(spec.settings.shards)]
+    found = [pd.read_parquet(path) for path in paths if path.is_file()]
+    return pd.concat(found, ignore_index=True) if found else None
+
+
 def served_tiers(
     registry: FeatureStore | RegistrySnapshot,
     pairs: pd.DataFrame,
     now: pd.Timestamp,
     embedding_version: str,
+    lost: pd.DataFrame | None = None,
 ) -> np.ndarray:
     """``(N,)`` int8 tiers that :func:`~solaris_feast.serving.resolve.resolve` gives the N
     ``pairs`` (``user_id``, ``item_id``) at ``now``, from the views' offline rows and TTLs
-    (of a Feast store's registry, or of a round's snapshot of it)."""
+    (of a Feast store's registry, or of a round's snapshot of it). ``lost``: pairs the online
+    store no longer holds (:func:`lost_pairs`): their exact rows written before ``now`` count
+    as gone, so only a rewrite by this round serves them."""
     from solaris_feast.pipeline.registry_snapshot import RegistrySnapshot, take_snapshot
     from solaris_feast.serving.resolve import clock_skew_of, resolve
     from solaris_feast.tiers import Tier
@@ -195,6 +212,7 @@ def served_tiers(
             ttls[tier],
             skew,
             embedding_version,
+            lost if tier == Tier.EXACT else None,
         )
         for tier, view in views.items()
     }
@@ -213,6 +231,7 @@ def _tier_values(
     ttl_seconds: float,
     clock_skew_seconds: float,
     embedding_version: str,
+    gone: pd.DataFrame | None = None,
 ) -> TierValues:
     """One tier's value for each pair: the newest offline row of its key within the window
     that can be fresh, ``[now - ttl, now + skew]``; absent where there is none."""
@@ -230,6 +249,11 @@ def _tier_values(
         [*keys, EMBEDDING, MODEL_VERSION, COMPUTED_AT, WRITTEN_AT],
     )
     n = len(pairs)
+    if gone is not None and len(gone) and not rows.empty:
+        # Rows the online store lost: gone, unless this round wrote them again (at ``now``).
+        marked = rows[keys].merge(gone[keys].drop_duplicates().assign(_gone=True), how="left")
+        written_before = pd.to_datetime(rows[COMPUTED_AT], utc=True) < now
+        rows = rows.loc[~(marked["_gone"].notna().to_numpy() & written_before.to_numpy())]
     if rows.empty:
         return TierValues.absent(n, 0)
     rows = newest_per_key(rows, keys)

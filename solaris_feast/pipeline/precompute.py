@@ -59,6 +59,7 @@ from solaris_feast.pipeline.runs import (
     run_time,
     runs_root,
     shard_candidates_path,
+    shard_lost_path,
     shard_plan_dir,
     shard_ranked_dir,
     shard_ranking_path,
@@ -184,9 +185,9 @@ fresh (several users' reads batched: ``OnlineBackend.read_tiers_many``)."""
 
 def confirmed_online(
     spec: PrecomputeRun, fresh: pd.DataFrame, views: dict[Tier, str]
-) -> tuple[pd.DataFrame, int]:
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The rows of ``fresh`` (pair rows the offline log calls fresh) whose pair still holds a
-    value in the online store, and how many do not (lost: they are planned again).
+    value in the online store, and the pairs that do not (lost: they are planned again).
 
     One batched read of the pair view's stored ``computed_at`` per
     :data:`ONLINE_CHECK_PAIRS_PER_READ` pairs; only the online store's address is needed (no
@@ -200,7 +201,7 @@ def confirmed_online(
     from solaris_feast.tiers import Tier
 
     if fresh.empty:
-        return fresh, 0
+        return fresh, fresh[[USER_ID, ITEM_ID]]
     pairs = fresh[[USER_ID, ITEM_ID]].drop_duplicates().reset_index(drop=True)
     users, items = id_array(pairs[USER_ID]), id_array(pairs[ITEM_ID])
     order = np.argsort(users, kind="stable")
@@ -227,7 +228,8 @@ def confirmed_online(
             len(pairs),
         )
     kept = pairs.loc[present, [USER_ID, ITEM_ID]]
-    return fresh.merge(kept, on=[USER_ID, ITEM_ID], how="inner"), lost
+    gone = pairs.loc[~present, [USER_ID, ITEM_ID]].reset_index(drop=True)
+    return fresh.merge(kept, on=[USER_ID, ITEM_ID], how="inner"), gone
 
 
 def lost_online(spec: PrecomputeRun) -> int:
@@ -687,7 +689,10 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     # The log says what was written; the online store says what is still there. A Redis
     # restarted without persistence, evicted or flushed has lost vectors the log still calls
     # fresh: those are planned again instead of counted as served until their TTL ran out.
-    fresh, lost = confirmed_online(spec, fresh, snapshot.names_by_tier())
+    fresh, gone = confirmed_online(spec, fresh, snapshot.names_by_tier())
+    lost = len(gone)
+    if lost:
+        write_parquet_atomic(gone, shard_lost_path(run_dir, shard_index))
     # No budget limit: the shard's whole ranking, cut later to its part of the round's budget.
     unlimited = len(candidates) + len(misses)
 

@@ -125,6 +125,12 @@ def shard_ranking_path(run_dir: Path, shard_index: int) -> Path:
     return shard_dir(run_dir, shard_index) / "ranking.json"
 
 
+def shard_lost_path(run_dir: Path, shard_index: int) -> Path:
+    """Pairs the shard found missing from the online store though the log calls them fresh
+    (written only when there are any): the round's coverage does not count them as exact."""
+    return shard_dir(run_dir, shard_index) / "lost_online.parquet"
+
+
 def shard_ranked_dir(run_dir: Path, shard_index: int) -> Path:
     """Every eligible pair of the shard, in the planner's order (a plan with no budget limit)."""
     return shard_dir(run_dir, shard_index) / "ranked"
