@@ -353,3 +353,25 @@ def test_a_failing_write_script_is_reported_on_redis(
         writer.write(frame)
     assert client.get(layout.key(1, 101) + feast_project.encode()) == b"not a hash"
     writer.close()
+
+
+def test_a_crashed_writes_temp_file_is_removed_by_the_next_write_there(store: FeatureStore) -> None:
+    """A write killed between its temp file and the rename leaves ``.part-*.tmp`` behind:
+    never read, but never removed either. The next write to the folder removes an old one and
+    leaves a young one (another writer's, about to be renamed)."""
+    import os
+    import time
+
+    writer = EmbeddingWriter(store, "solaris_pair")
+    writer.write(pair_batch(2, seed=1))
+    [first] = offline_files(store)
+    stale = first.with_name(".part-crashed.parquet.0123.tmp")
+    young = first.with_name(".part-live.parquet.4567.tmp")
+    for temp in (stale, young):
+        temp.write_bytes(b"half a file")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    writer.write(pair_batch(2, seed=2))
+    writer.close()
+    assert not stale.exists() and young.exists()
+    assert len(offline_files(store)) == 2

@@ -39,6 +39,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,22 @@ def _key_order(batch: _ValidBatch, rows: np.ndarray, join_keys: list[str]) -> np
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+STALE_TEMP_SECONDS = 3600.0
+"""A writer's temp file this old in a day folder is a crashed try's (a live write renames its
+own within seconds): removed by the next write there."""
+
+
+def _remove_stale_temp_files(folder: Path) -> None:
+    """Remove the temp files crashed writes left in ``folder`` (readers never open them, but
+    they fill the disk); a file another writer removes first is no error."""
+    cutoff = time.time() - STALE_TEMP_SECONDS
+    for temp in folder.glob(".part-*.tmp"):
+        try:
+            if temp.stat().st_mtime < cutoff:
+                temp.unlink()
+                logger.info("removed %s, left by a write that did not finish", temp)
+        except FileNotFoundError:
+            pass
 
 
 class EmbeddingWriter:
@@ -442,6 +459,7 @@ class EmbeddingWriter:
                 [written_at.value] * len(order), type=pa.timestamp("ns", tz="UTC")
             )
             path.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_temp_files(path.parent)
             # Written beside and renamed: a reader never sees half a file.
             temp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
             pq.write_table(pa.table(columns), temp)
