@@ -441,17 +441,18 @@ def render_status(status: dict[str, Any], console: Any = None) -> None:
     if coverage is None:
         out.print("coverage by tier: no expected model version (no cards, nothing stored)")
     else:
-        table = Table(
-            title="Coverage by tier, as served",
-            caption=f"{coverage['pairs']} stored pairs of {coverage['users_sampled']} of "
-            f"{coverage['users']} users",
-        )
+        table = Table(title="Coverage by tier, as served")
         table.add_column("tier")
         table.add_column("pairs", justify="right")
         table.add_column("share", justify="right")
         for name, count in coverage["counts"].items():
             table.add_row(name, str(count), f"{coverage['shares'][name]:.1%}")
         out.print(table)
+        # Below the table, not as its caption: a caption wraps at the narrow table's width.
+        out.print(
+            f"{coverage['pairs']} stored pairs of {coverage['users_sampled']} of "
+            f"{coverage['users']} users"
+        )
         if coverage["errors"]:
             out.print(f"[red]{coverage['errors']} pairs failed to read (counted as ZERO)[/red]")
     out.print(f"miss-queue depth: [bold]{status['miss_queue_depth']}[/bold]")
