@@ -115,6 +115,32 @@ def test_bad_batch_is_refused_naming_rows_and_nothing_is_written(
     assert set(read.tiers.tolist()) == {Tier.ZERO}
 
 
+@pytest.mark.parametrize("kind", ["nan", "inf"])
+def test_lists_and_arrays_of_the_same_vectors_are_checked_alike(
+    store: FeatureStore, kind: str
+) -> None:
+    """Rows of numpy vectors are checked as one matrix, anything else row by row: both paths
+    must refuse the same rows and keep the same values."""
+    writer = EmbeddingWriter(store, "solaris_pair")
+    frame, bad_rows = poisoned(kind)
+    as_lists = frame.assign(embedding=[v.tolist() for v in frame["embedding"]])
+    for form in (frame, as_lists):
+        with pytest.raises(WriteBatchError) as caught:
+            writer.validate(form)
+        assert caught.value.rows == bad_rows
+
+    good = pair_batch(6)
+    vectors = np.stack(good["embedding"])
+    forms = [
+        good,  # float32 arrays: the matrix path
+        good.assign(embedding=list(vectors.astype(np.float64))),
+        good.assign(embedding=[v.tolist() for v in vectors]),  # lists: the row path
+        good.assign(embedding=[v.tolist() if i % 2 else v for i, v in enumerate(vectors)]),
+    ]
+    for form in forms:
+        np.testing.assert_array_equal(writer.validate(form).embeddings, vectors)
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
