@@ -10,6 +10,7 @@ the suite starts.
 from __future__ import annotations
 
 import os
+import socket
 
 from solaris_feast.bench import loopback_port_is_free
 
@@ -25,6 +26,7 @@ _FAILOVER = (200, 201, 202, 203, 204, 205)  # cluster with replicas (test_cluste
 _FAILOVER_PROXY = 210
 _CELERY_API = 230  # the Airflow API server of test_celery
 _FEAST_SERVING_REDIS = 290  # the throwaway Redis of test_feast_serving
+_CLAIM = 299  # bound for the whole run, so that a second run skips this block
 FAILOVER_BUS_OFFSET = 50
 """A failover node's cluster bus is its port + this (Redis's default, + 10000, leaves the
 block)."""
@@ -42,11 +44,30 @@ _ALL = (
 )
 
 
+_claim: socket.socket | None = None
+
+
+def _claimed(base: int) -> bool:
+    """Bind the block's claim port for the rest of this process. Most of the block's servers
+    run only during their own test, so a run that started while another's were down would
+    otherwise take the same block and the two would meet mid-run (seen as setup errors of the
+    failover cluster)."""
+    global _claim
+    claim = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        claim.bind(("127.0.0.1", base + _CLAIM))
+    except OSError:
+        claim.close()
+        return False
+    _claim = claim
+    return True
+
+
 def _base() -> int:
     if os.environ.get("SOLARIS_TEST_PORT_BASE"):
         return int(os.environ["SOLARIS_TEST_PORT_BASE"])
     for base in range(17000, 30000, BLOCK):
-        if all(loopback_port_is_free(base + offset) for offset in _ALL):
+        if all(loopback_port_is_free(base + offset) for offset in _ALL) and _claimed(base):
             return base
     raise RuntimeError(
         "no block of free loopback ports from 17000 to 30000: set SOLARIS_TEST_PORT_BASE"
