@@ -19,6 +19,7 @@ from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.foundation import FoundationConfig
 from solaris_feast.models.interface import ChainModels, PairsAsOf
 from solaris_feast.models.registry import ModelBundle, register_untrained_chain
+from solaris_feast.pipeline.runs import round_collections
 from solaris_feast.precompute.compute import CollectingSink, compute_pair_embeddings, run_precompute
 from solaris_feast.precompute.plan import Plan, plan_precompute, shard
 from solaris_feast.serving.retriever import SolarisRetriever
@@ -309,3 +310,28 @@ def test_round_coverage_follows_the_serving_tier_rule(feast_project: str, tmp_pa
         Tier.ZERO,  # similar past its TTL
         Tier.ZERO,  # nothing stored
     ]
+
+
+def test_round_tasks_run_with_fewer_collections_and_put_the_thresholds_back() -> None:
+    import gc
+
+    from solaris_feast.pipeline import precompute
+    from solaris_feast.pipeline.runs import ROUND_GC_THRESHOLDS
+
+    before = gc.get_threshold()
+    seen: list[tuple[int, ...]] = []
+
+    @round_collections()
+    def task() -> None:
+        seen.append(gc.get_threshold())
+        raise RuntimeError("the task failed")
+
+    with pytest.raises(RuntimeError):
+        task()
+    assert seen == [ROUND_GC_THRESHOLDS]
+    assert gc.get_threshold() == before
+    # The round's heavy tasks carry it (the wrapper keeps the task's name for Airflow's logs).
+    for name in ("rank_shard", "precompute_shard", "aggregate_users", "fill_similar"):
+        function = getattr(precompute, name)
+        assert function.__name__ == name
+        assert hasattr(function, "__wrapped__"), f"{name} runs with the default thresholds"
