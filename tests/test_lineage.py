@@ -664,12 +664,22 @@ def test_coverage_comes_from_the_newest_precompute_run(tmp_path: Path) -> None:
 def test_a_registry_without_solaris_views_fails_the_review(
     tmp_path: Path, feast_project: str
 ) -> None:
-    """A repo never applied (or another project) has nothing to review: that said "All checks
-    passed"."""
+    """A repo never applied has nothing to review: that said "All checks passed", and Feast's
+    first read left an empty registry file in the user's repo. A registry applied without
+    SOLARIS views (another project's) fails the review."""
     from test_dags import make_feature_repo
+
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.store.config import open_repo_store
 
     repo = make_feature_repo(tmp_path / "repo", feast_project, apply=False)
     (tmp_path / "dags").mkdir()
+    before = sorted(p.relative_to(repo) for p in repo.rglob("*"))
+    with pytest.raises(ConfigError, match="never applied: run `feast apply`"):
+        build_lineage(repo, tmp_path / "models", tmp_path / "dags")
+    assert sorted(p.relative_to(repo) for p in repo.rglob("*")) == before
+
+    open_repo_store(repo).apply([])  # a registry, with none of our views in it
     report = build_lineage(repo, tmp_path / "models", tmp_path / "dags")
     assert [f.check for f in report.errors] == [CHECK_NO_SOLARIS_VIEWS]
     assert "run `feast apply`" in report.errors[0].message

@@ -230,6 +230,7 @@ def test_status_command_prints_tables_and_writes_json_and_plot(
     result = CliRunner().invoke(app, ["status", "--repo", str(unapplied)])
     assert result.exit_code == 2
     assert "run `feast apply`" in result.output
+    assert sorted(unapplied.iterdir()) == [unapplied / "feature_store.yaml"]  # nothing created
 
 
 def test_status_counts_freshness_by_the_tier_rule_future_values_included(

@@ -615,7 +615,7 @@ def status_cli(
     """Coverage by tier, miss-queue depth and freshness of the stored SOLARIS embeddings."""
     try:
         target = status_target(repo, config, models, solaris_config)
-        store = open_repo_store(target.repo, target.feature_store_yaml)
+        store = open_repo_store(target.repo, target.feature_store_yaml, applied=True)
         status = store_status(
             store,
             model_version,

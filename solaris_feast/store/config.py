@@ -208,9 +208,17 @@ def repo_yaml(repo: Path, config: Path | None = None) -> tuple[Path, dict[str, A
     return yaml_file, raw
 
 
-def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
+def open_repo_store(
+    repo: Path, config: Path | None = None, *, applied: bool = False
+) -> FeatureStore:
     """The Feast store of a repo folder, from ``feature_store.yaml`` or another config file
-    (:func:`repo_yaml`)."""
+    (:func:`repo_yaml`).
+
+    Args:
+        applied: the caller only reads (status, lineage): refuse a repo whose local registry
+            file does not exist, instead of letting Feast's first read create an empty one in
+            the user's repo. Registries elsewhere (object storage, SQL) are left to Feast.
+    """
     from feast import FeatureStore
     from feast.repo_config import FeastConfigError, RepoConfig
     from pydantic import ValidationError
@@ -223,7 +231,25 @@ def open_repo_store(repo: Path, config: Path | None = None) -> FeatureStore:
         # in one line instead of a traceback.
         raise ConfigError(str(FeastConfigError(exc, str(yaml_file)))) from exc
     repo_config.repo_path = Path(repo)
+    if applied:
+        registry = local_registry_file(repo_config, Path(repo))
+        if registry is not None and not registry.is_file():
+            raise ConfigError(
+                f"{yaml_file}: no Feast registry at {registry}, so this repo was never applied: "
+                "run `feast apply` in it (or point --repo/--config at the one that serves)"
+            )
     return FeatureStore(repo_path=str(repo), config=repo_config)
+
+
+def local_registry_file(repo_config: Any, repo: Path) -> Path | None:
+    """Where a file registry on local disk lives, resolved against the repo as Feast's
+    ``FileRegistryStore`` does; None for a registry elsewhere (``s3://``, ``gs://``, SQL)."""
+    registry = repo_config.registry
+    path = str(getattr(registry, "path", "") or "")
+    if getattr(registry, "registry_type", "file") != "file" or not path or "://" in path:
+        return None
+    file = Path(path)
+    return file if file.is_absolute() else repo / file
 
 
 # Feast's defaults for the fields read below (feast.repo_config, local provider).

@@ -46,7 +46,7 @@ def build_lineage(
     now = now or datetime.now(UTC)
     from solaris_feast.store.config import open_repo_store
 
-    store = open_repo_store(repo, feature_store_yaml)
+    store = open_repo_store(repo, feature_store_yaml, applied=True)
     dags, findings = read_dags(Path(dags_dir))
     dag_by_id = {d.dag_id: d for d in dags}
     coverage_path = coverage_json or latest_coverage_file(repo)
