@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 import numpy as np
@@ -7,7 +8,13 @@ import pandas as pd
 import pytest
 
 from solaris_feast.precompute.aggregate import PairEmbeddings
-from solaris_feast.precompute.similarity import SimilarityConfig, build_user_index, similarity_fill
+from solaris_feast.precompute.compute import CollectingSink
+from solaris_feast.precompute.similarity import (
+    SimilarityConfig,
+    build_user_index,
+    fill_and_write,
+    similarity_fill,
+)
 
 NOW = pd.Timestamp("2026-06-01T12:00:00Z")
 NOW_S = NOW.value / 1e9
@@ -235,3 +242,42 @@ def test_thread_setting_applies_to_the_index_only_and_restores_the_process_count
     assert neighbours.shape == (5, 3)
     assert faiss.omp_get_max_threads() == before
     assert index.threads == wanted
+
+
+@pytest.mark.parametrize("parts", [1, 3, 4, 500])
+@pytest.mark.parametrize("string_ids", [False, True])
+def test_a_fill_written_in_parts_writes_the_rows_of_one_fill(parts: int, string_ids: bool) -> None:
+    user_ids, user_vecs, exact, targets = _world(3)
+    if string_ids:
+        as_str = np.vectorize(lambda v: f"u{v}", otypes=[object])
+        user_ids, targets = as_str(user_ids), targets.assign(user_id=as_str(targets["user_id"]))
+        exact = dataclasses.replace(exact, user_ids=as_str(exact.user_ids))
+    cfg = SimilarityConfig(neighbours=3, search_neighbours=40, index_kind="flat")
+    index = build_user_index(user_ids, user_vecs, cfg)
+    whole = similarity_fill(index, targets, exact, NOW, "v1", TTL, cfg)
+    sink = CollectingSink()
+
+    written = fill_and_write(index, targets, exact, NOW, "v1", TTL, sink, cfg, parts=parts)
+
+    assert len(whole) > 100
+    assert written.filled == len(whole)
+    assert len(sink.frames) == min(parts, len(whole["user_id"].unique()))
+    assert all(len(frame) for frame in sink.frames)
+    pd.testing.assert_frame_equal(sink.rows(), whole)  # same rows, values and order
+
+
+def test_a_failed_part_stops_the_fill_and_no_later_part_is_written() -> None:
+    user_ids, user_vecs, exact, targets = _world(4)
+    index = build_user_index(user_ids, user_vecs, SimilarityConfig(index_kind="flat"))
+    stored: list[pd.DataFrame] = []
+
+    class FailsOnSecond:
+        def write(self, frame: pd.DataFrame) -> int:
+            if len(stored) == 1:
+                raise ConnectionError("the store went away")
+            stored.append(frame)
+            return len(frame)
+
+    with pytest.raises(ConnectionError, match="went away"):
+        fill_and_write(index, targets, exact, NOW, "v1", TTL, FailsOnSecond(), parts=4)
+    assert len(stored) == 1

@@ -974,7 +974,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     from solaris_feast.precompute.similarity import (
         SimilarityConfig,
         build_user_index,
-        similarity_fill,
+        fill_and_write,
     )
     from solaris_feast.serving.resolve import fresh_window
     from solaris_feast.store.write import EmbeddingWriter
@@ -1008,23 +1008,24 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         np.stack(user_rows[EMBEDDING].to_list()).astype(np.float32),
         similarity,
     )
-    fill = similarity_fill(
-        index,
-        targets,
-        PairEmbeddings.from_frame(exact),
-        now,
-        spec.embedding_version,
-        ttl,
-        similarity,
-    )
     writer = EmbeddingWriter(open_run_store(cfg), snapshot.name_of(Tier.SIMILAR))
     try:
-        report = writer.write(fill)
+        # In parts of users, each written while the next is computed.
+        written = fill_and_write(
+            index,
+            targets,
+            PairEmbeddings.from_frame(exact),
+            now,
+            spec.embedding_version,
+            ttl,
+            writer,
+            similarity,
+        )
     finally:
         writer.close()
     return {
         "targets": len(targets),
-        "filled": len(fill),
-        "online_applied": report.online_applied,
-        "offline_files_written": report.offline_files_written,
+        "filled": written.filled,
+        "online_applied": sum(r.online_applied for r in written.answers),
+        "offline_files_written": sum(r.offline_files_written for r in written.answers),
     }

@@ -43,6 +43,7 @@ from solaris_feast.keys import (
     split_pair_keys,
 )
 from solaris_feast.precompute.aggregate import EMBEDDING, PairEmbeddings
+from solaris_feast.precompute.compute import EmbeddingSink, OrderedWrites
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION
 
 logger = logging.getLogger(__name__)
@@ -238,6 +239,8 @@ def similarity_fill(
     model_version: str,
     exact_ttl_seconds: int,
     config: SimilarityConfig | None = None,
+    *,
+    log: bool = True,
 ) -> pd.DataFrame:
     """Rows for the ``solaris_similar`` view, one per target pair that found a neighbour.
 
@@ -251,6 +254,8 @@ def similarity_fill(
         model_version: The embedding version (the compressor card's version).
         exact_ttl_seconds: Freshness of a usable exact embedding.
         config: ``neighbours`` (k), ``search_neighbours``, ``mode``.
+        log: Log the fill's one-line summary at INFO (at DEBUG when False: a caller filling in
+            parts logs its own).
 
     Returns:
         ``user_id``, ``item_id`` (int64, or str for String ids), ``embedding`` (float32
@@ -349,7 +354,8 @@ def similarity_fill(
             out_count[filled] = np.diff(np.r_[starts, len(t)])
             out_distance[filled] = np.add.reduceat(dist, starts) / out_count[filled]
     done = out_count > 0
-    logger.info(
+    logger.log(
+        logging.INFO if log else logging.DEBUG,
         "similarity fill: %d of %d pairs filled; %d users searched in %.2f s, joined in %.2f s",
         int(done.sum()),
         len(done),
@@ -367,6 +373,97 @@ def similarity_fill(
             MODEL_VERSION: model_version,
             COMPUTED_AT: now_ts,
         }
+    )
+
+
+FILL_WRITE_PARTS = 4
+"""Parts of users a round's fill is computed and written in (:func:`fill_and_write`): part
+``p + 1`` is computed while part ``p`` is written, so only the last part's write is left after the
+fill. Measured on the demo round (16k targets): 4 parts cost 7% more fill time than one call
+(0.142 s against 0.133 s), 8 parts 32% more."""
+
+
+@dataclass(frozen=True)
+class FillWrites:
+    """What :func:`fill_and_write` filled and wrote."""
+
+    filled: int
+    answers: list[Any]
+    write_seconds: float
+    """Seconds the writes took."""
+    write_wait_seconds: float
+    """Seconds of them the fill waited for (not hidden behind computing the next part)."""
+
+
+def fill_and_write(
+    index: UserIndex,
+    targets: pd.DataFrame,
+    exact: PairEmbeddings,
+    now: pd.Timestamp,
+    model_version: str,
+    exact_ttl_seconds: int,
+    writer: EmbeddingSink,
+    config: SimilarityConfig | None = None,
+    *,
+    parts: int = FILL_WRITE_PARTS,
+    overlap_writes: bool = True,
+) -> FillWrites:
+    """:func:`similarity_fill` over ``parts`` ranges of the target users (in user order), each
+    part written through ``writer`` while the next is computed.
+
+    The parts' rows are exactly the rows of one :func:`similarity_fill` call: a user's targets
+    stay in one part, and the neighbours and holders searched are the same. Each part is its own
+    write (an all-or-nothing batch and a content-named offline file), so a retry of the same
+    targets rewrites the same rows.
+
+    Returns:
+        :class:`FillWrites`: rows filled, the writer's answers (one per non-empty part, in
+        order) and the writes' seconds.
+
+    Raises:
+        Whatever ``writer.write`` raises; no later part is written.
+    """
+    if parts <= 0:
+        raise ValueError(f"parts must be positive, got {parts}")
+    for column in (USER_ID, ITEM_ID):
+        if column not in targets.columns:
+            raise SchemaError("targets", column, "is missing")
+    started = time.perf_counter()
+    users = id_array(targets[USER_ID])
+    filled = 0
+    with OrderedWrites(writer, overlap=overlap_writes) as writes:
+        for part_users in np.array_split(np.unique(users), parts):
+            if len(part_users) == 0:
+                continue
+            rows = similarity_fill(
+                index,
+                targets[np.isin(users, part_users)],
+                exact,
+                now,
+                model_version,
+                exact_ttl_seconds,
+                config,
+                log=False,
+            )
+            if len(rows):
+                writes.submit(rows)
+                filled += len(rows)
+        answers = writes.finish()
+    logger.info(
+        "similarity fill: %d of %d target pairs filled and written in %.2f s (%d parts; "
+        "%.2f s of writes, %.2f s not overlapped)",
+        filled,
+        len(targets),
+        time.perf_counter() - started,
+        len(answers),
+        writes.busy_seconds,
+        writes.wait_seconds,
+    )
+    return FillWrites(
+        filled=filled,
+        answers=answers,
+        write_seconds=writes.busy_seconds,
+        write_wait_seconds=writes.wait_seconds,
     )
 
 
