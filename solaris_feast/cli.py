@@ -496,7 +496,10 @@ def demo_command(
     if size not in sizes:
         raise typer.BadParameter(f"choose one of {', '.join(sizes)}", param_hint="--size")
     settings = DemoSettings(size=size, budget_fraction=budget, transfer=transfer)
-    summary = run_demo(out, online_store=online_store, progress=progress, settings=settings)
+    # The demo echoes its steps and ends with their figures: its steps' INFO lines (a raw dict
+    # of NEs per seed, 20 lines of the round's tasks) only repeated them; --verbose shows them.
+    with _steps_echoed():
+        summary = run_demo(out, online_store=online_store, progress=progress, settings=settings)
     typer.echo(summary)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,10 @@ from solaris_feast.cli import app
 
 
 @pytest.mark.slow
-def test_demo_runs_the_whole_loop_on_sqlite(tmp_path: Path) -> None:
+def test_demo_runs_the_whole_loop_on_sqlite(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     out = tmp_path / "demo"
     result = CliRunner().invoke(
         app, ["demo", "--size", "tiny", "--out", str(out), "--no-progress"], catch_exceptions=False
@@ -42,3 +46,6 @@ def test_demo_runs_the_whole_loop_on_sqlite(tmp_path: Path) -> None:
     lineage = (out / "lineage.md").read_text()
     assert "solaris_pair" in lineage and "solaris_similar" in lineage
     assert list((out / "models").glob("*.card.json"))
+    # The steps are echoed and summed up at the end; their own INFO lines stay out (--verbose).
+    ours = [r for r in caplog.records if r.name.startswith("solaris_feast")]
+    assert [r.getMessage() for r in ours if r.levelno < logging.WARNING] == []
