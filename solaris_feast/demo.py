@@ -255,7 +255,8 @@ class _Served:
             f"latency per request (p50/p99): retriever {_pct(self.retriever_ms, 50):.2f}/"
             f"{_pct(self.retriever_ms, 99):.2f} ms over {len(self.retriever_ms)} requests, "
             f"plain Feast resolved view {_pct(self.feast_ms, 50):.2f}/"
-            f"{_pct(self.feast_ms, 99):.2f} ms over {len(self.feast_ms)}",
+            f"{_pct(self.feast_ms, 99):.2f} ms over {len(self.feast_ms)} (after one untimed "
+            "request each)",
             f"parity retriever vs plain Feast: {self.parity_pairs - self.parity_mismatches}/"
             f"{self.parity_pairs} pairs with the same tier and vector; store errors {self.errors}",
         ]
@@ -287,9 +288,14 @@ def _serve(
         positions = rows.index.to_numpy()
         items = rows[ITEM_ID].to_numpy(np.int64)
         unique_items, inverse = np.unique(items, return_inverse=True)
+        # Each path's first request pays its one-time set-up (a connection; for Feast, its
+        # registry and the on-demand view): served and checked, not timed. With 40 timed Feast
+        # reads their p99 is their slowest, which was that first one (130 ms against 2.3).
+        timed = n_request > 0
         t0 = time.perf_counter()
         result = retriever.fetch(int(user), unique_items)
-        retriever_ms.append((time.perf_counter() - t0) * 1000.0)
+        if timed:
+            retriever_ms.append((time.perf_counter() - t0) * 1000.0)
         errors += int(result.error)
         embeddings[positions] = result.embeddings[inverse]
         tiers[positions] = result.tiers[inverse]
@@ -303,7 +309,8 @@ def _serve(
                 ],
                 full_feature_names=True,
             ).to_dict()
-            feast_ms.append((time.perf_counter() - t0) * 1000.0)
+            if timed:
+                feast_ms.append((time.perf_counter() - t0) * 1000.0)
             plain_tiers = np.asarray(plain["solaris_resolved__resolved_tier"], dtype=np.int64)
             plain_vectors = np.asarray(
                 [
