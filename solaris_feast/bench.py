@@ -896,6 +896,7 @@ def run_round_benchmark(
         SimilarityConfig,
         build_user_index,
         fill_and_write,
+        similarity_fill,
     )
     from solaris_feast.store.config import open_store
     from solaris_feast.store.definitions import solaris_definitions
@@ -997,15 +998,20 @@ def run_round_benchmark(
             similar_writer = EmbeddingWriter(store, "solaris_similar")
             # As the fill task does: in parts, each written while the next is computed (the
             # sequential arm: one fill, then its write).
-            written = fill_and_write(
+            fill = functools.partial(
+                similarity_fill,
                 index,
+                exact=exact,
+                now=now,
+                model_version=version,
+                exact_ttl_seconds=6 * 3600,
+                config=SimilarityConfig(),
+                log=False,
+            )
+            written = fill_and_write(
+                fill,
                 plan.uncovered.head(len(plan)),
-                exact,
-                now,
-                version,
-                6 * 3600,
                 similar_writer,
-                SimilarityConfig(),
                 parts=FILL_WRITE_PARTS if overlap_writes else 1,
                 overlap_writes=overlap_writes,
             )

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
@@ -11,6 +13,7 @@ from solaris_feast.precompute.aggregate import PairEmbeddings
 from solaris_feast.precompute.compute import CollectingSink
 from solaris_feast.precompute.similarity import (
     SimilarityConfig,
+    UserIndex,
     build_user_index,
     fill_and_write,
     similarity_fill,
@@ -244,6 +247,22 @@ def test_thread_setting_applies_to_the_index_only_and_restores_the_process_count
     assert index.threads == wanted
 
 
+def _fill_of(
+    index: UserIndex, exact: PairEmbeddings, cfg: SimilarityConfig | None = None
+) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    """The fill of the targets alone, as the fill task binds it."""
+    return functools.partial(
+        similarity_fill,
+        index,
+        exact=exact,
+        now=NOW,
+        model_version="v1",
+        exact_ttl_seconds=TTL,
+        config=cfg,
+        log=False,
+    )
+
+
 @pytest.mark.parametrize("parts", [1, 3, 4, 500])
 @pytest.mark.parametrize("string_ids", [False, True])
 def test_a_fill_written_in_parts_writes_the_rows_of_one_fill(parts: int, string_ids: bool) -> None:
@@ -257,7 +276,7 @@ def test_a_fill_written_in_parts_writes_the_rows_of_one_fill(parts: int, string_
     whole = similarity_fill(index, targets, exact, NOW, "v1", TTL, cfg)
     sink = CollectingSink()
 
-    written = fill_and_write(index, targets, exact, NOW, "v1", TTL, sink, cfg, parts=parts)
+    written = fill_and_write(_fill_of(index, exact, cfg), targets, sink, parts=parts)
 
     assert len(whole) > 100
     assert written.filled == len(whole)
@@ -279,5 +298,5 @@ def test_a_failed_part_stops_the_fill_and_no_later_part_is_written() -> None:
             return len(frame)
 
     with pytest.raises(ConnectionError, match="went away"):
-        fill_and_write(index, targets, exact, NOW, "v1", TTL, FailsOnSecond(), parts=4)
+        fill_and_write(_fill_of(index, exact), targets, FailsOnSecond(), parts=4)
     assert len(stored) == 1

@@ -966,6 +966,8 @@ def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.D
 def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     """Fill over-budget and missed pairs from the nearest users' exact vectors (faiss KNN over
     the user aggregates) and write them to the similar view."""
+    import functools
+
     import numpy as np
     import pandas as pd
 
@@ -975,6 +977,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         SimilarityConfig,
         build_user_index,
         fill_and_write,
+        similarity_fill,
     )
     from solaris_feast.serving.resolve import fresh_window
     from solaris_feast.store.write import EmbeddingWriter
@@ -1011,16 +1014,17 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     writer = EmbeddingWriter(open_run_store(cfg), snapshot.name_of(Tier.SIMILAR))
     try:
         # In parts of users, each written while the next is computed.
-        written = fill_and_write(
+        fill = functools.partial(
+            similarity_fill,
             index,
-            targets,
-            PairEmbeddings.from_frame(exact),
-            now,
-            spec.embedding_version,
-            ttl,
-            writer,
-            similarity,
+            exact=PairEmbeddings.from_frame(exact),
+            now=now,
+            model_version=spec.embedding_version,
+            exact_ttl_seconds=ttl,
+            config=similarity,
+            log=False,
         )
+        written = fill_and_write(fill, targets, writer)
     finally:
         writer.close()
     return {

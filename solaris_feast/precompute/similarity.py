@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -396,25 +396,23 @@ class FillWrites:
 
 
 def fill_and_write(
-    index: UserIndex,
+    fill: Callable[[pd.DataFrame], pd.DataFrame],
     targets: pd.DataFrame,
-    exact: PairEmbeddings,
-    now: pd.Timestamp,
-    model_version: str,
-    exact_ttl_seconds: int,
     writer: EmbeddingSink,
-    config: SimilarityConfig | None = None,
     *,
     parts: int = FILL_WRITE_PARTS,
     overlap_writes: bool = True,
 ) -> FillWrites:
-    """:func:`similarity_fill` over ``parts`` ranges of the target users (in user order), each
-    part written through ``writer`` while the next is computed.
+    """``fill`` over ``parts`` ranges of the target users (in user order), each part's rows
+    written through ``writer`` while the next part is computed.
 
-    The parts' rows are exactly the rows of one :func:`similarity_fill` call: a user's targets
-    stay in one part, and the neighbours and holders searched are the same. Each part is its own
-    write (an all-or-nothing batch and a content-named offline file), so a retry of the same
-    targets rewrites the same rows.
+    ``fill`` maps targets to rows, one user's targets independently of the others':
+    :func:`similarity_fill` with everything but the targets bound, as
+    ``functools.partial(similarity_fill, index, exact=..., now=..., model_version=...,
+    exact_ttl_seconds=..., config=..., log=False)``. The parts' rows are then exactly the rows of
+    one call (a user's targets stay in one part; the neighbours and holders searched are the
+    same). Each part is its own write (an all-or-nothing batch and a content-named offline
+    file), so a retry of the same targets rewrites the same rows.
 
     Returns:
         :class:`FillWrites`: rows filled, the writer's answers (one per non-empty part, in
@@ -425,9 +423,8 @@ def fill_and_write(
     """
     if parts <= 0:
         raise ValueError(f"parts must be positive, got {parts}")
-    for column in (USER_ID, ITEM_ID):
-        if column not in targets.columns:
-            raise SchemaError("targets", column, "is missing")
+    if USER_ID not in targets.columns:
+        raise SchemaError("targets", USER_ID, "is missing")
     started = time.perf_counter()
     users = id_array(targets[USER_ID])
     filled = 0
@@ -435,16 +432,7 @@ def fill_and_write(
         for part_users in np.array_split(np.unique(users), parts):
             if len(part_users) == 0:
                 continue
-            rows = similarity_fill(
-                index,
-                targets[np.isin(users, part_users)],
-                exact,
-                now,
-                model_version,
-                exact_ttl_seconds,
-                config,
-                log=False,
-            )
+            rows = fill(targets[np.isin(users, part_users)])
             if len(rows):
                 writes.submit(rows)
                 filled += len(rows)
