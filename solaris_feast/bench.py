@@ -61,6 +61,7 @@ from solaris_feast.columns import (
     PAIR_COUNT,
     USER_ID,
 )
+from solaris_feast.pipeline.runs import round_collections
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -859,6 +860,7 @@ class _TeeSink:
         return self.writer.write(frame)
 
 
+@round_collections()  # as the shard, aggregate and fill tasks run
 def run_round_benchmark(
     size: str = "demo",
     candidates_per_user: int = 200,
@@ -886,7 +888,6 @@ def run_round_benchmark(
     from solaris_feast.models.interface import ChainModels, ReferenceEncoder
     from solaris_feast.models.registry import load_bundle, register_untrained_chain
     from solaris_feast.models.training import flops_per_pair
-    from solaris_feast.pipeline.runs import round_collections
     from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
     from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
     from solaris_feast.precompute.compute import run_precompute
@@ -912,115 +913,111 @@ def run_round_benchmark(
     project = f"{prefix}{uuid.uuid4().hex[:8]}"
     root = Path(tempfile.mkdtemp(prefix="solaris-bench-precompute-"))
     try:
-        # As the shard, aggregate and fill tasks run: with fewer garbage collections.
-        with round_collections():
-            if models is not None:
-                bundle = load_bundle(models)
-            else:
-                torch.manual_seed(0)
-                bundle = register_untrained_chain(
-                    root / "m",
-                    featurizer.schema,
-                    ("click", "conversion"),
-                    FoundationConfig(num_layers=fm_layers, embed_dim=fm_dim, hidden_dim=4 * fm_dim),
-                )
-            store = open_store(project, root / "repo", online=online)  # type: ignore[arg-type]
-            store.apply(solaris_definitions().all())
-            version = bundle.embedding_version
-
-            t = time.perf_counter()
-            candidates = generate_candidates(
-                log,
-                now,
-                CandidateConfig(
-                    candidates_per_user=candidates_per_user, category_column="category"
-                ),
-                items=ds.items,
+        if models is not None:
+            bundle = load_bundle(models)
+        else:
+            torch.manual_seed(0)
+            bundle = register_untrained_chain(
+                root / "m",
+                featurizer.schema,
+                ("click", "conversion"),
+                FoundationConfig(num_layers=fm_layers, embed_dim=fm_dim, hidden_dim=4 * fm_dim),
             )
-            seconds["candidates"] = time.perf_counter() - t
+        store = open_store(project, root / "repo", online=online)  # type: ignore[arg-type]
+        store.apply(solaris_definitions().all())
+        version = bundle.embedding_version
 
-            t = time.perf_counter()
-            users = candidates["user_id"].to_numpy()
-            items = candidates["item_id"].to_numpy()
-            scores = np.zeros(len(candidates))
-            with torch.inference_mode():
-                for lo in range(0, len(candidates), 8192):
-                    batch = featurizer.batch(users[lo : lo + 8192], items[lo : lo + 8192], now)
-                    scores[lo : lo + 8192] = bundle.vm.verifier_score(batch).numpy()
-            # As the DAG's plan task does: the verifier's score times the retrieval score.
-            candidates["verifier_score"] = request_score(
-                users, scores, candidates["candidate_score"].to_numpy(dtype=np.float64)
-            )
-            seconds["verifier"] = time.perf_counter() - t
+        t = time.perf_counter()
+        candidates = generate_candidates(
+            log,
+            now,
+            CandidateConfig(candidates_per_user=candidates_per_user, category_column="category"),
+            items=ds.items,
+        )
+        seconds["candidates"] = time.perf_counter() - t
 
-            t = time.perf_counter()
-            plan = plan_precompute(
-                candidates, None, None, round(budget * len(candidates)), now, 6 * 3600, 3600, 0.5
-            )
-            seconds["plan"] = time.perf_counter() - t
+        t = time.perf_counter()
+        users = candidates["user_id"].to_numpy()
+        items = candidates["item_id"].to_numpy()
+        scores = np.zeros(len(candidates))
+        with torch.inference_mode():
+            for lo in range(0, len(candidates), 8192):
+                batch = featurizer.batch(users[lo : lo + 8192], items[lo : lo + 8192], now)
+                scores[lo : lo + 8192] = bundle.vm.verifier_score(batch).numpy()
+        # As the DAG's plan task does: the verifier's score times the retrieval score.
+        candidates["verifier_score"] = request_score(
+            users, scores, candidates["candidate_score"].to_numpy(dtype=np.float64)
+        )
+        seconds["verifier"] = time.perf_counter() - t
 
-            writer = EmbeddingWriter(store, "solaris_pair")
-            sink = _TeeSink(writer)
-            chain = ChainModels.reference(bundle, featurizer)
-            if isinstance(chain.encoder, ReferenceEncoder):
-                chain.encoder.reuse_history = reuse_history
-            stats = run_precompute(
-                plan, chain, ds, sink, batch_size=batch_size, overlap_writes=overlap_writes
-            )
-            writer.close()
-            seconds["featurize"] = stats.featurize_seconds
-            seconds["fm"] = stats.fm_seconds
-            # What the pair writes add to the round's wall time; with overlap_writes the writer
-            # thread's busy time (pair_writes_busy) is partly hidden behind the next batch's FM.
-            seconds["pair_writes"] = stats.write_wait_seconds
-            seconds["pair_writes_busy"] = stats.write_seconds
-            pairs = pd.concat(sink.frames, ignore_index=True)
+        t = time.perf_counter()
+        plan = plan_precompute(
+            candidates, None, None, round(budget * len(candidates)), now, 6 * 3600, 3600, 0.5
+        )
+        seconds["plan"] = time.perf_counter() - t
 
-            t = time.perf_counter()
-            exact = PairEmbeddings.from_frame(pairs)
-            user_rows = aggregate_user_embeddings(exact, now, version)
-            seconds["aggregate"] = time.perf_counter() - t
-            t = time.perf_counter()
-            user_writer = EmbeddingWriter(store, "solaris_user")
-            user_writer.write(user_rows)
-            user_writer.close()
-            seconds["user_writes"] = time.perf_counter() - t
+        writer = EmbeddingWriter(store, "solaris_pair")
+        sink = _TeeSink(writer)
+        chain = ChainModels.reference(bundle, featurizer)
+        if isinstance(chain.encoder, ReferenceEncoder):
+            chain.encoder.reuse_history = reuse_history
+        stats = run_precompute(
+            plan, chain, ds, sink, batch_size=batch_size, overlap_writes=overlap_writes
+        )
+        writer.close()
+        seconds["featurize"] = stats.featurize_seconds
+        seconds["fm"] = stats.fm_seconds
+        # What the pair writes add to the round's wall time; with overlap_writes the writer
+        # thread's busy time (pair_writes_busy) is partly hidden behind the next batch's FM.
+        seconds["pair_writes"] = stats.write_wait_seconds
+        seconds["pair_writes_busy"] = stats.write_seconds
+        pairs = pd.concat(sink.frames, ignore_index=True)
 
-            t = time.perf_counter()
-            all_users = np.arange(ds.num_users, dtype=np.int64)
-            with torch.inference_mode():
-                batch = featurizer.batch(all_users, np.zeros(len(all_users), dtype=np.int64), now)
-                user_vectors = bundle.fm.user_representation(batch).numpy()
-            # The FM's user side is FM inference (as the pairs are), reported apart from the search.
-            seconds["fill_fm_user_vectors"] = time.perf_counter() - t
-            t = time.perf_counter()
-            index = build_user_index(all_users, user_vectors, SimilarityConfig())
-            similar_writer = EmbeddingWriter(store, "solaris_similar")
-            # As the fill task does: in parts, each written while the next is computed (the
-            # sequential arm: one fill, then its write).
-            fill = functools.partial(
-                similarity_fill,
-                index,
-                exact=exact,
-                now=now,
-                model_version=version,
-                exact_ttl_seconds=6 * 3600,
-                config=SimilarityConfig(),
-                log=False,
-            )
-            written = fill_and_write(
-                fill,
-                plan.uncovered.head(len(plan)),
-                similar_writer,
-                parts=FILL_WRITE_PARTS if overlap_writes else 1,
-                overlap_writes=overlap_writes,
-            )
-            similar_writer.close()
-            elapsed = time.perf_counter() - t
-            # What the similar writes add to the wall time; their busy time is partly hidden.
-            seconds["similar_writes"] = written.write_wait_seconds
-            seconds["similar_writes_busy"] = written.write_seconds
-            seconds["fill"] = elapsed - written.write_wait_seconds
+        t = time.perf_counter()
+        exact = PairEmbeddings.from_frame(pairs)
+        user_rows = aggregate_user_embeddings(exact, now, version)
+        seconds["aggregate"] = time.perf_counter() - t
+        t = time.perf_counter()
+        user_writer = EmbeddingWriter(store, "solaris_user")
+        user_writer.write(user_rows)
+        user_writer.close()
+        seconds["user_writes"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        all_users = np.arange(ds.num_users, dtype=np.int64)
+        with torch.inference_mode():
+            batch = featurizer.batch(all_users, np.zeros(len(all_users), dtype=np.int64), now)
+            user_vectors = bundle.fm.user_representation(batch).numpy()
+        # The FM's user side is FM inference (as the pairs are), reported apart from the search.
+        seconds["fill_fm_user_vectors"] = time.perf_counter() - t
+        t = time.perf_counter()
+        index = build_user_index(all_users, user_vectors, SimilarityConfig())
+        similar_writer = EmbeddingWriter(store, "solaris_similar")
+        # As the fill task does: in parts, each written while the next is computed (the
+        # sequential arm: one fill, then its write).
+        fill = functools.partial(
+            similarity_fill,
+            index,
+            exact=exact,
+            now=now,
+            model_version=version,
+            exact_ttl_seconds=6 * 3600,
+            config=SimilarityConfig(),
+            log=False,
+        )
+        written = fill_and_write(
+            fill,
+            plan.uncovered.head(len(plan)),
+            similar_writer,
+            parts=FILL_WRITE_PARTS if overlap_writes else 1,
+            overlap_writes=overlap_writes,
+        )
+        similar_writer.close()
+        elapsed = time.perf_counter() - t
+        # What the similar writes add to the wall time; their busy time is partly hidden.
+        seconds["similar_writes"] = written.write_wait_seconds
+        seconds["similar_writes_busy"] = written.write_seconds
+        seconds["fill"] = elapsed - written.write_wait_seconds
     finally:
         if online == "redis":
             import redis

@@ -381,11 +381,13 @@ class EmbeddingWriter:
         if stacked is not None:
             # Every row a numeric length-D vector (what the precompute and the fill write): the
             # checks below run on the whole matrix; per row they were a fifth of a write's time.
-            refuse(
-                "embedding has values beyond float32's range (about 3.4e38)",
-                (np.abs(stacked) > FLOAT32_MAX).any(axis=1) & np.isfinite(stacked).all(axis=1),
-            )
-            matrix = stacked.astype(np.float32)
+            if stacked.dtype.kind == "f" and stacked.dtype.itemsize > 4:
+                # Only a wider float can hold a finite value float32 would make inf.
+                refuse(
+                    "embedding has values beyond float32's range (about 3.4e38)",
+                    (np.abs(stacked) > FLOAT32_MAX).any(axis=1) & np.isfinite(stacked).all(axis=1),
+                )
+            matrix = stacked.astype(np.float32, copy=False)
         else:
             matrix = self._embedding_rows(values, refuse)
         refuse("embedding has NaN or Inf", ~np.isfinite(matrix).all(axis=1))
@@ -396,16 +398,16 @@ class EmbeddingWriter:
         return matrix
 
     def _stacked_embeddings(self, values: list[Any]) -> np.ndarray | None:
-        """``(N, D)`` float64 when every row is a numeric ndarray of shape ``(D,)``, else None
-        (the row-by-row path then names the bad rows)."""
+        """``(N, D)`` in the rows' own dtype when every row is a numeric ndarray of shape
+        ``(D,)``, else None (the row-by-row path then names the bad rows)."""
         shape = (self.dim,)
         if not all(
             type(v) is np.ndarray and v.shape == shape and v.dtype.kind in "fiub" for v in values
         ):
             return None
         if not values:
-            return np.zeros((0, self.dim), dtype=np.float64)
-        return np.stack(values).astype(np.float64, copy=False)
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return np.stack(values)
 
     def _embedding_rows(self, values: list[Any], refuse: Any) -> np.ndarray:
         """The row-by-row conversion of :meth:`_embedding_matrix`, refusing rows that are not
