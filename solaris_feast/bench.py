@@ -888,10 +888,15 @@ def run_round_benchmark(
     from solaris_feast.models.interface import ChainModels, ReferenceEncoder
     from solaris_feast.models.registry import load_bundle, register_untrained_chain
     from solaris_feast.models.training import flops_per_pair
+    from solaris_feast.pipeline.settings import (
+        DEFAULT_RETURN_HORIZON_SECONDS,
+        DEFAULT_RETURN_WEIGHT_EXPONENT,
+    )
     from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
     from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
     from solaris_feast.precompute.compute import run_precompute
     from solaris_feast.precompute.plan import plan_precompute, request_score
+    from solaris_feast.precompute.returns import return_weights
     from solaris_feast.precompute.similarity import (
         FILL_WRITE_PARTS,
         SimilarityConfig,
@@ -944,9 +949,19 @@ def run_round_benchmark(
             for lo in range(0, len(candidates), 8192):
                 batch = featurizer.batch(users[lo : lo + 8192], items[lo : lo + 8192], now)
                 scores[lo : lo + 8192] = bundle.vm.verifier_score(batch).numpy()
-        # As the DAG's plan task does: the verifier's score times the retrieval score.
+        # As the DAG's plan task does: the verifier's score times the retrieval score and the
+        # user's weight by expected returns within the hour (the settings' defaults).
         candidates["verifier_score"] = request_score(
-            users, scores, candidates["candidate_score"].to_numpy(dtype=np.float64)
+            users,
+            scores,
+            candidates["candidate_score"].to_numpy(dtype=np.float64),
+            user_weight=return_weights(
+                users,
+                log,
+                pd.Timestamp(now),
+                DEFAULT_RETURN_HORIZON_SECONDS,
+                DEFAULT_RETURN_WEIGHT_EXPONENT,
+            ),
         )
         seconds["verifier"] = time.perf_counter() - t
 

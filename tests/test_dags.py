@@ -1026,6 +1026,7 @@ def test_plan_scores_weigh_the_verifier_by_the_retrieval_score(trained: Trained)
     from solaris_feast.pipeline.precompute import planning_scores
     from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
     from solaris_feast.precompute.plan import request_score
+    from solaris_feast.precompute.returns import return_weights
 
     dataset = load_dataset("synthetic", "tiny")
     bundle = ChainModels.reference(load_bundle(trained.models))
@@ -1047,6 +1048,15 @@ def test_plan_scores_weigh_the_verifier_by_the_retrieval_score(trained: Trained)
     np.testing.assert_allclose(
         planning_scores(bundle, dataset, own, now, 1.0)["verifier_score"].to_numpy(), vm_only
     )
+    # With a horizon, each user's expected returns, learned from the log the round read, too.
+    returning = planning_scores(
+        bundle, dataset, candidates, now, 1.0, return_horizon_seconds=6 * 3600
+    )["verifier_score"].to_numpy()
+    weight = return_weights(
+        candidates["user_id"].to_numpy(), dataset.interactions, now, 6 * 3600, 2.0
+    )
+    np.testing.assert_allclose(returning, expected * weight)
+    assert not np.allclose(weight, weight[0])  # users differ in when they were last seen
 
 
 def test_precompute_dag_takes_its_settings_from_solaris_config_and_a_manual_param_overrides(

@@ -325,6 +325,27 @@ def test_plan_by_request_score_prefers_what_retrieval_will_propose() -> None:
     assert _plan(candidates, budget=2).pairs["item_id"].tolist() == [3, 4]
 
 
+def test_request_score_weighs_each_pair_by_its_users_weight() -> None:
+    """Two users with the same candidates and verifier scores: the one expected to come back
+    gets the budget, the other what is left."""
+    candidates = _scored([1, 1, 2, 2], [7, 8, 7, 8], [0.6, 0.5, 0.6, 0.5])
+    candidates["verifier_score"] = request_score(
+        candidates["user_id"].to_numpy(),
+        candidates["verifier_score"].to_numpy(),
+        None,
+        user_weight=np.array([0.2, 0.2, 1.0, 1.0]),
+    )
+    np.testing.assert_allclose(candidates["verifier_score"], [0.12, 0.1, 0.6, 0.5])
+    assert _plan(candidates, budget=2).pairs[["user_id", "item_id"]].values.tolist() == [
+        [2, 7],
+        [2, 8],
+    ]
+    with pytest.raises(ValueError, match="user_weight has shape"):
+        request_score(np.array([1, 2]), np.array([0.5, 0.5]), None, user_weight=np.ones(3))
+    with pytest.raises(ValueError, match=r"user_weight must lie in \[0, 1\]"):
+        request_score(np.array([1, 2]), np.array([0.5, 0.5]), None, user_weight=np.array([1, 2]))
+
+
 @pytest.mark.parametrize(
     ("retrieval", "weight", "error"),
     [

@@ -73,6 +73,7 @@ from solaris_feast.precompute.candidates import (
     generate_candidates,
 )
 from solaris_feast.precompute.plan import VERIFIER_SCORE, plan_precompute, request_score
+from solaris_feast.precompute.returns import return_weights
 from solaris_feast.precompute.similarity import build_user_index, similarity_fill
 from solaris_feast.serving.resolve import Resolution, TierValues, resolve
 from solaris_feast.tiers import FmRowsTier, Tier
@@ -390,8 +391,16 @@ def score_pool(
         pair_keys(users, items),
         pair_keys(requests[USER_ID].to_numpy(), requests[ITEM_ID].to_numpy()),
     )
+    # As the precompute's defaults weigh users, with the replay's step as the round interval.
+    weight = (
+        return_weights(users, past, start, run.cfg.step_seconds, run.cfg.return_weight_exponent)
+        if run.cfg.return_weight_exponent > 0
+        else None
+    )
     scores = {
-        "verifier": request_score(users, verifier, retrieval, run.cfg.retrieval_weight),
+        "verifier": request_score(
+            users, verifier, retrieval, run.cfg.retrieval_weight, user_weight=weight
+        ),
         "vm_only": verifier,
         "retrieval": request_score(users, np.ones(len(pool)), retrieval) + 1e-3 * verifier,
         "random": random_score,

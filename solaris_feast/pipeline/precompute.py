@@ -71,7 +71,12 @@ from solaris_feast.pipeline.runs import (
     write_parquet_atomic,
     write_parquet_once,
 )
-from solaris_feast.pipeline.settings import PAIR_VIEW, PrecomputeRun, PrecomputeSettings
+from solaris_feast.pipeline.settings import (
+    DEFAULT_RETURN_WEIGHT_EXPONENT,
+    PAIR_VIEW,
+    PrecomputeRun,
+    PrecomputeSettings,
+)
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -601,11 +606,15 @@ def planning_scores(
     now: datetime,
     retrieval_weight: float,
     scored_rows: np.ndarray | None = None,
+    return_horizon_seconds: float | None = None,
+    return_weight_exponent: float = DEFAULT_RETURN_WEIGHT_EXPONENT,
 ) -> pd.DataFrame:
     """``user_id``, ``item_id``, ``verifier_score`` of the candidates as the planner ranks them:
     the verifier's probability times the retrieval score
     (:func:`solaris_feast.precompute.plan.request_score`), or the verifier alone for a candidate
-    table without ``candidate_score``.
+    table without ``candidate_score``; times the user's weight by expected events within
+    ``return_horizon_seconds`` (:func:`solaris_feast.precompute.returns.return_weights`, fitted
+    on the round's log, to ``return_weight_exponent``) when a horizon is given.
 
     ``scored_rows`` (a boolean mask): only those candidates go through the VM, the others score
     0 (the planner drops them: they are fresh). The retrieval score is still normalized by each
@@ -617,6 +626,7 @@ def planning_scores(
     from solaris_feast.keys import id_array
     from solaris_feast.precompute.candidates import CANDIDATE_SCORE
     from solaris_feast.precompute.plan import VERIFIER_SCORE, request_score
+    from solaris_feast.precompute.returns import return_weights
 
     if scored_rows is None:
         scored = _verifier_scores(chain, dataset, candidates, now)
@@ -631,13 +641,27 @@ def planning_scores(
                 VERIFIER_SCORE: verifier,
             }
         )
-    if CANDIDATE_SCORE in candidates.columns:
-        scored[VERIFIER_SCORE] = request_score(
+    weight = None
+    if return_horizon_seconds is not None:
+        weight = return_weights(
             scored[USER_ID].to_numpy(),
-            scored[VERIFIER_SCORE].to_numpy(),
-            candidates[CANDIDATE_SCORE].to_numpy(dtype="float64"),
-            retrieval_weight,
+            dataset.interactions,
+            pd.Timestamp(now),
+            return_horizon_seconds,
+            return_weight_exponent,
         )
+    retrieval = (
+        candidates[CANDIDATE_SCORE].to_numpy(dtype="float64")
+        if CANDIDATE_SCORE in candidates.columns
+        else None
+    )
+    scored[VERIFIER_SCORE] = request_score(
+        scored[USER_ID].to_numpy(),
+        scored[VERIFIER_SCORE].to_numpy(),
+        retrieval,
+        retrieval_weight,
+        user_weight=weight,
+    )
     return scored
 
 
@@ -726,7 +750,14 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     )
     chain = _chain(spec) if to_score.any() or len(misses) else None
     scored_candidates = planning_scores(
-        chain, dataset, candidates, spec.now, cfg.retrieval_weight, scored_rows=to_score
+        chain,
+        dataset,
+        candidates,
+        spec.now,
+        cfg.retrieval_weight,
+        scored_rows=to_score,
+        return_horizon_seconds=cfg.return_horizon_seconds,
+        return_weight_exponent=cfg.return_weight_exponent,
     )
     scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
     ranking = ranked(scored_candidates, scored_misses, log=True)

@@ -12,9 +12,10 @@ The score a candidate is planned by is :func:`request_score`: the verifier's pro
 the candidate generator's retrieval score (relative to the user's best candidate). A pair is
 requested when retrieval proposes it *and* the ranker keeps it; the VM knows the second factor
 only. Measured in the replay (:mod:`solaris_feast.evaluation.replay`), the VM's score alone picks
-requested
-pairs no better than chance, because how often an item is retrieved (its popularity) varies far
-more than how well it ranks; the retrieval score carries most of the signal.
+requested pairs no better than chance, because how often an item is retrieved (its popularity)
+varies far more than how well it ranks; the retrieval score carries most of the signal. Neither
+says *who* requests within the TTL: :mod:`solaris_feast.precompute.returns` learns that from the
+log at each round, and its expected events per user weigh each pair.
 
 A pair whose stored exact embedding stays fresh for longer than ``refresh_margin_seconds`` is
 skipped (computing it again would spend budget on nothing); one that expires within the margin,
@@ -252,8 +253,10 @@ def request_score(
     verifier_score: np.ndarray,
     retrieval_score: np.ndarray | None,
     retrieval_weight: float = 1.0,
+    user_weight: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Planning score of candidate pairs: ``verifier x (retrieval / user's best) ** weight``.
+    """Planning score of candidate pairs: ``verifier x (retrieval / user's best) ** weight``,
+    times the user's weight when given.
 
     Args:
         users: ``(P,)`` user id of each pair.
@@ -262,6 +265,10 @@ def request_score(
             more surely), ``None`` or NaN for pairs with none (a queued miss that is no longer
             a candidate: having just been requested, it counts as retrieved for sure).
         retrieval_weight: 0 plans by the verifier alone; 1 (default) weighs both equally.
+        user_weight: ``(P,)`` weights in ``[0, 1]`` of each pair's user: how many events the
+            user is expected to have before the next round, relative to the most any user has
+            (:func:`solaris_feast.precompute.returns.return_weights`); ``None`` weighs every
+            user alike.
 
     Returns:
         ``(P,)`` float64 scores in ``[0, max verifier]``; dividing by the user's best retrieval
@@ -270,6 +277,15 @@ def request_score(
     verifier = np.asarray(verifier_score, dtype=np.float64)
     if retrieval_weight < 0:
         raise ValueError(f"retrieval_weight must be >= 0, got {retrieval_weight}")
+    if user_weight is not None:
+        weight = np.asarray(user_weight, dtype=np.float64)
+        if weight.shape != verifier.shape:
+            raise ValueError(
+                f"user_weight has shape {weight.shape}, verifier_score {verifier.shape}"
+            )
+        if not ((weight >= 0) & (weight <= 1)).all():
+            raise ValueError("user_weight must lie in [0, 1]")
+        verifier = verifier * weight
     if retrieval_score is None or retrieval_weight == 0 or len(verifier) == 0:
         return verifier.copy()
     retrieval = np.asarray(retrieval_score, dtype=np.float64)
