@@ -888,10 +888,7 @@ def run_round_benchmark(
     from solaris_feast.models.interface import ChainModels, ReferenceEncoder
     from solaris_feast.models.registry import load_bundle, register_untrained_chain
     from solaris_feast.models.training import flops_per_pair
-    from solaris_feast.pipeline.settings import (
-        DEFAULT_RETURN_HORIZON_SECONDS,
-        DEFAULT_RETURN_WEIGHT_EXPONENT,
-    )
+    from solaris_feast.pipeline.settings import DEFAULT_RETURN_WEIGHT_EXPONENT
     from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
     from solaris_feast.precompute.candidates import CandidateConfig, generate_candidates
     from solaris_feast.precompute.compute import run_precompute
@@ -950,7 +947,7 @@ def run_round_benchmark(
                 batch = featurizer.batch(users[lo : lo + 8192], items[lo : lo + 8192], now)
                 scores[lo : lo + 8192] = bundle.vm.verifier_score(batch).numpy()
         # As the DAG's plan task does: the verifier's score times the retrieval score and the
-        # user's weight by expected returns within the hour (the settings' defaults).
+        # user's weight by expected returns within the pair TTL planned below (6 h).
         candidates["verifier_score"] = request_score(
             users,
             scores,
@@ -959,7 +956,7 @@ def run_round_benchmark(
                 users,
                 log,
                 pd.Timestamp(now),
-                DEFAULT_RETURN_HORIZON_SECONDS,
+                6 * 3600,
                 DEFAULT_RETURN_WEIGHT_EXPONENT,
             ),
         )

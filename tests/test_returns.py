@@ -144,6 +144,8 @@ def test_string_ids_weigh_as_int_ids_and_a_short_window_weighs_everyone_alike() 
         np.array(["member-0", "member-3", "member-19"], dtype=object), by_name, NOW, 6 * HOUR, 1.0
     )
     np.testing.assert_allclose(ints, names)
+    empty = _log([1], [1.0]).iloc[:0]
+    np.testing.assert_array_equal(return_weights(np.array([1, 2]), empty, NOW, 6 * HOUR, 3.0), 1.0)
     short = _log([1, 2, 2], [1.0, 2.0, 0.5])  # 2 h of log, a 6 h horizon: nothing to learn from
     np.testing.assert_array_equal(
         return_weights(np.array([1, 2, 3]), short, NOW, 6 * HOUR, 1.0), 1.0

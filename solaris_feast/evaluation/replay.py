@@ -391,9 +391,9 @@ def score_pool(
         pair_keys(users, items),
         pair_keys(requests[USER_ID].to_numpy(), requests[ITEM_ID].to_numpy()),
     )
-    # As the precompute's defaults weigh users, with the replay's step as the round interval.
+    # As the precompute weighs users: expected returns within the pair TTL.
     weight = (
-        return_weights(users, past, start, run.cfg.step_seconds, run.cfg.return_weight_exponent)
+        return_weights(users, past, start, run.cfg.pair_ttl_seconds, run.cfg.return_weight_exponent)
         if run.cfg.return_weight_exponent > 0
         else None
     )
@@ -457,8 +457,7 @@ def _plan(cfg: SimulationConfig, the_step: ReplayStep, state: PlannerState) -> A
         cfg.pair_ttl_seconds,
         cfg.refresh_margin_seconds,
         cfg.min_miss_rank,
-        # The oracle knows who comes: spreading its budget over users would only waste it.
-        user_balanced=cfg.user_balanced and state.planner != "oracle",
+        user_balanced=cfg.user_balanced and not _knows_who_comes(cfg, state.planner),
     )
     state.add_seconds("plan", time.perf_counter() - t0)
     # Every real run generates and scores its own candidates: charge each replay in full.
@@ -473,6 +472,12 @@ def _plan(cfg: SimulationConfig, the_step: ReplayStep, state: PlannerState) -> A
     ):
         state.plan_totals[name] = state.plan_totals.get(name, 0) + value
     return plan
+
+
+def _knows_who_comes(cfg: SimulationConfig, planner: str) -> bool:
+    """The oracle knows who comes and the verifier's return weight says who is likely to:
+    spreading their budget over every user would only undo that."""
+    return planner == "oracle" or (planner == "verifier" and cfg.return_weight_exponent > 0)
 
 
 def _compute_planned(
@@ -916,6 +921,15 @@ def simulate_command(
             "own_tier (a training-only tier; see TierMix.fm_rows).",
         ),
     ] = "zero",
+    return_weight_exponent: Annotated[
+        float | None,
+        typer.Option(
+            "--return-weight-exponent",
+            min=0.0,
+            help="The verifier's user weight, (expected returns / the most) ** this; 0: every "
+            "user alike (the planner before the weight). Default: the precompute's.",
+        ),
+    ] = None,
 ) -> None:
     """Replay the log hour by hour: coverage and NE per planner and budget.
 
@@ -940,6 +954,7 @@ def simulate_command(
             workers,
             cast(FmRowsTier, fm_rows),
             progress,
+            return_weight_exponent,
         )
         return
     if world != "log":
@@ -960,6 +975,11 @@ def simulate_command(
         seed=seed,
         feast_check=feast_check,
         fm_rows_tier=cast(FmRowsTier, fm_rows),
+        **(
+            {"return_weight_exponent": return_weight_exponent}
+            if return_weight_exponent is not None
+            else {}
+        ),
     )
     from solaris_feast.progress import stage_bars
 

@@ -39,8 +39,9 @@ class SimulationConfig(BaseModel):
     """What a replay runs.
 
     Not the production defaults (``PrecomputeSettings``), and the figures it publishes are for
-    these: 50 candidates per user (200), a refresh margin of one step, 3600 s (1800), and 100
-    faiss neighbours searched (200). The replay trains and scores
+    these: 50 candidates per user (200), a user-balanced plan for the baselines (off), a refresh
+    margin of one step, 3600 s (1800), and 100 faiss neighbours searched (200). The replay
+    trains and scores
     every planner at every budget on every step, so it keeps the pool small; and with hourly
     steps a vector refreshed one step before it expires is the margin a round of the DAG has.
     A deployment that wants the replay's planner sets ``precompute.candidates_per_user`` and
@@ -90,14 +91,15 @@ class SimulationConfig(BaseModel):
     refresh_margin_seconds: int = Field(default=3600, ge=0)
     """Exact embeddings expiring within this margin are planned again."""
     return_weight_exponent: float = Field(default=DEFAULT_RETURN_WEIGHT_EXPONENT, ge=0)
-    """The verifier's plan score is weighed by each user's expected events until the next step,
+    """The verifier's plan score is weighed by each user's expected events within the pair TTL,
     learned from the log before the step, to this power, as the precompute's is
     (``PrecomputeSettings.return_weight_exponent``, the same default;
     :mod:`~solaris_feast.precompute.returns`); 0: every user alike."""
-    user_balanced: bool = False
+    user_balanced: bool = True
     """Plan with :func:`plan_precompute`'s ``user_balanced`` order (every user's best pairs
-    first), which spreads the budget over the users when who requests next is unknown. Off,
-    as in production: the return weight says who is likely to come."""
+    first): who requests next is unknown to the baselines, so their budget is spread over the
+    users. Not for the oracle, which knows who comes, nor for the verifier while its score
+    carries the return weight, which says who is likely to: spreading would undo it."""
     min_miss_rank: float = Field(default=0.9, ge=0, le=1)
     """A queued miss goes first when its planner score ranks at least this high in the pool
     (scores are turned into percentile ranks so one threshold fits every planner). In the

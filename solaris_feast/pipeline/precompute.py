@@ -756,7 +756,9 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         spec.now,
         cfg.retrieval_weight,
         scored_rows=to_score,
-        return_horizon_seconds=cfg.return_horizon_seconds,
+        return_horizon_seconds=(
+            (cfg.return_horizon_seconds or ttl) if cfg.return_weight_exponent > 0 else None
+        ),
         return_weight_exponent=cfg.return_weight_exponent,
     )
     scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None

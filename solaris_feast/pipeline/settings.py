@@ -85,16 +85,13 @@ class LogSource(BaseModel):
     after the run's time, to be served and scored by a replay (solaris demo)."""
 
 
-DEFAULT_RETURN_HORIZON_SECONDS = 3600
-"""What "comes back" means for the planner's user weight
-(:mod:`solaris_feast.precompute.returns`): within the next hour, the interval of an hourly
-schedule. A request further away can still be planned by a later round, with what that round
-knows; one before the next round can only be met by this one."""
 DEFAULT_RETURN_WEIGHT_EXPONENT = 3.0
-"""The user weight is (expected events / the most) ** 3: chosen on held-out seeds of the funnel
-world (100-104, never the published 0-9) among 1, 2, 3, 4 and 6, by the verifier's exact hit
-rate at a 10% budget (0.633, 0.658, 0.663, 0.662, 0.661; ``benchmarks/README.md``). In the
-synthetic log, where the fitted model is nearly flat, it changes little."""
+"""The planner's user weight (:mod:`solaris_feast.precompute.returns`) is (expected events within
+the pair TTL / the most) ** 3. Chosen on held-out seeds of the funnel world (100-104, never the
+published 0-9) and the synthetic log replay, both budget readings, among horizons of an hour and
+of the pair TTL and exponents 1 to 6: the largest funnel hit rate that costs the log replay none
+(an hour's horizon with exponent 3 cost the replay's kept-fresh reading 0.218 -> 0.147;
+``benchmarks/README.md``)."""
 
 
 class PrecomputeSettings(LogSource):
@@ -144,14 +141,13 @@ class PrecomputeSettings(LogSource):
     retrieval_weight: float = Field(1.0, ge=0.0)
     """Candidates are planned by verifier x (candidate_score / user's best) ** weight; 0 plans by
     the VM's score alone, as does a candidate table without a candidate_score column."""
-    return_horizon_seconds: int | None = Field(DEFAULT_RETURN_HORIZON_SECONDS, gt=0)
-    """Weigh each candidate by how many events its user is expected to have within this horizon
-    (the schedule's interval: the next round plans what comes after), learned from the round's
-    log window by the time since the user's last event and their events in the last day
-    (solaris_feast/precompute/returns.py); null: every user weighs alike."""
     return_weight_exponent: float = Field(DEFAULT_RETURN_WEIGHT_EXPONENT, ge=0.0)
-    """The user's weight is (expected events / the most any user has) ** exponent; 1 is
-    proportional, 0 weighs every user alike."""
+    """Weigh each candidate by (its user's expected events within the horizon / the most any
+    user has) ** exponent, learned from the round's log window by the time since the user's
+    last event and their events in the last day (solaris_feast/precompute/returns.py); 0: every
+    user weighs alike."""
+    return_horizon_seconds: int | None = Field(None, gt=0)
+    """The horizon of that weight; null: the pair TTL, the time a vector computed now serves."""
     max_drained_misses: int = Field(100_000, ge=0)
     """Most queued misses taken off the queue per run."""
     aggregate_window_seconds: int = Field(86_400, gt=0)

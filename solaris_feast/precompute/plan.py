@@ -266,7 +266,7 @@ def request_score(
             a candidate: having just been requested, it counts as retrieved for sure).
         retrieval_weight: 0 plans by the verifier alone; 1 (default) weighs both equally.
         user_weight: ``(P,)`` weights in ``[0, 1]`` of each pair's user: how many events the
-            user is expected to have before the next round, relative to the most any user has
+            user is expected to have while the pair is fresh, relative to the most any user has
             (:func:`solaris_feast.precompute.returns.return_weights`); ``None`` weighs every
             user alike.
 

@@ -1,10 +1,10 @@
 """Who comes back: the planner's user weight, fitted on the log at every round.
 
 The verifier scores a pair as if it were requested; it cannot say *whether* its user requests
-within the pair's TTL. That depends on the product's return process, which differs between
-deployments: in a scrolling feed a user seen minutes ago is probably mid-session and asks again
-within the hour, while in a log of daily visits the user who just left is the one least likely
-to come back soon. So no fixed recency rule fits every log (measured both ways in
+while the pair's vector is fresh. That depends on the product's return process, which differs
+between deployments: in a scrolling feed a user seen minutes ago is probably mid-session and asks
+again within the hour, while in a log of daily visits the user who just left is the one least
+likely to come back soon. So no fixed recency rule fits every log (measured both ways in
 ``benchmarks/README.md``). :func:`fit_return_model` learns the rule from the log the round
 already read:
 
@@ -19,13 +19,14 @@ already read:
   the plan.
 
 :meth:`ReturnModel.expected_events` then gives every candidate's user the expected number of
-events in the coming horizon (the precompute's default: the hour until the next round), and
+events in the coming horizon (the precompute's default: the pair TTL), and
 :func:`return_weights` turns it into the weight the planner multiplies into the request score
 (:func:`~solaris_feast.precompute.plan.request_score`). Only events strictly before the round
 are read, by the fit and by the weights alike.
 
 Cost: ``O(A * E)`` for ``A`` anchors and ``E`` events of the window (one pass of numpy per
-anchor over the time-sorted events); 48 anchors over 0.5 M events take well under a second.
+anchor over the time-sorted events): a two-day window of the ``large`` preset (1.03 M events,
+19k users, 47 anchors) took 0.13 s here, fit and weights.
 """
 
 from __future__ import annotations

@@ -102,6 +102,7 @@ def run_funnel_command(
     workers: int = 1,
     fm_rows: FmRowsTier = "zero",
     progress: bool = True,
+    return_weight_exponent: float | None = None,
 ) -> None:
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer
@@ -120,7 +121,15 @@ def run_funnel_command(
         update={
             "planners": planners,
             "precompute": default.precompute.model_copy(
-                update={"budgets": budgets, "fm_rows_tier": fm_rows}
+                update={
+                    "budgets": budgets,
+                    "fm_rows_tier": fm_rows,
+                    **(
+                        {"return_weight_exponent": return_weight_exponent}
+                        if return_weight_exponent is not None
+                        else {}
+                    ),
+                }
             ),
         }
     )
