@@ -119,6 +119,33 @@ def test_replay_steps_see_no_future_data(dataset: InteractionDataset, bundle: Mo
     assert any(not same(later[k], snapshots["altered"][3][k]) for k in later)
 
 
+def test_the_verifiers_return_weight_changes_what_it_plans_and_zero_turns_it_off(
+    dataset: InteractionDataset, bundle: ModelBundle
+) -> None:
+    """The replay's verifier plans with the precompute's user weight by default; exponent 0 is
+    the planner without it (every user alike, spread over users as the baselines are)."""
+    planned: dict[float, list[set[tuple[int, int]]]] = {}
+    # 1e-12: the verifier's global order with every user's weight 1 (to within 1e-12).
+    for exponent in (0.0, 1e-12, 3.0, 0.0):
+        steps = planned.setdefault(exponent, [])
+
+        def record(
+            step: int,
+            start: pd.Timestamp,
+            stores: dict[str, PairEmbeddings],
+            steps: list[set[tuple[int, int]]] = steps,
+        ) -> None:
+            store = next(iter(stores.values()))
+            steps.append(set(zip(store.user_ids.tolist(), store.item_ids.tolist(), strict=True)))
+
+        cfg = _config(planners=("verifier",), budgets=(0.05,), return_weight_exponent=exponent)
+        simulate(cfg, dataset=dataset, bundle=bundle, observer=record)
+    off, flat, on = planned[0.0], planned[1e-12], planned[3.0]
+    assert off[: len(on)] == off[len(on) :]  # deterministic: the same plan twice
+    # The weight itself, not only the global order, moves the budget between users.
+    assert on[0] != flat[0] and on[0] != off[0]
+
+
 def test_records_report_tiers_ne_and_a_matching_feast_step(
     dataset: InteractionDataset, bundle: ModelBundle, tmp_path: Path
 ) -> None:
