@@ -1050,7 +1050,13 @@ def test_plan_scores_weigh_the_verifier_by_the_retrieval_score(trained: Trained)
     )
     # With a horizon, each user's expected returns, learned from the log the round read, too.
     returning = planning_scores(
-        bundle, dataset, candidates, now, 1.0, return_horizon_seconds=6 * 3600
+        bundle,
+        dataset,
+        candidates,
+        now,
+        1.0,
+        return_horizon_seconds=6 * 3600,
+        return_weight_exponent=2.0,
     )["verifier_score"].to_numpy()
     weight = return_weights(
         candidates["user_id"].to_numpy(), dataset.interactions, now, 6 * 3600, 2.0

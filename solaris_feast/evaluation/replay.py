@@ -924,10 +924,10 @@ def simulate_command(
     return_weight_exponent: Annotated[
         float | None,
         typer.Option(
-            "--return-weight-exponent",
+            "--return-weight",
             min=0.0,
-            help="The verifier's user weight, (expected returns / the most) ** this; 0: every "
-            "user alike (the planner before the weight). Default: the precompute's.",
+            help="Exponent of the verifier's user weight, (expected returns / the most) ** this; "
+            "0: every user alike (the planner before the weight). Default: the precompute's.",
         ),
     ] = None,
 ) -> None:
