@@ -947,7 +947,8 @@ def run_round_benchmark(
                 batch = featurizer.batch(users[lo : lo + 8192], items[lo : lo + 8192], now)
                 scores[lo : lo + 8192] = bundle.vm.verifier_score(batch).numpy()
         # As the DAG's plan task does: the verifier's score times the retrieval score and the
-        # user's weight by expected returns within the pair TTL planned below (6 h).
+        # user's weight by expected returns within the pair TTL the plan below assumes.
+        pair_ttl_seconds = 6 * 3600
         candidates["verifier_score"] = request_score(
             users,
             scores,
@@ -956,7 +957,7 @@ def run_round_benchmark(
                 users,
                 log,
                 pd.Timestamp(now),
-                6 * 3600,
+                pair_ttl_seconds,
                 DEFAULT_RETURN_WEIGHT_EXPONENT,
             ),
         )
@@ -964,7 +965,14 @@ def run_round_benchmark(
 
         t = time.perf_counter()
         plan = plan_precompute(
-            candidates, None, None, round(budget * len(candidates)), now, 6 * 3600, 3600, 0.5
+            candidates,
+            None,
+            None,
+            round(budget * len(candidates)),
+            now,
+            pair_ttl_seconds,
+            3600,
+            0.5,
         )
         seconds["plan"] = time.perf_counter() - t
 

@@ -66,6 +66,7 @@ from solaris_feast.evaluation.replay_config import (
 from solaris_feast.evaluation.replay_state import PlannerState
 from solaris_feast.evaluation.report import build_records, format_summary, write_report
 from solaris_feast.keys import pair_keys, split_pair_keys
+from solaris_feast.pipeline.settings import DEFAULT_RETURN_WEIGHT_EXPONENT
 from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
 from solaris_feast.precompute.candidates import (
     CANDIDATE_SCORE,
@@ -922,14 +923,14 @@ def simulate_command(
         ),
     ] = "zero",
     return_weight_exponent: Annotated[
-        float | None,
+        float,
         typer.Option(
             "--return-weight",
             min=0.0,
-            help="Exponent of the verifier's user weight, (expected returns / the most) ** this; "
-            "0: every user alike (the planner before the weight). Default: the precompute's.",
+            help="Exponent of the verifier's user weight, (expected returns / the most) ** this "
+            "(the precompute's default); 0: every user alike (the planner before the weight).",
         ),
-    ] = None,
+    ] = DEFAULT_RETURN_WEIGHT_EXPONENT,
 ) -> None:
     """Replay the log hour by hour: coverage and NE per planner and budget.
 
@@ -975,11 +976,7 @@ def simulate_command(
         seed=seed,
         feast_check=feast_check,
         fm_rows_tier=cast(FmRowsTier, fm_rows),
-        **(
-            {"return_weight_exponent": return_weight_exponent}
-            if return_weight_exponent is not None
-            else {}
-        ),
+        return_weight_exponent=return_weight_exponent,
     )
     from solaris_feast.progress import stage_bars
 

@@ -18,9 +18,9 @@ already read:
   overall mean) by ``prior_anchors`` pseudo-observations, so a cell seen rarely does not decide
   the plan.
 
-:meth:`ReturnModel.expected_events` then gives every candidate's user the expected number of
-events in the coming horizon (the precompute's default: the pair TTL), and
-:func:`return_weights` turns it into the weight the planner multiplies into the request score
+:func:`return_weights` then looks every candidate's user up in the table (the expected number
+of events in the coming horizon, by default the pair TTL) and turns it into the weight the
+planner multiplies into the request score
 (:func:`~solaris_feast.precompute.plan.request_score`). Only events strictly before the round
 are read, by the fit and by the weights alike.
 
@@ -39,6 +39,7 @@ import pandas as pd
 from solaris_feast.columns import EVENT_TIMESTAMP, USER_ID
 from solaris_feast.data.schema import as_utc
 from solaris_feast.keys import id_array
+from solaris_feast.precompute.plan import unix_seconds
 
 ELAPSED_EDGES_SECONDS: tuple[float, ...] = (
     300.0,
@@ -64,6 +65,9 @@ DEFAULT_PRIOR_ANCHORS = 20.0
 """Pseudo-observations added to every cell: at the mean of its time-since-last-event bin, and
 to every such bin at the overall mean."""
 _SHAPE = (len(ELAPSED_EDGES_SECONDS) + 1, len(VOLUME_EDGES) + 1)
+_CodedEvents = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""User codes, the ids they stand for, and unix seconds of the events before the round, sorted
+by time."""
 
 
 @dataclass(frozen=True)
@@ -81,25 +85,6 @@ class ReturnModel:
     horizon_seconds: float
     expected_by_cell: np.ndarray
     observations_by_cell: np.ndarray
-
-    def expected_events(
-        self,
-        users: np.ndarray,
-        event_users: np.ndarray,
-        event_times: pd.Series,
-        now: pd.Timestamp,
-    ) -> np.ndarray:
-        """``(P,)`` expected events in ``[now, now + horizon)`` of each of ``users``, from their
-        events before ``now`` (events at or after ``now`` are not read)."""
-        now_s = as_utc(now, "now").value / 1e9
-        codes, uniques, times_s = _coded_events(event_users, event_times, now_s)
-        elapsed, volume = _cells(codes, times_s, len(uniques), now_s)
-        position = pd.Index(uniques).get_indexer(id_array(np.asarray(users)))
-        known = position >= 0
-        row = np.full(len(position), _SHAPE[0] - 1)
-        col = np.zeros(len(position), dtype=np.int64)
-        row[known], col[known] = elapsed[position[known]], volume[position[known]]
-        return np.asarray(self.expected_by_cell[row, col], dtype=np.float64)
 
 
 def return_weights(
@@ -121,8 +106,19 @@ def return_weights(
     """
     if exponent < 0:
         raise ValueError(f"exponent must be >= 0, got {exponent}")
-    model = fit_return_model(log[USER_ID].to_numpy(), log[EVENT_TIMESTAMP], now, horizon_seconds)
-    expected = model.expected_events(users, log[USER_ID].to_numpy(), log[EVENT_TIMESTAMP], now)
+    now_s = as_utc(now, "now").value / 1e9
+    # The log is coded and sorted once: the fit's anchors and the weights at now read it alike.
+    events = _coded_events(log[USER_ID].to_numpy(), log[EVENT_TIMESTAMP], now_s)
+    model = _fit(events, now_s, horizon_seconds, DEFAULT_ANCHOR_STEP_SECONDS, DEFAULT_PRIOR_ANCHORS)
+    codes, uniques, times_s = events
+    elapsed, volume = _cells(codes, times_s, len(uniques), now_s)
+    position = pd.Index(uniques).get_indexer(id_array(np.asarray(users)))
+    known = position >= 0
+    # A user with no event before now sits in the last row ("none in the window"), volume 0.
+    row = np.full(len(position), _SHAPE[0] - 1)
+    col = np.zeros(len(position), dtype=np.int64)
+    row[known], col[known] = elapsed[position[known]], volume[position[known]]
+    expected = model.expected_by_cell[row, col]
     return np.asarray((expected / model.expected_by_cell.max()) ** exponent, dtype=np.float64)
 
 
@@ -150,16 +146,27 @@ def fit_return_model(
         The fitted :class:`ReturnModel`. With no anchor that fits in the window (a window
         shorter than the horizon), every cell is 1: every user weighs alike.
     """
+    if len(event_users) != len(event_times):
+        raise ValueError(f"event_users has {len(event_users)} rows, event_times {len(event_times)}")
+    now_s = as_utc(now, "now").value / 1e9
+    events = _coded_events(event_users, event_times, now_s)
+    return _fit(events, now_s, horizon_seconds, anchor_step_seconds, prior_anchors)
+
+
+def _fit(
+    events: _CodedEvents,
+    now_s: float,
+    horizon_seconds: float,
+    anchor_step_seconds: float,
+    prior_anchors: float,
+) -> ReturnModel:
     if horizon_seconds <= 0:
         raise ValueError(f"horizon_seconds must be > 0, got {horizon_seconds}")
     if anchor_step_seconds <= 0:
         raise ValueError(f"anchor_step_seconds must be > 0, got {anchor_step_seconds}")
     if prior_anchors < 0:
         raise ValueError(f"prior_anchors must be >= 0, got {prior_anchors}")
-    if len(event_users) != len(event_times):
-        raise ValueError(f"event_users has {len(event_users)} rows, event_times {len(event_times)}")
-    now_s = as_utc(now, "now").value / 1e9
-    codes, uniques, times_s = _coded_events(event_users, event_times, now_s)
+    codes, uniques, times_s = events
     flat = ReturnModel(float(horizon_seconds), np.ones(_SHAPE), np.zeros(_SHAPE, dtype=np.int64))
     if len(times_s) == 0:
         return flat
@@ -187,13 +194,9 @@ def fit_return_model(
     return ReturnModel(float(horizon_seconds), expected, counts)
 
 
-def _coded_events(
-    event_users: np.ndarray, event_times: pd.Series, now_s: float
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _coded_events(event_users: np.ndarray, event_times: pd.Series, now_s: float) -> _CodedEvents:
     """Events strictly before ``now_s``, sorted by time: user codes, the ids they stand for, and
     unix seconds."""
-    from solaris_feast.precompute.plan import unix_seconds
-
     times_s = unix_seconds(pd.Series(event_times).reset_index(drop=True))
     user_keys = id_array(np.asarray(event_users))
     before = times_s < now_s

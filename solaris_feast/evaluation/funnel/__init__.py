@@ -17,6 +17,7 @@ from solaris_feast.evaluation.funnel.report import (
 )
 from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
 from solaris_feast.evaluation.metrics import strict_json
+from solaris_feast.pipeline.settings import DEFAULT_RETURN_WEIGHT_EXPONENT
 from solaris_feast.progress import StageProgress
 from solaris_feast.tiers import FmRowsTier
 
@@ -102,7 +103,7 @@ def run_funnel_command(
     workers: int = 1,
     fm_rows: FmRowsTier = "zero",
     progress: bool = True,
-    return_weight_exponent: float | None = None,
+    return_weight_exponent: float = DEFAULT_RETURN_WEIGHT_EXPONENT,
 ) -> None:
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer
@@ -124,11 +125,7 @@ def run_funnel_command(
                 update={
                     "budgets": budgets,
                     "fm_rows_tier": fm_rows,
-                    **(
-                        {"return_weight_exponent": return_weight_exponent}
-                        if return_weight_exponent is not None
-                        else {}
-                    ),
+                    "return_weight_exponent": return_weight_exponent,
                 }
             ),
         }
