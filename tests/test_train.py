@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from solaris_feast.data.schema import EVENT_TIMESTAMP, earliest_rows
-from solaris_feast.models.chain import TierMix, tier_mix_inputs, with_zero_copies
-from solaris_feast.models.vertical import FM_SPAN_TIER
+from solaris_feast.models.chain import TierMix, tier_mix_inputs
 from solaris_feast.tiers import Tier
 
 T0 = pd.Timestamp("2026-11-01T00:00:00Z")
@@ -73,21 +72,6 @@ def test_exact_rows_carry_their_own_embedding_and_shares_are_checked() -> None:
     assert (tiers == Tier.EXACT).all() and torch.equal(inputs, Z)
     with pytest.raises(ValueError, match="at most 1"):
         tier_mix_inputs(LOG, Z, TierMix(exact=0.6, similar=0.3, user_agg=0.3), 0)
-
-
-def test_zero_copies_repeat_each_row_with_a_z_as_zero_and_leave_the_originals() -> None:
-    """Every row served a vector (exact, similar, user) trains once more as ZERO with a zero
-    vector; rows already ZERO and the FM's own rows are not copied (they have no z to hide)."""
-    tier = torch.tensor(
-        [Tier.EXACT, Tier.ZERO, Tier.SIMILAR, FM_SPAN_TIER, Tier.USER_AGG, Tier.ZERO]
-    )
-    z = torch.arange(12, dtype=torch.float32).reshape(6, 2) + 1
-    rows, tiers, inputs = with_zero_copies(tier, z)
-    assert rows.tolist() == [0, 1, 2, 3, 4, 5, 0, 2, 4]
-    assert torch.equal(tiers[:6], tier) and torch.equal(inputs[:6], z)
-    assert (tiers[6:] == Tier.ZERO).all() and not inputs[6:].any()
-    empty_rows, empty_tiers, empty_inputs = with_zero_copies(tier[:0], z[:0])
-    assert len(empty_rows) == len(empty_tiers) == len(empty_inputs) == 0
 
 
 def test_earliest_rows_cuts_by_time_span() -> None:

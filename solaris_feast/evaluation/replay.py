@@ -322,7 +322,7 @@ def _train_models(
 ) -> ModelBundle:
     from solaris_feast.models.chain import simulation_training, train_and_register
 
-    training = simulation_training(cfg.seed, cfg.fm_epochs, cfg.fm_rows_tier, cfg.zero_copies)
+    training = simulation_training(cfg.seed, cfg.fm_epochs, cfg.fm_rows_tier)
     if cfg.models_dir is not None:
         from solaris_feast.models.registry import list_cards, load_bundle
 
@@ -922,13 +922,6 @@ def simulate_command(
             "own_tier (a training-only tier; see TierMix.fm_rows).",
         ),
     ] = "zero",
-    zero_copies: Annotated[
-        bool,
-        typer.Option(
-            "--zero-copies",
-            help="Train the VM's rows that get a z once more as tier ZERO (TierMix.zero_copies).",
-        ),
-    ] = False,
     return_weight_exponent: Annotated[
         float,
         typer.Option(
@@ -963,7 +956,6 @@ def simulate_command(
             cast(FmRowsTier, fm_rows),
             progress,
             return_weight_exponent,
-            zero_copies,
         )
         return
     if world != "log":
@@ -984,7 +976,6 @@ def simulate_command(
         seed=seed,
         feast_check=feast_check,
         fm_rows_tier=cast(FmRowsTier, fm_rows),
-        zero_copies=zero_copies,
         return_weight_exponent=return_weight_exponent,
     )
     from solaris_feast.progress import stage_bars

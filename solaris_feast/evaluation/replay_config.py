@@ -139,9 +139,6 @@ class SimulationConfig(BaseModel):
     fm_rows_tier: FmRowsTier = "zero"
     """The VM's training tier for the rows its FM trained on
     (:attr:`~solaris_feast.models.chain.TierMix.fm_rows`)."""
-    zero_copies: bool = False
-    """Train the VM's rows that get a ``z`` once more as tier ZERO
-    (:attr:`~solaris_feast.models.chain.TierMix.zero_copies`)."""
 
     def ttl_seconds_by_tier(self) -> dict[Tier, float]:
         """TTL of each vector tier, as :func:`~solaris_feast.serving.resolve.resolve` takes it."""

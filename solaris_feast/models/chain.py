@@ -78,7 +78,7 @@ from solaris_feast.models.training import (
 from solaris_feast.models.vertical import VerticalModel, fm_span_tiers
 from solaris_feast.models.vocabulary import Vocabulary, VocabularyFeaturizer, featurizer_for
 from solaris_feast.progress import StageProgress
-from solaris_feast.tiers import NUM_TIERS, FmRowsTier, Tier
+from solaris_feast.tiers import FmRowsTier, Tier
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +101,6 @@ class TierMix(BaseModel):
     the user aggregate +6.3 clicks per 1k instead of -6.2), but cost MovieLens 0.008 NE without
     ``z`` and 0.011 with it (ZERO then learns from the few rows after the FM's span), so
     ``zero`` stays the default (``benchmarks/README.md``, funnel section)."""
-    zero_copies: bool = False
-    """Train every row that gets a ``z`` a second time as tier ZERO (zero vector, same label),
-    so ZERO learns "nothing known" on the same rows the other tiers learn from, not only on the
-    rows the draw left without one. With ``fm_rows="own_tier"`` ZERO then learns from every row
-    after the FM's span instead of the draw's ZERO share of them."""
 
 
 class TrainingConfig(BaseModel):
@@ -127,14 +122,11 @@ class TrainingConfig(BaseModel):
 
 
 def simulation_training(
-    seed: int,
-    fm_epochs: int | None = None,
-    fm_rows: FmRowsTier = "zero",
-    zero_copies: bool = False,
+    seed: int, fm_epochs: int | None = None, fm_rows: FmRowsTier = "zero"
 ) -> TrainingConfig:
     """The chain a simulation (replay or funnel) trains: the defaults with its seed, the FM's
-    epochs where given (tests shorten them) and the tier mix's two switches."""
-    training = TrainingConfig(seed=seed, tier_mix=TierMix(fm_rows=fm_rows, zero_copies=zero_copies))
+    epochs where given (tests shorten them) and the tier of the FM's rows."""
+    training = TrainingConfig(seed=seed, tier_mix=TierMix(fm_rows=fm_rows))
     if fm_epochs is None:
         return training
     fm_training = training.models.fm_training.model_copy(update={"epochs": fm_epochs})
@@ -406,21 +398,17 @@ def fit_vertical(
         # The FM's own rows (the earliest) train beside a tier of their own, not ZERO, so ZERO
         # learns what serving means by it, not the early log's click rate.
         tier = fm_span_tiers(tier, data.fm_rows)
-    batch, labels, train_tier, train_z = data.batch, data.labels, tier, z_mixed
-    if config.tier_mix.zero_copies:
-        rows, train_tier, train_z = with_zero_copies(tier, z_mixed)
-        batch, labels = batch.select(rows), labels[rows]
     vm_cfg = mc.vertical.model_copy(update={"embedding_dim": z.shape[1]})
     schema = data.featurizer.schema
     with seeded_torch(config.seed):
         vm = VerticalModel(schema, len(data.dataset.label_columns), vm_cfg)
     train_vertical(
         vm,
-        batch,
-        labels,
+        data.batch,
+        data.labels,
         mc.vm_training.model_copy(update={"seed": config.seed}),
-        z=train_z,
-        tier=train_tier,
+        z=z_mixed,
+        tier=tier,
         progress=progress,
     )
     probe = data.batch.select(slice(0, 64))
@@ -539,21 +527,6 @@ def tier_mix_inputs(
         out[covered] = (sums[covered] / counts[covered, None]).astype(np.float32)
         tiers[rows & (counts <= 0)] = int(Tier.ZERO)
     return torch.from_numpy(tiers), torch.from_numpy(out)
-
-
-def with_zero_copies(
-    tier: torch.Tensor, z: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The training rows with a second copy, as tier ZERO with a zero vector, of every row that
-    has a ``z`` (tier EXACT, SIMILAR or USER_AGG): ``(rows, tier, z)``, where ``rows`` indexes
-    the original rows (the copies' labels and features are their originals') and the copies
-    follow the originals, so ``tier[:N]`` and ``z[:N]`` are unchanged."""
-    n = len(tier)
-    with_z = torch.nonzero((tier != int(Tier.ZERO)) & (tier < NUM_TIERS)).squeeze(-1)
-    rows = torch.cat([torch.arange(n), with_z])
-    copies_tier = torch.full((len(with_z),), int(Tier.ZERO), dtype=tier.dtype)
-    copies_z = torch.zeros((len(with_z), z.shape[1]), dtype=z.dtype)
-    return rows, torch.cat([tier, copies_tier]), torch.cat([z, copies_z])
 
 
 def _sums_of_earlier_rows(

@@ -104,7 +104,6 @@ def run_funnel_command(
     fm_rows: FmRowsTier = "zero",
     progress: bool = True,
     return_weight_exponent: float = DEFAULT_RETURN_WEIGHT_EXPONENT,
-    zero_copies: bool = False,
 ) -> None:
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer
@@ -126,7 +125,6 @@ def run_funnel_command(
                 update={
                     "budgets": budgets,
                     "fm_rows_tier": fm_rows,
-                    "zero_copies": zero_copies,
                     "return_weight_exponent": return_weight_exponent,
                 }
             ),

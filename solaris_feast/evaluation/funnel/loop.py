@@ -407,9 +407,7 @@ def _dataset(world: World, log: pd.DataFrame) -> InteractionDataset:
 def _train_chain(ds: InteractionDataset, cfg: FunnelConfig, seed: int) -> ModelBundle:
     from solaris_feast.models.chain import simulation_training, train_and_register
 
-    training = simulation_training(
-        seed, cfg.fm_epochs, cfg.precompute.fm_rows_tier, cfg.precompute.zero_copies
-    )
+    training = simulation_training(seed, cfg.fm_epochs, cfg.precompute.fm_rows_tier)
     import torch
 
     # The loop runs with gradients off; training turns them back on for itself.
