@@ -9,7 +9,8 @@ the start of each step ``t`` and for every planner and budget, using only events
    planner's :func:`~solaris_feast.precompute.plan.request_score`, the VM's score with no
    embedding times the retrieval score; ``vm_only`` and ``retrieval``: its two factors alone;
    ``random``; ``popular``: item popularity over the last day; ``oracle``: whether the pair is
-   requested during the step, the upper bound of any planner over this pool);
+   requested during the step, then whether it is requested later while a vector computed now
+   would still be fresh (the pair TTL), the bound any planner over this pool is read against);
 2. :func:`~solaris_feast.precompute.plan.plan_precompute` picks the step's budget of pairs
    (``budget x |candidates|``, or a pair TTL's share of that with ``budget_basis="pair_ttl"``),
    the FM computes them as of ``t``
@@ -30,7 +31,8 @@ every served pair), :mod:`.report` (records, table, plot) and :mod:`.metrics` (N
 
 No step reads the future: candidates, the featurizer used for precompute and the popularity
 scores see events strictly before ``t``; served impressions are featurized as of their own time,
-as serving would. Only the oracle reads the step's requests, by definition.
+as serving would. Only the oracle reads the requests of the step and of the pair TTL after it, by
+definition.
 """
 
 from __future__ import annotations
@@ -298,10 +300,13 @@ def _prepare_step(run: ReplayRun, k: int, start: pd.Timestamp) -> ReplayStep:
     end = start + pd.Timedelta(seconds=run.cfg.step_seconds)
     requests = log.loc[(log[EVENT_TIMESTAMP] >= start) & (log[EVENT_TIMESTAMP] < end)]
     requests = requests.drop_duplicates([USER_ID, ITEM_ID, EVENT_TIMESTAMP])
+    # A vector computed now serves every request while it is fresh, not only this step's.
+    fresh_until = start + pd.Timedelta(seconds=run.cfg.pair_ttl_seconds)
+    later = log.loc[(log[EVENT_TIMESTAMP] >= end) & (log[EVENT_TIMESTAMP] < fresh_until)]
     featurizer = PairFeaturizer(run.ds.with_interactions(past), run.bundle.schema.history_len)
     candidates = generate_candidates(past, start, run.candidate_cfg, items=run.ds.items)
     t1 = time.perf_counter()
-    pool = score_pool(candidates, run, requests, past, start, featurizer, k)
+    pool = score_pool(candidates, run, requests, past, start, featurizer, k, later_requests=later)
     return ReplayStep(
         index=k,
         start=start,
@@ -365,10 +370,14 @@ def score_pool(
     featurizer: PairFeaturizer,
     step_index: int,
     extra_scores: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]] | None = None,
+    *,
+    later_requests: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """Distinct pairs of the candidates and every state's queued misses, with each planner's
     score as a percentile rank in ``[0, 1]`` (column per planner). ``extra_scores(users,
-    items)`` adds planners of a caller's own (the funnel world's early-stage ranker)."""
+    items)`` adds planners of a caller's own (the funnel world's early-stage ranker).
+    ``requests`` are the step's; ``later_requests``, those after it while a vector computed now
+    is fresh, which the oracle also knows (:func:`oracle_score`)."""
     frames = [candidates[[USER_ID, ITEM_ID]]] + [s.misses for s in run.states]
     pool = pd.concat(frames, ignore_index=True).drop_duplicates([USER_ID, ITEM_ID])
     pool = pool.sort_values([USER_ID, ITEM_ID], kind="stable").reset_index(drop=True)
@@ -388,9 +397,15 @@ def score_pool(
     random_score = rng.random(len(pool))
     day = past.loc[past[EVENT_TIMESTAMP] >= start - pd.Timedelta(days=1), ITEM_ID]
     popular = day.value_counts().reindex(items).fillna(0.0).to_numpy(dtype=np.float64)
-    requested = np.isin(
-        pair_keys(users, items),
-        pair_keys(requests[USER_ID].to_numpy(), requests[ITEM_ID].to_numpy()),
+    keys = pair_keys(users, items)
+    requested = np.isin(keys, pair_keys(requests[USER_ID].to_numpy(), requests[ITEM_ID].to_numpy()))
+    requested_later = (
+        np.isin(
+            keys,
+            pair_keys(later_requests[USER_ID].to_numpy(), later_requests[ITEM_ID].to_numpy()),
+        )
+        if later_requests is not None
+        else np.zeros(len(keys), dtype=bool)
     )
     # As the precompute weighs users: expected returns within the pair TTL.
     weight = (
@@ -405,15 +420,30 @@ def score_pool(
         "vm_only": verifier,
         "retrieval": request_score(users, np.ones(len(pool)), retrieval) + 1e-3 * verifier,
         "random": random_score,
-        # Ties in popularity (and in the oracle's 0/1) are broken by the verifier's score.
+        # Ties in popularity are broken by the verifier's score.
         "popular": popular + 1e-3 * verifier,
-        "oracle": requested.astype(np.float64) + 1e-3 * verifier,
+        "oracle": oracle_score(requested, requested_later, verifier),
     }
     if extra_scores is not None:
         scores.update(extra_scores(users, items))
     for name in dict.fromkeys(s.planner for s in run.states):
         pool[name] = percentile_rank(scores[name])
     return pool
+
+
+def oracle_score(
+    requested: np.ndarray, requested_later: np.ndarray, verifier: np.ndarray
+) -> np.ndarray:
+    """The oracle's order: pairs requested in the step first (no later round can compute them in
+    time), then pairs requested later while a vector computed now is still fresh (a later round
+    could, if its budget allows), then the rest; the verifier's score (in ``[0, 1]``) breaks
+    ties. Knowing only the step made it a weak bound wherever requests repeat within the TTL: on
+    MovieLens-100K the verifier outscored it (0.091 against 0.089)."""
+    return (
+        2.0 * np.asarray(requested, dtype=np.float64)
+        + np.asarray(requested_later, dtype=np.float64)
+        + 1e-3 * np.asarray(verifier, dtype=np.float64)
+    )
 
 
 def precompute_step(run: ReplayRun, the_step: ReplayStep) -> None:
