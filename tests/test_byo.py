@@ -639,7 +639,7 @@ def test_the_replay_reads_a_users_own_log_through_its_config(
     tmp_path: Path, feast_project: str, no_config_env: None
 ) -> None:
     """`solaris simulate --config` replays the deployment's own log (its columns, String ids),
-    not only the named data sets."""
+    not only the named data sets, over two model seeds (means, per-seed values, intervals)."""
     config = own_deployment(tmp_path, feast_project)
     out_json = tmp_path / "replay.json"
     out = run_cli(
@@ -655,6 +655,10 @@ def test_the_replay_reads_a_users_own_log_through_its_config(
         "--warmup",
         "1",
         "--no-feast-check",
+        "--seed",
+        "3",
+        "--seeds",
+        "2",
         "--json",
         str(out_json),
     )
@@ -662,7 +666,11 @@ def test_the_replay_reads_a_users_own_log_through_its_config(
     assert {r["planner"] for r in records} == {"random", "verifier"}  # verifier: per space
     assert all(r["dataset"] == "shop" for r in records), records[0].get("dataset")
     assert all(0.0 <= r["coverage"]["exact"] <= 1.0 for r in records)
-    assert str(out_json) in out
+    for r in records:
+        assert r["seeds"] == [3, 4] and len(r["exact_hit_rate_per_seed"]) == 2
+        assert r["exact_hit_rate"] == pytest.approx(np.mean(r["exact_hit_rate_per_seed"]), abs=1e-5)
+        assert r["exact_hit_rate_over_random"] is not None
+    assert "over 2 seeds (3, 4)" in out and str(out_json) in out
 
 
 def test_the_transfer_evaluation_reads_a_users_own_log_through_its_config(

@@ -22,6 +22,7 @@ from solaris_feast.evaluation.replay import (
     simulate_command,
     write_report,
 )
+from solaris_feast.evaluation.report import combine_seeds
 from solaris_feast.models.compressor import CompressorConfig
 from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.foundation import FoundationConfig
@@ -262,6 +263,51 @@ def test_the_oracle_bounds_every_planner_on_the_same_pool(
         hits = {r["planner"]: r["exact_hit_rate"] for r in records if r["budget"] == budget}
         assert set(hits) == set(planners)
         assert all(hits["oracle"] >= hit for hit in hits.values()), (budget, hits)
+
+
+def _record(planner: str, hit: float, ne: float, tr: float | None) -> dict[str, object]:
+    return {
+        "planner": planner,
+        "budget": 0.1,
+        "similarity_space": "fm_user",
+        "exact_hit_rate": hit,
+        "coverage": {"exact": hit, "similar": 0.1, "user": 0.3, "zero": 0.1, "any": 0.9},
+        "ne": ne,
+        "tr": tr,
+        "fm_pairs": 10,
+        "ablation": [{"tiers": "exact", "ne": ne}],
+        "dataset": "synthetic",
+    }
+
+
+def test_several_seeds_give_means_intervals_and_paired_shares_of_the_oracle() -> None:
+    runs = [
+        [_record("verifier", 0.5, 0.93, 0.2), _record("oracle", 0.8, 0.92, None)],
+        [_record("verifier", 0.6, 0.95, 0.4), _record("oracle", 0.75, 0.91, 0.3)],
+        [_record("verifier", 0.4, 0.94, 0.3), _record("oracle", 0.8, 0.93, 0.5)],
+    ]
+    runs[0][0]["feast_check"] = {"identical": True}
+    verifier, oracle = combine_seeds(runs, [7, 8, 9])
+    assert verifier["seeds"] == [7, 8, 9] and verifier["planner"] == "verifier"
+    assert verifier["exact_hit_rate"] == pytest.approx(0.5)
+    assert verifier["exact_hit_rate_per_seed"] == [0.5, 0.6, 0.4]
+    lo, hi = verifier["exact_hit_rate_ci95"]
+    # Student-t with 2 degrees of freedom: 4.303 * sd 0.1 / sqrt(3)
+    assert (lo, hi) == pytest.approx((0.5 - 0.24843, 0.5 + 0.24843), abs=1e-4)
+    assert verifier["coverage"]["exact"] == pytest.approx(0.5)
+    assert verifier["coverage"]["any"] == pytest.approx(0.9)
+    assert verifier["ablation"][0] == {"tiers": "exact", "ne": pytest.approx(0.94)}
+    # Paired within each seed: 0.5 / 0.8, 0.6 / 0.75, 0.4 / 0.8.
+    assert verifier["exact_hit_rate_over_oracle_per_seed"] == pytest.approx([0.625, 0.8, 0.5])
+    assert verifier["exact_hit_rate_over_oracle"] == pytest.approx(
+        (0.625 + 0.8 + 0.5) / 3, abs=1e-5
+    )
+    assert verifier["feast_check"] == {"identical": True} and "feast_check" not in oracle
+    # A seed where TR is undefined is left out of its mean, and said so per seed.
+    assert oracle["tr"] == pytest.approx(0.4) and oracle["tr_per_seed"] == [None, 0.3, 0.5]
+    with pytest.raises(ValueError, match="same planners"):
+        combine_seeds([runs[0], runs[1][:1]], [0, 1])
+    assert "over 3 seeds (7, 8, 9)" in format_summary([verifier, oracle])
 
 
 def test_command_refuses_bad_budgets_and_planners() -> None:

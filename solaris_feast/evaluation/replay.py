@@ -66,7 +66,12 @@ from solaris_feast.evaluation.replay_config import (
     SimulationConfig,
 )
 from solaris_feast.evaluation.replay_state import PlannerState
-from solaris_feast.evaluation.report import build_records, format_summary, write_report
+from solaris_feast.evaluation.report import (
+    build_records,
+    combine_seeds,
+    format_summary,
+    write_report,
+)
 from solaris_feast.keys import pair_keys, split_pair_keys
 from solaris_feast.pipeline.settings import DEFAULT_RETURN_WEIGHT_EXPONENT
 from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
@@ -819,7 +824,7 @@ LOG_WORLD_OPTIONS = (
     "feast_check",
     "config_file",
 )
-FUNNEL_WORLD_OPTIONS = ("seeds", "workers", "fm_rows")
+FUNNEL_WORLD_OPTIONS = ("workers",)
 
 
 def _note_options_of_the_other_world(world: str) -> None:
@@ -891,7 +896,9 @@ def simulate_command(
         typer.Option(
             "--seeds",
             min=1,
-            help="Seeds of the funnel world (--seed .. --seed + seeds - 1); default 5.",
+            help="Seeds --seed .. --seed + seeds - 1. Funnel: its worlds (default 5). Log: "
+            "the synthetic data and the models (MovieLens or --config: the models); default 1; "
+            "more report means with 95% intervals.",
         ),
     ] = None,
     workers: Annotated[
@@ -1011,8 +1018,16 @@ def simulate_command(
     from solaris_feast.progress import stage_bars
 
     own = load_configured_log(config_file) if config_file else None
-    with stage_bars(progress) as bars:
-        records = simulate(config, progress=bars, dataset=own)
+    seed_list = list(range(seed, seed + (seeds or 1)))
+    runs = []
+    for at, this_seed in enumerate(seed_list):
+        if len(seed_list) > 1:
+            typer.echo(f"seed {this_seed} ({at + 1} of {len(seed_list)})", err=True)
+        with stage_bars(progress) as bars:
+            runs.append(
+                simulate(config.model_copy(update={"seed": this_seed}), progress=bars, dataset=own)
+            )
+    records = runs[0] if len(runs) == 1 else combine_seeds(runs, seed_list)
     write_report(records, json_path, plot)
     typer.echo(format_summary(records))
     for record in records:

@@ -11,6 +11,7 @@ import numpy as np
 
 from solaris_feast.evaluation.metrics import (
     coverage_shares,
+    mean_ci95,
     normalized_entropy,
     strict_json,
     transfer_ratio,
@@ -106,6 +107,93 @@ def _round(values: dict[str, float]) -> dict[str, float]:
     return {k: round(float(v), 5) for k, v in values.items()}
 
 
+SEED_MEASURES = ("exact_hit_rate", "ne", "tr")
+"""Measures whose per-seed values and 95 % interval a several-seed replay keeps."""
+
+
+def combine_seeds(runs: list[list[dict[str, Any]]], seeds: list[int]) -> list[dict[str, Any]]:
+    """One record per (planner, budget, user space) from the records of several seeds' replays.
+
+    Every number is the mean over seeds (coverage, NE, the ablation, counts...). Beside
+    :data:`SEED_MEASURES` stand ``<measure>_per_seed`` and ``<measure>_ci95`` (Student-t over
+    seeds), and for every planner its hit rate as a share of the oracle's and as a multiple of
+    random's at the same budget, paired within each seed (``exact_hit_rate_over_oracle``
+    and ``exact_hit_rate_over_random``, with ``_per_seed`` and ``_ci95``), where those planners
+    ran. The Feast check is the first seed's."""
+    if len(runs) != len(seeds) or not runs:
+        raise ValueError(f"{len(runs)} runs for {len(seeds)} seeds")
+    keys = [[_record_key(r) for r in run] for run in runs]
+    if any(k != keys[0] for k in keys):
+        raise ValueError("the seeds' replays did not report the same planners, budgets and spaces")
+    combined = []
+    for at, key in enumerate(keys[0]):
+        rows = [run[at] for run in runs]
+        record = _mean_tree(rows)
+        record["seeds"] = list(seeds)
+        for measure in SEED_MEASURES:
+            _with_interval(record, measure, [r[measure] for r in rows])
+        for other in ("oracle", "random"):
+            at_other = _position(keys[0], (other, *key[1:]))
+            if at_other is None:
+                continue
+            ratios = [
+                r["exact_hit_rate"] / run[at_other]["exact_hit_rate"]
+                if run[at_other]["exact_hit_rate"] > 0
+                else None
+                for r, run in zip(rows, runs, strict=True)
+            ]
+            _with_interval(record, f"exact_hit_rate_over_{other}", ratios)
+        if "feast_check" in rows[0]:
+            record["feast_check"] = rows[0]["feast_check"]
+        combined.append(record)
+    return combined
+
+
+def _record_key(record: dict[str, Any]) -> tuple[Any, ...]:
+    return (record["planner"], record["budget"], record["similarity_space"])
+
+
+def _position(keys: list[tuple[Any, ...]], key: tuple[Any, ...]) -> int | None:
+    """Where ``(planner, budget, space)`` is, or the planner at that budget in another space:
+    the space is where the fill searches, and the exact tier does not depend on it."""
+    if key in keys:
+        return keys.index(key)
+    return next((at for at, k in enumerate(keys) if k[:2] == key[:2]), None)
+
+
+def _with_interval(record: dict[str, Any], measure: str, values: list[float | None]) -> None:
+    finite = [math.nan if v is None else float(v) for v in values]
+    mean, lo, hi = mean_ci95(finite)
+    record[measure] = round(mean, 5) if math.isfinite(mean) else None
+    record[f"{measure}_per_seed"] = [None if math.isnan(v) else round(v, 5) for v in finite]
+    record[f"{measure}_ci95"] = (
+        [round(lo, 5), round(hi, 5)] if math.isfinite(lo) and math.isfinite(hi) else None
+    )
+
+
+def _mean_tree(values: list[Any]) -> Any:
+    """The mean over seeds of every number in records of one shape; text (names, settings) is
+    the first seed's, and a number missing (None) in some seeds is the mean of the others."""
+    first = values[0]
+    if isinstance(first, dict):
+        return {
+            k: _mean_tree([v[k] for v in values])
+            for k in first
+            if all(isinstance(v, dict) and k in v for v in values) and k != "feast_check"
+        }
+    if isinstance(first, list) and all(
+        isinstance(v, list) and len(v) == len(first) for v in values
+    ):
+        return [_mean_tree([v[i] for v in values]) for i in range(len(first))]
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if numbers and len(numbers) + sum(v is None for v in values) == len(values):
+        mean = float(np.mean(numbers))
+        if any(isinstance(v, float) for v in numbers):
+            return round(mean, 5)
+        return int(mean) if mean.is_integer() else round(mean, 1)  # counts stay counts
+    return first
+
+
 def write_report(
     records: list[dict[str, Any]], json_path: Path | None, plot_path: Path | None
 ) -> None:
@@ -154,7 +242,8 @@ def _plot(records: list[dict[str, Any]], path: Path) -> None:
 
 
 def format_summary(records: list[dict[str, Any]]) -> str:
-    """A plain-text table: one line per record, then the ablation of the verifier's records."""
+    """A plain-text table: one line per record; over several seeds, the means, then each
+    record's hit rate with its interval and as a share of the oracle's."""
     lines = [
         f"{'planner':<9} {'budget':>6} {'space':<9} {'exact':>6} {'similar':>7} {'user':>6} "
         f"{'zero':>6} {'NE':>7} {'TR':>6} {'FM pairs':>9}"
@@ -167,4 +256,21 @@ def format_summary(records: list[dict[str, Any]]) -> str:
             f"{c['similar']:>7.3f} {c['user']:>6.3f} {c['zero']:>6.3f} {r['ne']:>7.4f} {tr:>6} "
             f"{r['fm_pairs']:>9}"
         )
+    if records and "seeds" in records[0]:
+        seeds = records[0]["seeds"]
+        lines.append(f"over {len(seeds)} seeds ({', '.join(map(str, seeds))}), 95% intervals:")
+        for r in records:
+            lines.append(
+                f"  {r['planner']:<9} {r['budget']:>6.2f} {r['similarity_space']:<9} exact hit "
+                f"{_with_ci(r, 'exact_hit_rate')}; of the oracle's "
+                f"{_with_ci(r, 'exact_hit_rate_over_oracle')}; x random "
+                f"{_with_ci(r, 'exact_hit_rate_over_random')}"
+            )
     return "\n".join(lines)
+
+
+def _with_ci(record: dict[str, Any], measure: str) -> str:
+    value, ci = record.get(measure), record.get(f"{measure}_ci95")
+    if value is None:
+        return "n/a"
+    return f"{value:.3f}" + ("" if ci is None else f" [{ci[0]:.3f}, {ci[1]:.3f}]")
