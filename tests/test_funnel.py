@@ -23,6 +23,7 @@ from solaris_feast.evaluation.funnel import (
     FunnelConfig,
     FunnelWorldConfig,
     World,
+    format_funnel_summary,
     run_seed,
     simulate_funnel,
 )
@@ -205,6 +206,17 @@ def test_tiny_world_end_to_end_under_a_minute() -> None:
         assert r["fm_calls_per_request"] > 0
         assert r["clicks_per_1k_requests"] > 0
     by = {(r["planner"], r["budget"]): r for r in records}
+    for (planner, budget), r in by.items():
+        # Paired within seeds: each seed's hit rate over that seed's oracle's, then the mean.
+        oracle = by[("oracle", budget)]["exact_hit_rate_per_seed"]
+        ratios = [h / o for h, o in zip(r["exact_hit_rate_per_seed"], oracle, strict=True)]
+        assert r["exact_hit_rate_over_oracle_per_seed"] == pytest.approx(ratios)
+        assert r["exact_hit_rate_over_oracle"] == pytest.approx(np.mean(ratios))
+        lo, hi = r["exact_hit_rate_over_oracle_ci95"]
+        assert lo <= r["exact_hit_rate_over_oracle"] <= hi
+        if planner == "oracle":
+            assert ratios == pytest.approx([1.0, 1.0])
+    assert "share of the oracle's" in format_funnel_summary(records)
     # More budget buys more exact hits for the oracle.
     assert by[("oracle", 0.2)]["exact_hit_rate"] >= by[("oracle", 0.05)]["exact_hit_rate"]
 

@@ -134,6 +134,7 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
                 "seeds": [o.seed for o in outcomes],
                 "exact_hit_rate": hit,
                 "exact_hit_rate_ci95": hit_ci,
+                "exact_hit_rate_per_seed": [r["exact_hit_rate"] for r in rows],
                 "coverage": {
                     tier: float(np.mean([r["coverage"][tier] for r in rows]))
                     for tier in ("exact", "similar", "user", "zero", "any")
@@ -181,10 +182,33 @@ def build_funnel_records(outcomes: list[SeedOutcome]) -> list[dict[str, Any]]:
                 ],
             }
         )
+    _add_paired_shares(records)
     environment = run_environment()
     for record in records:
         record["environment"] = environment
     return records
+
+
+def _add_paired_shares(records: list[dict[str, Any]]) -> None:
+    """Each record's hit rate as a share of the oracle's and a multiple of random's at the same
+    budget, per seed and as a mean with its 95 % interval over seeds
+    (``exact_hit_rate_over_oracle``, ``..._ci95``, ``..._per_seed``; the same ``_over_random``):
+    the targets are ratios, and the seeds move planners together, so the paired ratio's interval
+    is the one to read, not the hit rate's divided by the oracle's mean."""
+    by_arm = {(r["planner"], r["budget"]): r["exact_hit_rate_per_seed"] for r in records}
+    for record in records:
+        for other in ("oracle", "random"):
+            base = by_arm.get((other, record["budget"]))
+            if base is None:
+                continue
+            ratios = [
+                hit / b if b > 0 else math.nan
+                for hit, b in zip(record["exact_hit_rate_per_seed"], base, strict=True)
+            ]
+            mean, ci = _ci(ratios)
+            record[f"exact_hit_rate_over_{other}"] = mean
+            record[f"exact_hit_rate_over_{other}_ci95"] = ci
+            record[f"exact_hit_rate_over_{other}_per_seed"] = ratios
 
 
 def run_environment() -> dict[str, Any]:
@@ -204,7 +228,8 @@ def run_environment() -> dict[str, Any]:
 
 
 def format_funnel_summary(records: list[dict[str, Any]]) -> str:
-    """A text table: one line per (planner, budget)."""
+    """A text table: one line per (planner, budget); then, where the oracle ran, each hit rate
+    as a share of the oracle's, paired within seeds."""
     width = max([len("planner"), *(len(r["planner"]) for r in records)])
     lines = [
         f"{'planner':<{width}} {'budget':>6} {'hit':>6} {'hit ci95':>15} {'any':>5} {'NE':>6} "
@@ -220,6 +245,15 @@ def format_funnel_summary(records: list[dict[str, Any]]) -> str:
             f"{r['clicks_per_1k_requests_fm_ranking']:>7.1f} [{ulo:>6.1f},{uhi:>6.1f}] "
             f"{r['online_transfer_ratio']:>6.2f} {r['fm_calls_per_request']:>7.1f}"
         )
+    shares = [r for r in records if "exact_hit_rate_over_oracle" in r and r["planner"] != "oracle"]
+    if shares:
+        lines.append("hit rate as a share of the oracle's, paired within seeds [95% CI]:")
+        for r in shares:
+            lo, hi = r["exact_hit_rate_over_oracle_ci95"]
+            lines.append(
+                f"  {r['planner']:<{width}} {r['budget']:>6.2f} "
+                f"{r['exact_hit_rate_over_oracle']:>6.1%} [{lo:.1%}, {hi:.1%}]"
+            )
     return "\n".join(lines)
 
 
