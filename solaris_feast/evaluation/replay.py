@@ -218,7 +218,9 @@ def simulate(
             _serve_step(run, the_step)
             if progress is not None:
                 progress("replay", k + 1, run.total_steps)
-            logger.info(
+            # With a progress bar the step's line repeats it: kept for --verbose.
+            logger.log(
+                logging.INFO if progress is None else logging.DEBUG,
                 "replay step %d/%d at %s: %d requests",
                 k + 1,
                 run.total_steps,
