@@ -215,3 +215,15 @@ def mean_ci95(values: Any) -> tuple[float, float, float]:
         return mean, math.nan, math.nan
     half = _t975(len(v) - 1) * float(v.std(ddof=1)) / math.sqrt(len(v))
     return mean, mean - half, mean + half
+
+
+def paired_ratios(numerators: Any, denominators: Any) -> np.ndarray:
+    """Per seed, ``numerator / denominator`` (a planner's hit rate over the oracle's or random's
+    in the same seed), NaN where the denominator is not positive; :func:`mean_ci95` of the
+    result is the paired share with its interval, NaN seeds left out."""
+    num, den = _as_float64(numerators), _as_float64(denominators)
+    if num.shape != den.shape:
+        raise ValueError(f"{num.shape} numerators for {den.shape} denominators")
+    out = np.full(num.shape, np.nan)
+    np.divide(num, den, out=out, where=den > 0)
+    return out

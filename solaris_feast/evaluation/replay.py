@@ -405,15 +405,13 @@ def score_pool(
     day = past.loc[past[EVENT_TIMESTAMP] >= start - pd.Timedelta(days=1), ITEM_ID]
     popular = day.value_counts().reindex(items).fillna(0.0).to_numpy(dtype=np.float64)
     keys = pair_keys(users, items)
-    requested = np.isin(keys, pair_keys(requests[USER_ID].to_numpy(), requests[ITEM_ID].to_numpy()))
-    requested_later = (
-        np.isin(
-            keys,
-            pair_keys(later_requests[USER_ID].to_numpy(), later_requests[ITEM_ID].to_numpy()),
-        )
-        if later_requests is not None
-        else np.zeros(len(keys), dtype=bool)
-    )
+
+    def requested_in(frame: pd.DataFrame | None) -> np.ndarray:
+        if frame is None:
+            return np.zeros(len(keys), dtype=bool)
+        return np.isin(keys, pair_keys(frame[USER_ID].to_numpy(), frame[ITEM_ID].to_numpy()))
+
+    requested, requested_later = requested_in(requests), requested_in(later_requests)
     # As the precompute weighs users: expected returns within the pair TTL.
     weight = (
         return_weights(users, past, start, run.cfg.pair_ttl_seconds, run.cfg.return_weight_exponent)

@@ -13,6 +13,7 @@ from solaris_feast.evaluation.metrics import (
     coverage_shares,
     mean_ci95,
     normalized_entropy,
+    paired_ratios,
     strict_json,
     transfer_ratio,
 )
@@ -136,14 +137,10 @@ def combine_seeds(runs: list[list[dict[str, Any]]], seeds: list[int]) -> list[di
             at_other = _position(keys[0], (other, *key[1:]))
             if at_other is None:
                 continue
-            ratios = [
-                r["exact_hit_rate"] / run[at_other]["exact_hit_rate"]
-                if run[at_other]["exact_hit_rate"] > 0
-                else None
-                for r, run in zip(rows, runs, strict=True)
-            ]
-            _with_interval(record, f"exact_hit_rate_over_{other}", ratios)
-        if "feast_check" in rows[0]:
+            base = [run[at_other]["exact_hit_rate"] for run in runs]
+            ratios = paired_ratios([r["exact_hit_rate"] for r in rows], base)
+            _with_interval(record, f"exact_hit_rate_over_{other}", ratios.tolist())
+        if "feast_check" in rows[0]:  # a record of one step, not a figure to average
             record["feast_check"] = rows[0]["feast_check"]
         combined.append(record)
     return combined
@@ -162,6 +159,8 @@ def _position(keys: list[tuple[Any, ...]], key: tuple[Any, ...]) -> int | None:
 
 
 def _with_interval(record: dict[str, Any], measure: str, values: list[float | None]) -> None:
+    """``measure`` as the mean over seeds, beside its per-seed values and interval (an undefined
+    seed, None or NaN, is left out of both and shown as None)."""
     finite = [math.nan if v is None else float(v) for v in values]
     mean, lo, hi = mean_ci95(finite)
     record[measure] = round(mean, 5) if math.isfinite(mean) else None
@@ -179,7 +178,7 @@ def _mean_tree(values: list[Any]) -> Any:
         return {
             k: _mean_tree([v[k] for v in values])
             for k in first
-            if all(isinstance(v, dict) and k in v for v in values) and k != "feast_check"
+            if all(isinstance(v, dict) and k in v for v in values)
         }
     if isinstance(first, list) and all(
         isinstance(v, list) and len(v) == len(first) for v in values

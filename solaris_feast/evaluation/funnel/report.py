@@ -16,6 +16,7 @@ from solaris_feast.evaluation.metrics import (
     coverage_shares,
     mean_ci95,
     normalized_entropy,
+    paired_ratios,
 )
 from solaris_feast.evaluation.replay_config import ABLATION_STEPS
 
@@ -201,10 +202,7 @@ def _add_paired_shares(records: list[dict[str, Any]]) -> None:
             base = by_arm.get((other, record["budget"]))
             if base is None:
                 continue
-            ratios = [
-                hit / b if b > 0 else math.nan
-                for hit, b in zip(record["exact_hit_rate_per_seed"], base, strict=True)
-            ]
+            ratios = paired_ratios(record["exact_hit_rate_per_seed"], base).tolist()
             mean, ci = _ci(ratios)
             record[f"exact_hit_rate_over_{other}"] = mean
             record[f"exact_hit_rate_over_{other}_ci95"] = ci
