@@ -46,7 +46,12 @@ from solaris_feast.store.config import (
     redis_connection_string,
 )
 from solaris_feast.store.definitions import solaris_definitions
-from solaris_feast.store.layout import EntityKeyLayout, sqlite_table
+from solaris_feast.store.layout import (
+    ByteColumn,
+    EntityKeyLayout,
+    float_value_column,
+    sqlite_table,
+)
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
@@ -548,16 +553,18 @@ def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
     layout = EntityKeyLayout(["user_id", "item_id"], 3)
     from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
-    def batch(user: int, items: list[int], ts_ns: int) -> OnlineBatch:
+    def batch(user: int, items: list[int], ts_ns: int, versions: int = 1) -> OnlineBatch:
+        # versions > 1: versions of different lengths, a column the packed path cannot pack
+        # as one matrix (it takes the row-by-row path).
         values = [
             [
                 ValueProto(float_list_val={"val": [float(i)] * DIM}).SerializeToString(),
-                ValueProto(string_val=VERSION).SerializeToString(),
+                ValueProto(string_val=VERSION + "x" * (i % versions)).SerializeToString(),
                 ValueProto(unix_timestamp_val=ts_ns // 10**9).SerializeToString(),
             ]
             for i in items
         ]
-        return OnlineBatch(
+        return OnlineBatch.from_rows(
             "solaris_pair",
             [layout.key(user, i) for i in items],
             ["embedding", "model_version", "computed_at"],
@@ -573,10 +580,16 @@ def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
         assert packed.write_batch(batch(1, [1], now_ns - 1), chunk_rows=8, atomic_rows=8) == 0
         assert plain.write_batch(batch(2, [1], now_ns - 1), chunk_rows=8, atomic_rows=8) == 0
         assert plain.write_batch(batch(2, [1], now_ns), chunk_rows=8, atomic_rows=8) == 1
+        assert packed.write_batch(batch(3, [1, 2, 3], now_ns, 3), chunk_rows=2, atomic_rows=8) == 3
+        assert plain.write_batch(batch(4, [1, 2, 3], now_ns, 3), chunk_rows=2, atomic_rows=8) == 3
         for item in (1, 2, 3):
             first = client.hgetall(layout.key(1, item) + feast_project.encode())
             second = client.hgetall(layout.key(2, item) + feast_project.encode())
             assert first == second and first
+            third = client.hgetall(layout.key(3, item) + feast_project.encode())
+            assert third == client.hgetall(layout.key(4, item) + feast_project.encode())
+            # Items 1 and 2 got a longer version than the first batch's; item 3 the same one.
+            assert (third == first) == (item == 3)
         views = {Tier.EXACT: "solaris_pair", Tier.SIMILAR: "solaris_similar"}
         views[Tier.USER_AGG] = "solaris_user"
         items = np.array([3, 1, 99])
@@ -615,6 +628,50 @@ def test_entity_key_layout_builds_feasts_keys_without_importing_feast() -> None:
     layout = EntityKeyLayout(["user_id", "item_id"], 3)
     layout.check_against_feast()
     assert bytes.fromhex(out[0]) == layout._feast_key([7, "sku/9"])
+
+
+def test_byte_columns_keep_every_byte_and_build_feasts_keys_as_a_matrix() -> None:
+    """The writer's columns: a matrix when the values share a width (trailing NUL bytes kept:
+    Int64 keys end in them), a list otherwise; ``encoded`` encodes each distinct value once;
+    Int64 keys built as one matrix are Feast's keys from ``key()``, String keys fall back."""
+    fixed = ByteColumn.of([b"a\x00", b"\x00\x00", b"zz"])
+    assert fixed.matrix is not None and fixed.matrix.shape == (3, 2)
+    assert fixed.tolist() == [b"a\x00", b"\x00\x00", b"zz"]
+    ragged = ByteColumn.of([b"a", b"bc", b""])
+    assert ragged.matrix is None and ragged.tolist() == [b"a", b"bc", b""] and len(ragged) == 3
+    assert len(ByteColumn.of([])) == 0 and ByteColumn.of([]).tolist() == []
+    with pytest.raises(ValueError, match="exactly one"):
+        ByteColumn()
+
+    calls: list[object] = []
+
+    def encode(value: object) -> bytes:
+        calls.append(value)
+        return str(value).encode()
+
+    column = ByteColumn.encoded(np.array([5, 7, 5, 5, 7]), encode)
+    assert column.tolist() == [b"5", b"7", b"5", b"5", b"7"] and sorted(calls) == [5, 7]
+    assert ByteColumn.encoded(np.array([5, 10, 5]), encode).tolist() == [b"5", b"10", b"5"]
+
+    layout = EntityKeyLayout(["user_id", "item_id"], 3)
+    users, items = np.array([0, 7, 2**63 - 1, 256]), np.array([256, 0, 1, 2**40])
+    keys = layout.key_column([users, items])
+    assert keys.matrix is not None
+    pairs = zip(users.tolist(), items.tolist(), strict=True)
+    assert keys.tolist() == [layout.key(u, i) for u, i in pairs]
+    assert keys.tolist()[0] == layout._feast_key([0, 256])
+    strings = layout.key_column([np.array(["u:1", "ü"], dtype=object), np.array([3, 4])])
+    assert strings.tolist() == [layout.key("u:1", 3), layout.key("ü", 4)]
+
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+    values = np.array([0.0, -0.0, 1.5, 3.3e38, 1e-45, 0.1])
+    assert float_value_column(values, "float").tolist() == [
+        ValueProto(float_val=v).SerializeToString() for v in values.tolist()
+    ]
+    assert float_value_column(values, "double").tolist() == [
+        ValueProto(double_val=v).SerializeToString() for v in values.tolist()
+    ]
 
 
 def test_entity_key_layout_decodes_its_own_keys_and_refuses_others() -> None:

@@ -36,6 +36,7 @@ reads them and the retriever reads what Feast writes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -43,7 +44,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -53,7 +54,13 @@ from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.serving.resolve import repo_clock_skew
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.ids import join_key_types
-from solaris_feast.store.layout import EntityKeyLayout, embedding_codec, stored_model_version
+from solaris_feast.store.layout import (
+    ByteColumn,
+    EntityKeyLayout,
+    embedding_codec,
+    float_value_column,
+    stored_model_version,
+)
 from solaris_feast.store.tags import TAG_EMBEDDING_CODEC, TAG_EMBEDDING_DIM
 
 if TYPE_CHECKING:
@@ -126,6 +133,29 @@ def _key_order(batch: _ValidBatch, rows: np.ndarray, join_keys: list[str]) -> np
     # np.lexsort cannot sort str objects; sorted unique codes keep each key's order.
     columns = [np.unique(batch.keys[k][rows], return_inverse=True)[1] for k in join_keys]
     return np.lexsort(list(reversed(columns)))
+
+
+_FLOAT_VALUE_KINDS: dict[str, Literal["float", "double"]] = {
+    "float32": "float",
+    "float64": "double",
+}
+
+
+def _encoded_value(kind: str, is_model_version: bool, value: Any) -> bytes:
+    """Feast's ``ValueProto`` bytes of one timestamp, string or int64 feature value."""
+    from feast.protos.feast.types.Value_pb2 import Value as ValueProto
+
+    if kind == "timestamp":
+        proto = ValueProto(unix_timestamp_val=int(value) // NANOS_PER_SECOND)
+    elif is_model_version:
+        proto = ValueProto(string_val=stored_model_version(value))
+    elif kind == "string":
+        proto = ValueProto(string_val=value)
+    elif kind == "int64":
+        proto = ValueProto(int64_val=int(value))
+    else:
+        raise ValueError(f"no scalar ValueProto encoding for {kind} values")
+    return proto.SerializeToString()
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -527,52 +557,33 @@ class EmbeddingWriter:
 
     # -- online -------------------------------------------------------------------------------
 
-    def _encoded_rows(self, batch: _ValidBatch) -> tuple[list[str], list[list[bytes]]]:
-        """Feature names and, per row, their ``ValueProto`` bytes in that order."""
-        from feast.protos.feast.types.Value_pb2 import Value as ValueProto
-
+    def _encoded_columns(self, batch: _ValidBatch) -> tuple[list[str], list[ByteColumn]]:
+        """Feature names and, per feature, its rows' ``ValueProto`` bytes in that order."""
         names = [EMBEDDING]
-        columns: list[list[bytes]] = [self.codec.encode_rows(batch.embeddings)]
+        columns = [self.codec.encode_column(batch.embeddings)]
         for name, values in batch.features.items():
             kind = self.feature_kinds[name]
             names.append(name)
-            cache: dict[Any, bytes] = {}
-            encoded = []
-            for value in values.tolist():
-                if value not in cache:
-                    if kind == "timestamp":
-                        proto = ValueProto(unix_timestamp_val=int(value) // NANOS_PER_SECOND)
-                    elif name == MODEL_VERSION:
-                        proto = ValueProto(string_val=stored_model_version(value))
-                    elif kind == "string":
-                        proto = ValueProto(string_val=value)
-                    elif kind == "int64":
-                        proto = ValueProto(int64_val=int(value))
-                    elif kind == "float32":
-                        proto = ValueProto(float_val=float(value))
-                    else:
-                        proto = ValueProto(double_val=float(value))
-                    cache[value] = proto.SerializeToString()
-                encoded.append(cache[value])
-            columns.append(encoded)
-        return names, [list(row) for row in zip(*columns, strict=True)]
-
-    def _row_keys(self, batch: _ValidBatch) -> list[bytes]:
-        key = self.key_layout.key
-        key_columns = [batch.keys[k].tolist() for k in self.join_keys]
-        return [key(*values) for values in zip(*key_columns, strict=True)]
+            if kind in _FLOAT_VALUE_KINDS:
+                # Nearly every row distinct (a fill's mean distances): packed as one matrix.
+                columns.append(float_value_column(values, _FLOAT_VALUE_KINDS[kind]))
+            else:
+                # One encoding per distinct value: a round's version and time are one value.
+                encode = functools.partial(_encoded_value, kind, name == MODEL_VERSION)
+                columns.append(ByteColumn.encoded(values, encode))
+        return names, columns
 
     def _write_online(self, batch: _ValidBatch) -> int:
-        names, rows = self._encoded_rows(batch)
+        names, columns = self._encoded_columns(batch)
         if self._backend is None:
             # Writes may wait for a busy store far longer than a serving read.
             self._backend = backend_for(self.store, timeout_seconds=WRITE_TIMEOUT_SECONDS)
         return self._backend.write_batch(
             OnlineBatch(
                 view_name=self.view_name,
-                keys=self._row_keys(batch),
+                keys=self.key_layout.key_column([batch.keys[k] for k in self.join_keys]),
                 feature_names=names,
-                values=rows,
+                columns=columns,
                 event_ts_ns=batch.computed_at_ns,
                 key_ttl_seconds=self.key_ttl_seconds,
             ),

@@ -29,6 +29,7 @@ import numpy as np
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, MODEL_VERSION
 from solaris_feast.errors import ConfigError
 from solaris_feast.store.ids import EntityId
+from solaris_feast.store.layout import ByteColumn
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -63,21 +64,50 @@ class TierReads:
 class OnlineBatch:
     """Rows of one view, encoded as Feast stores them, ready for :meth:`OnlineBackend.write_batch`.
 
+    Held by column: the writer encodes a column at a time, and the Redis backend packs
+    fixed-width columns without a Python call per value (:class:`ByteColumn`).
+
     Attributes:
         view_name: the feature view.
         keys: ``N`` serialized entity keys (without the project suffix).
         feature_names: the ``F`` features written per row.
-        values: ``N`` rows of ``F`` ``ValueProto`` bytes, in ``feature_names`` order.
+        columns: ``F`` columns of ``N`` ``ValueProto`` bytes, in ``feature_names`` order.
         event_ts_ns: ``(N,)`` int64 event timestamps in ns since 1970 (newest wins).
         key_ttl_seconds: Redis only, expire each written hash after this many seconds (0: never).
     """
 
     view_name: str
-    keys: list[bytes]
+    keys: ByteColumn
     feature_names: list[str]
-    values: list[list[bytes]]
+    columns: list[ByteColumn]
     event_ts_ns: np.ndarray
     key_ttl_seconds: int = 0
+
+    @classmethod
+    def from_rows(
+        cls,
+        view_name: str,
+        keys: list[bytes],
+        feature_names: list[str],
+        rows: list[list[bytes]],
+        event_ts_ns: np.ndarray,
+        key_ttl_seconds: int = 0,
+    ) -> OnlineBatch:
+        """A batch of ``N`` rows of ``F`` values each."""
+        if any(len(row) != len(feature_names) for row in rows):
+            raise ValueError(f"{view_name}: every row needs {len(feature_names)} values")
+        return cls(
+            view_name,
+            ByteColumn.of(keys),
+            feature_names,
+            [ByteColumn.of([row[f] for row in rows]) for f in range(len(feature_names))],
+            event_ts_ns,
+            key_ttl_seconds,
+        )
+
+    def rows(self) -> list[list[bytes]]:
+        """``N`` rows of ``F`` values, for backends that write a row at a time."""
+        return [list(row) for row in zip(*(c.tolist() for c in self.columns), strict=True)]
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,7 @@ from solaris_feast.store.backends import (
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
+    ByteColumn,
     SolarisKeyLayouts,
     check_serialization_version,
     miss_marker_prefix,
@@ -195,6 +196,43 @@ def bulk(value: bytes) -> bytes:
 
 def _as_bytes(values: Sequence[Any]) -> list[bytes]:
     return [v if isinstance(v, bytes) else str(v).encode() for v in values]
+
+
+class _RespRows:
+    """Each row's values as consecutive RESP bulk strings, so a chunk of rows is one slice.
+
+    Columns that all have one width per column (:class:`ByteColumn` matrices: Int64 keys,
+    vectors, a round's version and time) are packed with numpy, a few copies for the whole batch;
+    any other column makes the rows Python bytes, one join per row.
+    """
+
+    def __init__(self, columns: list[ByteColumn], suffix: bytes = b"") -> None:
+        self._matrix: np.ndarray | None = None
+        self._rows: list[bytes] = []
+        matrices = [c.matrix for c in columns]
+        if all(m is not None for m in matrices):
+            n = len(columns[0])
+            parts: list[np.ndarray] = []
+            for m in matrices:
+                assert m is not None
+                header = b"$%d\r\n" % (m.shape[1] + len(suffix))
+                parts += [_repeated(header, n), m, _repeated(suffix + b"\r\n", n)]
+            self._matrix = np.concatenate(parts, axis=1)
+        else:
+            lists = [c.tolist() for c in columns]
+            self._rows = [
+                b"".join(bulk(v + suffix) for v in row) for row in zip(*lists, strict=True)
+            ]
+
+    def chunk(self, start: int, stop: int) -> bytes:
+        if self._matrix is not None:
+            return self._matrix[start:stop].tobytes()
+        return b"".join(self._rows[start:stop])
+
+
+def _repeated(value: bytes, n: int) -> np.ndarray:
+    """``(n, len(value))`` uint8, ``value`` on every row (a view, for concatenation)."""
+    return np.broadcast_to(np.frombuffer(value, dtype=np.uint8), (n, len(value)))
 
 
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
@@ -498,18 +536,16 @@ class RedisBackend(SolarisKeyLayouts):
         return [timestamp_field(batch.view_name), len(fields), batch.key_ttl_seconds, *fields]
 
     @staticmethod
-    def _timestamps(ts_ns: np.ndarray) -> list[bytes]:
+    def _timestamps(ts_ns: np.ndarray) -> ByteColumn:
+        """Feast's ``_ts`` value (a protobuf ``Timestamp``) of each row."""
         from google.protobuf.timestamp_pb2 import Timestamp
 
-        cache: dict[int, bytes] = {}
-        out = []
-        for nanos in ts_ns.tolist():
-            if nanos not in cache:
-                cache[nanos] = Timestamp(
-                    seconds=nanos // NANOS_PER_SECOND, nanos=nanos % NANOS_PER_SECOND
-                ).SerializeToString()
-            out.append(cache[nanos])
-        return out
+        def encode(nanos: int) -> bytes:
+            return Timestamp(
+                seconds=nanos // NANOS_PER_SECOND, nanos=nanos % NANOS_PER_SECOND
+            ).SerializeToString()
+
+        return ByteColumn.encoded(np.asarray(ts_ns, dtype=np.int64), encode)
 
     def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
         import redis
@@ -521,24 +557,33 @@ class RedisBackend(SolarisKeyLayouts):
         # with the script text: a Redis restarted between a SCRIPT LOAD and the EXEC cannot
         # answer NOSCRIPT for some commands of a transaction and run the others.
         head = self._write_head(batch)
-        keys = batch.keys
+        n = len(batch.keys)
         timestamps = self._timestamps(batch.event_ts_ns)
+        if self.packed:
+            keys = _RespRows([batch.keys], suffix=self._project_bytes)
+            # Per row, the script's ARGV after the head: the timestamp, then the F values.
+            rows = _RespRows([timestamps, *batch.columns])
+        else:
+            key_list, value_rows = batch.keys.tolist(), batch.rows()
+            ts_list = timestamps.tolist()
         applied = 0
-        for lo in range(0, len(keys), atomic_rows):
-            hi = min(lo + atomic_rows, len(keys))
+        for lo in range(0, n, atomic_rows):
+            hi = min(lo + atomic_rows, n)
             try:
                 if self.packed:
-                    answers = self._packed_transaction(batch, head, timestamps, lo, hi, chunk_rows)
+                    answers = self._packed_transaction(
+                        batch.view_name, head, keys, rows, len(batch.columns), lo, hi, chunk_rows
+                    )
                 else:
                     answers = self._pipeline_transaction(
-                        batch, head, timestamps, lo, hi, chunk_rows
+                        batch.view_name, head, key_list, value_rows, ts_list, lo, hi, chunk_rows
                     )
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if not is_retryable(exc):
                     raise  # a wrong password or missing permission: final, as it is
                 raise RetryableStoreError(
                     f"{batch.view_name}: Redis failed while writing rows {lo}-{hi - 1} of "
-                    f"{len(keys)} ({exc!r}); rows before {lo} are stored, none of rows "
+                    f"{n} ({exc!r}); rows before {lo} are stored, none of rows "
                     f"{lo}-{hi - 1}; write the batch again (rewrites are idempotent)"
                 ) from exc
             applied += sum(int(r) for r in answers)
@@ -546,52 +591,55 @@ class RedisBackend(SolarisKeyLayouts):
 
     def _packed_transaction(
         self,
-        batch: OnlineBatch,
+        view_name: str,
         head: list[Any],
-        timestamps: list[bytes],
+        keys: _RespRows,
+        rows: _RespRows,
+        features: int,
         lo: int,
         hi: int,
         chunk_rows: int,
     ) -> list[Any]:
         import redis
 
-        project = self._project_bytes
         head_resp = b"".join(bulk(part) for part in _as_bytes(head))
-        nf = len(batch.feature_names)
         commands = [_MULTI]
         for start in range(lo, hi, chunk_rows):
             stop = min(start + chunk_rows, hi)
-            rows = stop - start
-            parts = [
-                b"*%d\r\n" % (3 + rows + len(head) + rows * (1 + nf)),
-                _EVAL_SCRIPT,
-                bulk(b"%d" % rows),
-            ]
-            parts.extend(bulk(k + project) for k in batch.keys[start:stop])
-            parts.append(head_resp)
-            for i in range(start, stop):
-                parts.append(bulk(timestamps[i]))
-                parts.extend(bulk(value) for value in batch.values[i])
-            commands.append(b"".join(parts))
+            count = stop - start
+            commands.append(
+                b"".join(
+                    [
+                        b"*%d\r\n" % (3 + count + len(head) + count * (1 + features)),
+                        _EVAL_SCRIPT,
+                        bulk(b"%d" % count),
+                        keys.chunk(start, stop),
+                        head_resp,
+                        rows.chunk(start, stop),
+                    ]
+                )
+            )
         commands.append(_EXEC)
         # +OK for MULTI, QUEUED per command (a refused command raises here, and Redis then
         # aborts the EXEC), then EXEC's list of script results.
         answers = packed_round_trip(self.client, b"".join(commands), len(commands))[-1]
         if not isinstance(answers, list):
             raise redis.ResponseError(
-                f"{batch.view_name}: the transaction was not executed ({answers!r})"
+                f"{view_name}: the transaction was not executed ({answers!r})"
             )
         for answer in answers:
             if isinstance(answer, Exception):
                 # As redis-py's pipeline does: a script that fails at run time (out of memory,
                 # a key of another type) fails the write; Redis has run the others.
-                raise redis.ResponseError(f"{batch.view_name}: a write script failed: {answer}")
+                raise redis.ResponseError(f"{view_name}: a write script failed: {answer}")
         return answers
 
     def _pipeline_transaction(
         self,
-        batch: OnlineBatch,
+        view_name: str,
         head: list[Any],
+        keys: list[bytes],
+        values: list[list[bytes]],
         timestamps: list[bytes],
         lo: int,
         hi: int,
@@ -604,15 +652,15 @@ class RedisBackend(SolarisKeyLayouts):
         pipe = self.client.pipeline(transaction=True)
         for start in range(lo, hi, chunk_rows):
             stop = min(start + chunk_rows, hi)
-            args: list[Any] = [k + project for k in batch.keys[start:stop]] + head
+            args: list[Any] = [k + project for k in keys[start:stop]] + head
             for i in range(start, stop):
                 args.append(timestamps[i])
-                args.extend(batch.values[i])
+                args.extend(values[i])
             pipe.execute_command("EVAL", WRITE_SCRIPT, stop - start, *args)
         try:
             return list(pipe.execute(raise_on_error=True))
         except redis.ResponseError as exc:
-            raise redis.ResponseError(f"{batch.view_name}: a write script failed: {exc}") from exc
+            raise redis.ResponseError(f"{view_name}: a write script failed: {exc}") from exc
 
     # -- miss queue ---------------------------------------------------------------------------
 

@@ -211,10 +211,11 @@ class RedisClusterBackend(ReadsOneRequestAtATime, RedisBackend):
 
         head = self._write_head(batch)
         project = self._project_bytes
-        timestamps = self._timestamps(batch.event_ts_ns)
+        timestamps = self._timestamps(batch.event_ts_ns).tolist()
+        keys, values = batch.keys.tolist(), batch.rows()
         by_node: dict[str, tuple[Any, list[int]]] = {}
         try:
-            for i, key in enumerate(batch.keys):
+            for i, key in enumerate(keys):
                 node = self._primary_of(key + project)
                 by_node.setdefault(node.name, (node, []))[1].append(i)
         except redis.RedisError:
@@ -224,9 +225,10 @@ class RedisClusterBackend(ReadsOneRequestAtATime, RedisBackend):
         for node, rows in by_node.values():
             commands: list[tuple[Any, ...]] = [("SCRIPT", "LOAD", WRITE_SCRIPT)]
             for i in rows:
-                key, values = batch.keys[i] + project, batch.values[i]
-                commands.append(("EVALSHA", _WRITE_SHA, 1, key, *head, timestamps[i], *values))
-            where = f"{batch.view_name}: {len(rows)} of {len(batch.keys)} rows on {node.name}"
+                commands.append(
+                    ("EVALSHA", _WRITE_SHA, 1, keys[i] + project, *head, timestamps[i], *values[i])
+                )
+            where = f"{batch.view_name}: {len(rows)} of {len(keys)} rows on {node.name}"
             try:
                 answers, replicas, acked = self._write_on(node, commands)
             except (redis.ConnectionError, redis.TimeoutError) as exc:

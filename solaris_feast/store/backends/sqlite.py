@@ -260,7 +260,7 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
         names = batch.feature_names
         params = []
         for key, row, nanos in zip(
-            batch.keys, batch.values, batch.event_ts_ns.tolist(), strict=True
+            batch.keys.tolist(), batch.rows(), batch.event_ts_ns.tolist(), strict=True
         ):
             seconds = int(nanos) // NANOS_PER_SECOND
             for name, raw in zip(names, row, strict=True):
