@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from solaris_feast.precompute import similarity
 from solaris_feast.precompute.aggregate import PairEmbeddings
 from solaris_feast.precompute.compute import CollectingSink
 from solaris_feast.precompute.similarity import (
@@ -104,10 +105,15 @@ def _check_against_reference(rows: pd.DataFrame, expected: Expected) -> None:
         assert row.mean_distance == pytest.approx(mean_d, rel=TOL, abs=TOL)
 
 
+@pytest.mark.parametrize("lookup", ["dense", "hash"])
 @pytest.mark.parametrize(("mode", "k"), [("weighted", 3), ("weighted", 1), ("nearest", 5)])
 def test_exact_index_fill_equals_brute_force_reference(
-    mode: Literal["weighted", "nearest"], k: int
+    mode: Literal["weighted", "nearest"], k: int, lookup: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Both ways of finding a neighbour's z (a dense users x items table for small rounds, a
+    hash of pair keys for big ones) give the reference's rows."""
+    if lookup == "hash":
+        monkeypatch.setattr(similarity, "DENSE_LOOKUP_CELLS", 0)
     user_ids, user_vecs, exact, targets = _world(0)
     cfg = SimilarityConfig(
         neighbours=k,

@@ -293,15 +293,13 @@ def similarity_fill(
     k_search = min(cfg.search_neighbours, max(len(index.user_ids) - 1, 1))
     started = time.perf_counter()
     neighbour_rows, distance = index.search_rows(np.searchsorted(index_code, query_users), k_search)
-    neighbour = np.where(neighbour_rows >= 0, index_code[np.maximum(neighbour_rows, 0)], -1)
     searched = time.perf_counter() - started
     started = time.perf_counter()
 
     k = 1 if cfg.mode == "nearest" else cfg.neighbours
-    # Only holders of a target item can match: a smaller hash table stays in cache. A hash
-    # lookup (pandas Index) is several times faster than searchsorted for millions of keys.
+    # Only holders of a target item can match: a smaller table stays in cache.
     exact_rows = np.flatnonzero(np.isin(codes.item_codes(fresh_item), np.unique(target_item)))
-    exact_lookup = pd.Index(exact_key[exact_rows])
+    holders_of = _HolderLookup(index_code, target_item, exact_key[exact_rows])
     # Per target, the (neighbour column, exact row) of its holders, nearest first. Neighbours
     # are scanned in doubling column blocks and a target leaves the scan once it has k holders:
     # popular items find them among the first few dozen users, so most lookups are skipped.
@@ -315,9 +313,8 @@ def similarity_fill(
         hi_col = min(lo_col + width, k_search)
         for lo in range(0, len(open_targets), max(1, _LOOKUPS_PER_CHUNK // (hi_col - lo_col))):
             rows_t = open_targets[lo : lo + _LOOKUPS_PER_CHUNK // (hi_col - lo_col)]
-            nb = neighbour[query_row[rows_t], lo_col:hi_col]  # (T, W) neighbour codes
-            lookup = np.where(nb >= 0, pair_keys(np.maximum(nb, 0), target_item[rows_t, None]), -1)
-            found = exact_lookup.get_indexer(lookup.ravel()).reshape(lookup.shape)
+            # (T, W) position in exact_rows of each neighbour's z for the target's item, or -1.
+            found = holders_of.find(neighbour_rows[query_row[rows_t], lo_col:hi_col], rows_t)
             r, c = np.nonzero(found >= 0)  # row-major: by target, then nearest first
             found_target.append(rows_t[r])
             found_col.append(c + lo_col)
@@ -374,6 +371,49 @@ def similarity_fill(
             COMPUTED_AT: now_ts,
         }
     )
+
+
+DENSE_LOOKUP_CELLS = 1 << 24
+"""Largest (indexed users x target items) table the fill looks holders up in directly (64 MiB
+of int32); a bigger one is a hash lookup of pair keys."""
+
+
+class _HolderLookup:
+    """Which neighbours hold an exact ``z`` for a target's item: ``find`` maps ``(T, W)``
+    neighbour rows of the index and the targets' positions to positions in ``holder_keys``.
+
+    Up to :data:`DENSE_LOOKUP_CELLS` cells, a dense ``(users, target items)`` table indexed
+    directly (the demo round: 800 x 201); above, a hash lookup (pandas Index) of pair keys, which
+    is several times faster than searchsorted for millions of keys. Both answer the same.
+    """
+
+    def __init__(self, index_code: np.ndarray, target_item: np.ndarray, holder_keys: np.ndarray):
+        self._index_code = index_code
+        self._target_item = target_item
+        items = np.unique(target_item)
+        self._table: np.ndarray | None = None
+        if len(index_code) * max(len(items), 1) <= DENSE_LOOKUP_CELLS:
+            user, item = split_pair_keys(holder_keys)
+            row = np.searchsorted(index_code, user)
+            indexed = _contains(index_code, user)  # a holder outside the index is no neighbour
+            self._table = np.full((len(index_code), len(items)), -1, dtype=np.int32)
+            self._table[row[indexed], np.searchsorted(items, item[indexed])] = np.flatnonzero(
+                indexed
+            )
+            self._item_column = np.searchsorted(items, target_item)
+        else:
+            self._keys = pd.Index(holder_keys)
+
+    def find(self, neighbour_rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
+        """``(T, W)`` holder position (or -1) of each neighbour row (-1: none) of each target."""
+        present = neighbour_rows >= 0
+        rows = np.maximum(neighbour_rows, 0)
+        if self._table is not None:
+            found = self._table[rows, self._item_column[targets, None]]
+            return np.where(present, found, -1)
+        keys = pair_keys(self._index_code[rows], self._target_item[targets, None])
+        found = self._keys.get_indexer(np.where(present, keys, -1).ravel())
+        return found.reshape(keys.shape)
 
 
 FILL_WRITE_PARTS = 4
