@@ -254,5 +254,14 @@ def rank_within_runs(sorted_values: np.ndarray) -> np.ndarray:
     n = len(values)
     if n == 0:
         return np.zeros(0, dtype=np.int64)
-    starts = np.flatnonzero(np.r_[True, values[1:] != values[:-1]])
+    starts = run_starts(values)
     return np.arange(n, dtype=np.int64) - np.repeat(starts, np.diff(np.r_[starts, n]))
+
+
+def run_starts(sorted_values: np.ndarray) -> np.ndarray:
+    """``(R,)`` int64: where each run of equal values starts in grouped ``sorted_values``; the
+    ``starts`` of ``np.ufunc.reduceat`` over the runs (empty for an empty input)."""
+    values = np.asarray(sorted_values)
+    if len(values) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.r_[True, values[1:] != values[:-1]])

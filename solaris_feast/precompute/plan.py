@@ -48,6 +48,7 @@ from solaris_feast.keys import (
     checked_id_column,
     id_array,
     rank_within_runs,
+    run_starts,
     split_pair_keys,
     stable_id_hash,
 )
@@ -187,15 +188,14 @@ def plan_precompute(
     # This round's dense codes: sparse int64 and string ids pack in one int64 key.
     codes = PairCodes.for_round([user], [item])
     key = codes.keys(user, item)
-    frame = pd.DataFrame({"key": key, "score": score, "miss": is_miss, "miss_score": score})
-    frame.loc[~frame["miss"], "miss_score"] = -np.inf
-    grouped = frame.groupby("key", sort=True).agg(
-        score=("score", "max"), miss=("miss", "max"), miss_score=("miss_score", "max")
-    )
-    key = grouped.index.to_numpy(dtype=np.int64)
-    score = grouped["score"].to_numpy(dtype=np.float64)
-    queued = grouped["miss"].to_numpy(dtype=bool)
-    miss_priority = queued & (grouped["miss_score"].to_numpy() >= min_miss_score)
+    # Sorted by key and reduced per run of one key (a pandas groupby was 40% of the plan).
+    by_key = np.argsort(key, kind="stable")
+    starts = run_starts(key[by_key])
+    key = key[by_key][starts]
+    miss_score = np.where(is_miss, score, -np.inf)[by_key]
+    score = _run_max(score[by_key], starts)
+    queued = _run_max(is_miss[by_key], starts)
+    miss_priority = queued & (_run_max(miss_score, starts) >= min_miss_score)
     misses_below = int((queued & ~miss_priority).sum())
 
     stored, remaining_s = _remaining_seconds(
@@ -513,6 +513,13 @@ def read_plan(directory: str | Path, uncovered_rows: int | None = None) -> Plan:
         stats=PlanStats(**meta["stats"]),
         planned_at=pd.Timestamp(meta["planned_at"]),
     )
+
+
+def _run_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """The largest of ``values`` in each run that begins at ``starts`` (bools: any)."""
+    if len(starts) == 0:
+        return values[:0]
+    return np.maximum.reduceat(values, starts)
 
 
 def _scored_pairs(table: str, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

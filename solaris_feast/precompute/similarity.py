@@ -40,6 +40,7 @@ from solaris_feast.keys import (
     id_array,
     pair_keys,
     rank_within_runs,
+    run_starts,
     split_pair_keys,
 )
 from solaris_feast.precompute.aggregate import EMBEDDING, PairEmbeddings
@@ -338,7 +339,7 @@ def similarity_fill(
         if len(t):
             dist = distance[query_row[t], c].astype(np.float64)
             weight = 1.0 / (dist + cfg.distance_epsilon) if k > 1 else np.ones_like(dist)
-            starts = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+            starts = run_starts(t)
             filled = t[starts]
             # float32 sums of at most k terms lose nothing that matters; float64 would double
             # the memory traffic of the biggest array here.
