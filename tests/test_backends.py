@@ -7,6 +7,7 @@ used with this test's own Feast project (its keys are deleted by the ``feast_pro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sqlite3
@@ -590,6 +591,28 @@ def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
             assert third == client.hgetall(layout.key(4, item) + feast_project.encode())
             # Items 1 and 2 got a longer version than the first batch's; item 3 the same one.
             assert (third == first) == (item == 3)
+
+        # Newest wins row by row inside one script call: the older middle row is skipped and
+        # the row after it still gets its own values.
+        def stored_hashes(user: int) -> list[dict[bytes, bytes]]:
+            return [client.hgetall(layout.key(user, i) + feast_project.encode()) for i in (1, 2, 3)]
+
+        for user, backend in ((5, packed), (6, plain)):
+            assert backend.write_batch(batch(user, [1, 2, 3], now_ns), chunk_rows=8, atomic_rows=8)
+            before = [
+                client.hgetall(layout.key(user, i) + feast_project.encode()) for i in (1, 2, 3)
+            ]
+            mixed = dataclasses.replace(
+                batch(user, [1, 2, 3], now_ns, 3),
+                event_ts_ns=np.array([now_ns + 10, now_ns - 10, now_ns + 10], dtype=np.int64),
+            )
+            assert backend.write_batch(mixed, chunk_rows=8, atomic_rows=8) == 2
+            after = [
+                client.hgetall(layout.key(user, i) + feast_project.encode()) for i in (1, 2, 3)
+            ]
+            assert [a == b for a, b in zip(after, before, strict=True)] == [False, True, False]
+            assert after[0][b"_ts:solaris_pair"] == after[2][b"_ts:solaris_pair"]
+        assert stored_hashes(5) == stored_hashes(6)
         views = {Tier.EXACT: "solaris_pair", Tier.SIMILAR: "solaris_similar"}
         views[Tier.USER_AGG] = "solaris_user"
         items = np.array([3, 1, 99])
