@@ -1259,12 +1259,43 @@ def _meta(**extra: Any) -> dict[str, Any]:
     }
 
 
+SUMMARY_LINES = 24
+"""Figures a bench command prints when it writes its JSON to a file; the file has them all."""
+
+
 def _emit(results: dict[str, Any], json_path: Path | None) -> None:
+    """The results as JSON on stdout, for a pipe; with ``--json PATH``, written there instead,
+    and the console gets the figures (numbers up to two levels down, ``meta`` left out) and the
+    path: a person at a terminal reads a summary, not 250 lines of JSON."""
     text = json.dumps(results, indent=2, sort_keys=True)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(text + "\n")
-    typer.echo(text)
+    if json_path is None:
+        typer.echo(text)
+        return
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(text + "\n")
+    figures = list(_figures(results))
+    for name, value in figures[:SUMMARY_LINES]:
+        typer.echo(f"{name}: {value:g}" if isinstance(value, float) else f"{name}: {value}")
+    if len(figures) > SUMMARY_LINES:
+        typer.echo(f"({len(figures) - SUMMARY_LINES} more figures in the file)")
+    typer.echo(f"wrote {json_path}")
+
+
+def _figures(
+    results: dict[str, Any], prefix: str = "", depth: int = 2
+) -> Iterator[tuple[str, Any]]:
+    """Numeric leaves of ``results`` (top level first), dotted names, ``meta`` left out."""
+    nested = []
+    for key in sorted(results):
+        value = results[key]
+        if key == "meta":
+            continue
+        if isinstance(value, bool | int | float):
+            yield f"{prefix}{key}", value
+        elif isinstance(value, dict) and depth > 1:
+            nested.append((key, value))
+    for key, value in nested:
+        yield from _figures(value, f"{prefix}{key}.", depth - 1)
 
 
 @bench_app.command("serve")

@@ -335,6 +335,9 @@ def test_bench_memory_reports_bytes_per_pair_for_every_codec(
         env={"REDIS_URL": redis_url},
     )
     assert result.exit_code == 0, result.output
+    # The console gets the figures and the path; the JSON goes to the file only.
+    assert f"wrote {out}" in result.output and "bytes_per_pair.int8: " in result.output
+    assert '"bytes_per_pair"' not in result.output
     report = json.loads(out.read_text())
     sizes = report["bytes_per_pair"]
     assert set(sizes) == {"float32", "float16", "int8"}
