@@ -388,7 +388,9 @@ class _HolderLookup:
     is several times faster than searchsorted for millions of keys. Both answer the same.
     """
 
-    def __init__(self, index_code: np.ndarray, target_item: np.ndarray, holder_keys: np.ndarray):
+    def __init__(
+        self, index_code: np.ndarray, target_item: np.ndarray, holder_keys: np.ndarray
+    ) -> None:
         self._index_code = index_code
         self._target_item = target_item
         items = np.unique(target_item)

@@ -16,6 +16,9 @@ calls these.
   (2D bytes), ``int8`` a little-endian float32 scale then D int8 (4 + D bytes; the vector is
   ``q * scale``). The codec of a view is its ``solaris.embedding_codec`` tag; every reader
   decodes quantized bytes with :func:`dequantize_payloads` (the resolved view carries its text).
+- Written values travel as :class:`ByteColumn` s: one ``(N, width)`` matrix per column where the
+  values share a width, so the Redis writer packs a batch with numpy (Int64 keys by
+  :meth:`EntityKeyLayout.key_column`, vectors by the codecs, floats by :func:`float_value_column`).
 - Model versions: the online store keeps an 8-character tag of the embedding version beside
   every value (:func:`stored_model_version`), the offline log the version in full; a reader
   accepts either (:func:`version_matches`; the resolved view carries its text).

@@ -210,12 +210,11 @@ class _RespRows:
     def __init__(self, columns: list[ByteColumn], suffix: bytes = b"") -> None:
         self._matrix: np.ndarray | None = None
         self._rows: list[bytes] = []
-        matrices = [c.matrix for c in columns]
-        if all(m is not None for m in matrices):
+        matrices = [c.matrix for c in columns if c.matrix is not None]
+        if len(matrices) == len(columns):
             n = len(columns[0])
             parts: list[np.ndarray] = []
             for m in matrices:
-                assert m is not None
                 header = b"$%d\r\n" % (m.shape[1] + len(suffix))
                 parts += [_repeated(header, n), m, _repeated(suffix + b"\r\n", n)]
             self._matrix = np.concatenate(parts, axis=1)
