@@ -27,7 +27,9 @@ def main() -> None:
     parser.add_argument("--size", default="demo")
     parser.add_argument("--candidates", type=int, default=200)
     parser.add_argument("--budget", type=float, default=0.1)
-    parser.add_argument("--batch-size", type=int, default=4096)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="pairs per batch (default: the DAG's)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", default=None, help="load trained models from this folder")
     parser.add_argument(
