@@ -151,6 +151,21 @@ def test_frame_without_embedding_column_is_refused() -> None:
     assert err.value.column == "embedding"
 
 
+def test_vectors_of_different_lengths_in_a_frame_are_refused_by_name() -> None:
+    frame = pd.DataFrame(
+        {
+            "user_id": [1, 2],
+            "item_id": [1, 1],
+            "embedding": [np.zeros(4), np.zeros(3)],
+            "model_version": "v1",
+            "computed_at": NOW,
+        }
+    )
+    with pytest.raises(SchemaError, match="one length") as err:
+        PairEmbeddings.from_frame(frame)
+    assert err.value.column == "embedding"
+
+
 def test_mismatched_lengths_are_refused() -> None:
     with pytest.raises(ValueError, match="item_ids"):
         PairEmbeddings(
