@@ -340,9 +340,9 @@ def main() -> None:
         default=50.0,
         help="fetches/s each client sends (paced); 0 = as fast as it can (saturation)",
     )
-    # 4096: the precompute's FM batch (solaris_feast.precompute.compute.DEFAULT_BATCH_SIZE),
-    # written as
-    # one EmbeddingWriter.write call; kept literal so the soak needs no precompute import.
+    # 4096 rows per EmbeddingWriter.write call: four of the precompute's batches
+    # (precompute.batch_size, 1,024) at once, a heavier writer than a round's (the published soak
+    # ran with it); kept literal so the soak needs no precompute import.
     parser.add_argument("--write-batch", type=int, default=4096, help="rows per writer batch")
     parser.add_argument("--write-pause-s", type=float, default=0.05, help="pause between batches")
     parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
