@@ -190,8 +190,9 @@ def plan_precompute(
     key = codes.keys(user, item)
     # Sorted by key and reduced per run of one key (a pandas groupby was 40% of the plan).
     by_key = np.argsort(key, kind="stable")
-    starts = run_starts(key[by_key])
-    key = key[by_key][starts]
+    key = key[by_key]
+    starts = run_starts(key)
+    key = key[starts]
     miss_score = np.where(is_miss, score, -np.inf)[by_key]
     score = _run_max(score[by_key], starts)
     queued = _run_max(is_miss[by_key], starts)

@@ -88,8 +88,8 @@ class ByteColumn:
         import numpy as np
 
         width = len(values[0]) if values else 0
-        joined = b"".join(values)
-        if values and len(joined) == width * len(values) and all(len(v) == width for v in values):
+        if values and all(len(v) == width for v in values):
+            joined = b"".join(values)
             return cls(matrix=np.frombuffer(joined, dtype=np.uint8).reshape(len(values), width))
         return cls(items=list(values))
 

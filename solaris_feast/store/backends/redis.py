@@ -208,6 +208,8 @@ class _RespRows:
     """
 
     def __init__(self, columns: list[ByteColumn], suffix: bytes = b"") -> None:
+        self.width = len(columns)
+        """Bulk strings a row."""
         self._matrix: np.ndarray | None = None
         self._rows: list[bytes] = []
         matrices = [c.matrix for c in columns if c.matrix is not None]
@@ -560,6 +562,7 @@ class RedisBackend(SolarisKeyLayouts):
         n = len(batch.keys)
         timestamps = self._timestamps(batch.event_ts_ns)
         if self.packed:
+            head_resp = b"".join(bulk(part) for part in _as_bytes(head))
             keys = _RespRows([batch.keys], suffix=self._project_bytes)
             # Per row, the script's ARGV after the head: the timestamp, then the F values.
             rows = _RespRows([timestamps, *batch.columns])
@@ -572,7 +575,7 @@ class RedisBackend(SolarisKeyLayouts):
             try:
                 if self.packed:
                     answers = self._packed_transaction(
-                        batch.view_name, head, keys, rows, len(batch.columns), lo, hi, chunk_rows
+                        batch.view_name, head_resp, len(head), keys, rows, lo, hi, chunk_rows
                     )
                 else:
                     answers = self._pipeline_transaction(
@@ -592,17 +595,19 @@ class RedisBackend(SolarisKeyLayouts):
     def _packed_transaction(
         self,
         view_name: str,
-        head: list[Any],
+        head_resp: bytes,
+        head_args: int,
         keys: _RespRows,
         rows: _RespRows,
-        features: int,
         lo: int,
         hi: int,
         chunk_rows: int,
     ) -> list[Any]:
+        """One MULTI/EXEC of rows ``lo..hi``: per chunk an EVAL whose ARGV is the head (packed
+        once per batch as ``head_resp``, ``head_args`` arguments), then each row's timestamp and
+        values (``rows.width`` arguments a row)."""
         import redis
 
-        head_resp = b"".join(bulk(part) for part in _as_bytes(head))
         commands = [_MULTI]
         for start in range(lo, hi, chunk_rows):
             stop = min(start + chunk_rows, hi)
@@ -610,7 +615,7 @@ class RedisBackend(SolarisKeyLayouts):
             commands.append(
                 b"".join(
                     [
-                        b"*%d\r\n" % (3 + count + len(head) + count * (1 + features)),
+                        b"*%d\r\n" % (3 + count + head_args + count * rows.width),
                         _EVAL_SCRIPT,
                         bulk(b"%d" % count),
                         keys.chunk(start, stop),
