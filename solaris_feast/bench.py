@@ -62,6 +62,7 @@ from solaris_feast.columns import (
     USER_ID,
 )
 from solaris_feast.pipeline.runs import round_collections
+from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -1102,7 +1103,7 @@ def run_reuse_benchmark(
     users: int = 40,
     items_per_user: int = 50,
     fm_layers: int = 2,
-    batch_size: int = 1024,
+    batch_size: int = DEFAULT_ATOMIC_ROWS,
     rounds: int = 5,
     threads: int = 1,
 ) -> dict[str, Any]:

@@ -33,7 +33,8 @@ from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.serving.retriever import SolarisRetriever
 from solaris_feast.store.config import open_store
 from solaris_feast.store.definitions import solaris_definitions
-from solaris_feast.store.write import DEFAULT_ATOMIC_ROWS, EmbeddingWriter
+from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
+from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
 DEADLINE_MS = 50.0

@@ -33,7 +33,7 @@ from solaris_feast.data.schema import ITEM_ID, USER_ID
 from solaris_feast.keys import id_array
 from solaris_feast.precompute.aggregate import EMBEDDING
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, Plan
-from solaris_feast.store.write import DEFAULT_ATOMIC_ROWS
+from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
 
 if TYPE_CHECKING:
     from solaris_feast.data.schema import InteractionDataset

@@ -47,6 +47,11 @@ EMBEDDING_CODECS: tuple[str, ...] = get_args(EmbeddingCodecName)
 DEFAULT_EMBEDDING_CODEC: EmbeddingCodecName = "float32"
 INT8_SCALE_BYTES = 4
 
+DEFAULT_ATOMIC_ROWS = 1024
+"""Rows per Redis transaction: a write of up to this many rows is all-or-nothing online. Here, not
+in ``store.write``, because the precompute settings (imported while a scheduler parses DAGs)
+take their default batch size from it."""
+
 
 _VALUE_TYPE_INT64 = 4
 _VALUE_TYPE_STRING = 2

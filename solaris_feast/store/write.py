@@ -55,6 +55,7 @@ from solaris_feast.serving.resolve import repo_clock_skew
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.ids import join_key_types
 from solaris_feast.store.layout import (
+    DEFAULT_ATOMIC_ROWS,
     ByteColumn,
     EntityKeyLayout,
     embedding_codec,
@@ -69,8 +70,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_ROWS = 256
-DEFAULT_ATOMIC_ROWS = 1024
-"""Rows per Redis transaction: a batch up to this size is all-or-nothing online."""
 WRITE_TIMEOUT_SECONDS = 30.0
 NANOS_PER_SECOND = 1_000_000_000
 NANOS_PER_DAY = 86_400 * NANOS_PER_SECOND
