@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from solaris_feast.columns import EMBEDDING, PAIR_COUNT
 from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
-from solaris_feast.keys import dense_pair_keys, id_array
+from solaris_feast.keys import dense_pair_keys, id_array, run_starts
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
 from solaris_feast.serving.resolve import usable_rows
 from solaris_feast.store.layout import version_matches
@@ -138,7 +138,7 @@ class PairEmbeddings:
             # int64 sort is several times faster than a lexsort.
             by_pair = np.argsort(pair_key, kind="stable")
             rows, pair_key = rows[by_pair], pair_key[by_pair]
-            starts = np.flatnonzero(np.r_[True, pair_key[1:] != pair_key[:-1]])
+            starts = run_starts(pair_key)
             run = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(rows)]))
             at = self.computed_at_s[rows]
             newest = np.flatnonzero(at == np.maximum.reduceat(at, starts)[run])
@@ -193,7 +193,7 @@ def aggregate_user_embeddings(
         return _empty_user_rows()
     # usable() sorted by user, so each user's rows are one contiguous run.
     user = window.user_ids
-    starts = np.flatnonzero(np.r_[True, user[1:] != user[:-1]])
+    starts = run_starts(user)
     counts = np.diff(np.r_[starts, len(user)])
     if cfg.weighting == "recency":
         weight = np.power(0.5, (now_s - window.computed_at_s) / cfg.half_life_seconds)

@@ -64,6 +64,7 @@ from solaris_feast.evaluation.replay_config import (
     SimulationConfig,
 )
 from solaris_feast.evaluation.replay_state import PlannerState
+from solaris_feast.keys import rank_within_runs
 from solaris_feast.precompute.candidates import (
     CANDIDATE_SCORE,
     CandidateConfig,
@@ -505,10 +506,7 @@ def _retrieve(
 def _top_per_user(users: np.ndarray, score: np.ndarray, k: int) -> np.ndarray:
     """Row indices of the ``k`` best scores of each user (rows grouped by user), best first."""
     order = np.lexsort((-score, users))
-    grouped = users[order]
-    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
-    place = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
-    return order[place < k]
+    return order[rank_within_runs(users[order]) < k]
 
 
 def _simulate_hour(
