@@ -1,8 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-from collections.abc import Callable
+from collections.abc import Iterable
 from typing import Literal
 
 import numpy as np
@@ -18,6 +17,7 @@ from solaris_feast.precompute.similarity import (
     build_user_index,
     fill_and_write,
     similarity_fill,
+    similarity_fill_parts,
 )
 
 NOW = pd.Timestamp("2026-06-01T12:00:00Z")
@@ -253,20 +253,15 @@ def test_thread_setting_applies_to_the_index_only_and_restores_the_process_count
     assert index.threads == wanted
 
 
-def _fill_of(
-    index: UserIndex, exact: PairEmbeddings, cfg: SimilarityConfig | None = None
-) -> Callable[[pd.DataFrame], pd.DataFrame]:
-    """The fill of the targets alone, as the fill task binds it."""
-    return functools.partial(
-        similarity_fill,
-        index,
-        exact=exact,
-        now=NOW,
-        model_version="v1",
-        exact_ttl_seconds=TTL,
-        config=cfg,
-        log=False,
-    )
+def _parts_of(
+    index: UserIndex,
+    exact: PairEmbeddings,
+    targets: pd.DataFrame,
+    parts: int,
+    cfg: SimilarityConfig | None = None,
+) -> Iterable[pd.DataFrame]:
+    """The fill in parts, as the fill task asks for it."""
+    return similarity_fill_parts(index, targets, exact, NOW, "v1", TTL, cfg, parts=parts)
 
 
 @pytest.mark.parametrize("parts", [1, 3, 4, 500])
@@ -282,13 +277,15 @@ def test_a_fill_written_in_parts_writes_the_rows_of_one_fill(parts: int, string_
     whole = similarity_fill(index, targets, exact, NOW, "v1", TTL, cfg)
     sink = CollectingSink()
 
-    written = fill_and_write(_fill_of(index, exact, cfg), targets, sink, parts=parts)
+    written = fill_and_write(_parts_of(index, exact, targets, parts, cfg), sink)
 
     assert len(whole) > 100
     assert written.filled == len(whole)
     assert len(sink.frames) == min(parts, len(whole["user_id"].unique()))
     assert all(len(frame) for frame in sink.frames)
     pd.testing.assert_frame_equal(sink.rows(), whole)  # same rows, values and order
+    with pytest.raises(ValueError, match="parts must be positive"):
+        _parts_of(index, exact, targets, 0, cfg)
 
 
 def test_a_failed_part_stops_the_fill_and_no_later_part_is_written() -> None:
@@ -304,5 +301,5 @@ def test_a_failed_part_stops_the_fill_and_no_later_part_is_written() -> None:
             return len(frame)
 
     with pytest.raises(ConnectionError, match="went away"):
-        fill_and_write(_fill_of(index, exact), targets, FailsOnSecond(), parts=4)
+        fill_and_write(_parts_of(index, exact, targets, 4), FailsOnSecond())
     assert len(stored) == 1

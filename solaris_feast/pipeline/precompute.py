@@ -999,18 +999,17 @@ def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.D
 def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     """Fill over-budget and missed pairs from the nearest users' exact vectors (faiss KNN over
     the user aggregates) and write them to the similar view."""
-    import functools
-
     import numpy as np
     import pandas as pd
 
     from solaris_feast.keys import id_array
     from solaris_feast.precompute.aggregate import PairEmbeddings
     from solaris_feast.precompute.similarity import (
+        FILL_WRITE_PARTS,
         SimilarityConfig,
         build_user_index,
         fill_and_write,
-        similarity_fill,
+        similarity_fill_parts,
     )
     from solaris_feast.serving.resolve import fresh_window
     from solaris_feast.store.write import EmbeddingWriter
@@ -1047,17 +1046,17 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     writer = EmbeddingWriter(open_run_store(cfg), snapshot.name_of(Tier.SIMILAR))
     try:
         # In parts of users, each written while the next is computed.
-        fill = functools.partial(
-            similarity_fill,
+        parts = similarity_fill_parts(
             index,
-            exact=PairEmbeddings.from_frame(exact),
-            now=now,
-            model_version=spec.embedding_version,
-            exact_ttl_seconds=ttl,
-            config=similarity,
-            log=False,
+            targets,
+            PairEmbeddings.from_frame(exact),
+            now,
+            spec.embedding_version,
+            ttl,
+            similarity,
+            parts=FILL_WRITE_PARTS,
         )
-        written = fill_and_write(fill, targets, writer)
+        written = fill_and_write(parts, writer)
     finally:
         writer.close()
     return {

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -255,8 +255,7 @@ def similarity_fill(
         model_version: The embedding version (the compressor card's version).
         exact_ttl_seconds: Freshness of a usable exact embedding.
         config: ``neighbours`` (k), ``search_neighbours``, ``mode``.
-        log: Log the fill's one-line summary at INFO (at DEBUG when False: a caller filling in
-            parts logs its own).
+        log: Log the fill's one-line summary at INFO (at DEBUG when False).
 
     Returns:
         ``user_id``, ``item_id`` (int64, or str for String ids), ``embedding`` (float32
@@ -264,6 +263,39 @@ def similarity_fill(
         ``mean_distance`` float32 (mean L2 distance to them), ``model_version``,
         ``computed_at``; sorted by user then item.
     """
+    frames = list(
+        similarity_fill_parts(
+            index, targets, exact, now, model_version, exact_ttl_seconds, config, parts=1, log=log
+        )
+    )
+    return frames[0] if frames else _empty_similar_rows()
+
+
+def similarity_fill_parts(
+    index: UserIndex,
+    targets: pd.DataFrame,
+    exact: PairEmbeddings,
+    now: pd.Timestamp,
+    model_version: str,
+    exact_ttl_seconds: int,
+    config: SimilarityConfig | None = None,
+    *,
+    parts: int = 1,
+    log: bool = False,
+) -> _FillParts:
+    """:func:`similarity_fill` over ``parts`` ranges of the target users, in user order: the
+    rows of part ``p`` are those of the one fill for its users, and the parts together are
+    exactly the one fill's rows (a user's targets stay in one part; its neighbours and their
+    holders are the same). Each part is computed only when iterated, so a caller can write one
+    while the next is computed (:func:`fill_and_write`).
+
+    What the parts share is prepared once, here: the fresh exact rows, the round's id codes,
+    the targets left to fill and the holder lookup (before 2026-12-04 each part prepared all of
+    it again from the whole exact table). Parts with no row are skipped; ``len()`` is the
+    number of non-empty ranges of targets, an upper bound of the frames it yields.
+    """
+    if parts <= 0:
+        raise ValueError(f"parts must be positive, got {parts}")
     cfg = config or SimilarityConfig()
     now_ts = as_utc(now, "now")
     now_s = now_ts.value / 1e9
@@ -284,94 +316,161 @@ def similarity_fill(
     exact_key = codes.keys(fresh_user, fresh_item)  # sorted: usable_rows() orders by pair
     # A target served exactly needs no fill; an unindexed user has no neighbours.
     target_key = target_key[~_contains(exact_key, target_key)]
-    target_user, target_item = split_pair_keys(target_key)
+    target_user, target_item = split_pair_keys(target_key)  # sorted by user
     indexed = _contains(index_code, target_user)
     target_user, target_item = target_user[indexed], target_item[indexed]
     if len(target_user) == 0 or len(fresh_rows) == 0:
-        return _empty_similar_rows()
-
-    query_users, query_row = np.unique(target_user, return_inverse=True)
-    k_search = min(cfg.search_neighbours, max(len(index.user_ids) - 1, 1))
-    started = time.perf_counter()
-    neighbour_rows, distance = index.search_rows(np.searchsorted(index_code, query_users), k_search)
-    searched = time.perf_counter() - started
-    started = time.perf_counter()
-
-    k = 1 if cfg.mode == "nearest" else cfg.neighbours
+        return _FillParts([], lambda lo, hi: _empty_similar_rows())
     # Only holders of a target item can match: a smaller table stays in cache.
     exact_rows = np.flatnonzero(np.isin(codes.item_codes(fresh_item), np.unique(target_item)))
-    holders_of = _HolderLookup(index_code, target_item, exact_key[exact_rows])
-    # Per target, the (neighbour column, exact row) of its holders, nearest first. Neighbours
-    # are scanned in doubling column blocks and a target leaves the scan once it has k holders:
-    # popular items find them among the first few dozen users, so most lookups are skipped.
-    found_target: list[np.ndarray] = []
-    found_col: list[np.ndarray] = []
-    found_row: list[np.ndarray] = []
-    holders = np.zeros(len(target_user), dtype=np.int64)
-    open_targets = np.arange(len(target_user))
-    lo_col, width = 0, min(k_search, max(4 * k, 16))
-    while lo_col < k_search and len(open_targets):
-        hi_col = min(lo_col + width, k_search)
-        for lo in range(0, len(open_targets), max(1, _LOOKUPS_PER_CHUNK // (hi_col - lo_col))):
-            rows_t = open_targets[lo : lo + _LOOKUPS_PER_CHUNK // (hi_col - lo_col)]
-            # (T, W) position in exact_rows of each neighbour's z for the target's item, or -1.
-            found = holders_of.find(neighbour_rows[query_row[rows_t], lo_col:hi_col], rows_t)
-            r, c = np.nonzero(found >= 0)  # row-major: by target, then nearest first
-            found_target.append(rows_t[r])
-            found_col.append(c + lo_col)
-            found_row.append(fresh_rows[exact_rows[found[r, c]]])
-            holders += np.bincount(rows_t[r], minlength=len(target_user))
-        open_targets = open_targets[holders[open_targets] < k]
-        lo_col, width = hi_col, 2 * width
+    round_ = _FillRound(
+        index=index,
+        exact=exact,
+        codes=codes,
+        index_code=index_code,
+        target_user=target_user,
+        target_item=target_item,
+        holder_rows=fresh_rows[exact_rows],
+        holders_of=_HolderLookup(index_code, target_item, exact_key[exact_rows]),
+        config=cfg,
+        now=now_ts,
+        model_version=model_version,
+        log=log,
+    )
+    # Target positions where each part's users start: the targets are sorted by user.
+    users, first = np.unique(target_user, return_index=True)
+    bounds = [
+        int(first[chunk[0]]) for chunk in np.array_split(np.arange(len(users)), parts) if len(chunk)
+    ]
+    return _FillParts(list(zip(bounds, [*bounds[1:], len(target_user)], strict=True)), round_.fill)
 
-    dim = exact.dim
-    out_vectors = np.zeros((len(target_user), dim), dtype=np.float32)
-    out_count = np.zeros(len(target_user), dtype=np.int64)
-    out_distance = np.zeros(len(target_user), dtype=np.float32)
-    if found_target:
-        t = np.concatenate(found_target)
-        c = np.concatenate(found_col)
-        e = np.concatenate(found_row)
-        order = np.lexsort((c, t))
-        t, c, e = t[order], c[order], e[order]
-        keep = rank_within_runs(t) < k  # the k nearest holders of each target
-        t, c, e = t[keep], c[keep], e[keep]
-        if len(t):
-            dist = distance[query_row[t], c].astype(np.float64)
-            weight = 1.0 / (dist + cfg.distance_epsilon) if k > 1 else np.ones_like(dist)
-            starts = run_starts(t)
-            filled = t[starts]
-            # float32 sums of at most k terms lose nothing that matters; float64 would double
-            # the memory traffic of the biggest array here.
-            weighted = np.add.reduceat(
-                exact.vectors[e] * weight[:, None].astype(np.float32), starts, axis=0
-            ).astype(np.float64)
-            out_vectors[filled] = (weighted / np.add.reduceat(weight, starts)[:, None]).astype(
-                np.float32
-            )
-            out_count[filled] = np.diff(np.r_[starts, len(t)])
-            out_distance[filled] = np.add.reduceat(dist, starts) / out_count[filled]
-    done = out_count > 0
-    logger.log(
-        logging.INFO if log else logging.DEBUG,
-        "similarity fill: %d of %d pairs filled; %d users searched in %.2f s, joined in %.2f s",
-        int(done.sum()),
-        len(done),
-        len(query_users),
-        searched,
-        time.perf_counter() - started,
-    )
-    return pd.DataFrame(
-        {
-            USER_ID: codes.user_ids(target_user[done]),
-            ITEM_ID: codes.item_ids(target_item[done]),
-            EMBEDDING: list(out_vectors[done]),
-            NEIGHBOUR_COUNT: out_count[done],
-            MEAN_DISTANCE: out_distance[done],
-            MODEL_VERSION: model_version,
-            COMPUTED_AT: now_ts,
-        }
-    )
+
+@dataclass(frozen=True)
+class _FillParts:
+    """The parts of one fill: ranges of target positions, each filled when iterated."""
+
+    ranges: list[tuple[int, int]]
+    fill: Callable[[int, int], pd.DataFrame]
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __iter__(self) -> Iterator[pd.DataFrame]:
+        for lo, hi in self.ranges:
+            rows = self.fill(lo, hi)
+            if len(rows):
+                yield rows
+
+
+@dataclass(frozen=True)
+class _FillRound:
+    """What the parts of a fill share (:func:`similarity_fill_parts`); ``fill(lo, hi)`` fills
+    the targets at positions ``[lo, hi)``, whole users."""
+
+    index: UserIndex
+    exact: PairEmbeddings
+    codes: PairCodes
+    index_code: np.ndarray
+    target_user: np.ndarray
+    target_item: np.ndarray
+    holder_rows: np.ndarray
+    """Row in ``exact`` of each holder the lookup answers with."""
+    holders_of: _HolderLookup
+    config: SimilarityConfig
+    now: pd.Timestamp
+    model_version: str
+    log: bool
+
+    def fill(self, lo: int, hi: int) -> pd.DataFrame:
+        cfg = self.config
+        target_user, target_item = self.target_user[lo:hi], self.target_item[lo:hi]
+        query_users, query_row = np.unique(target_user, return_inverse=True)
+        k_search = min(cfg.search_neighbours, max(len(self.index.user_ids) - 1, 1))
+        started = time.perf_counter()
+        neighbour_rows, distance = self.index.search_rows(
+            np.searchsorted(self.index_code, query_users), k_search
+        )
+        searched = time.perf_counter() - started
+        started = time.perf_counter()
+
+        k = 1 if cfg.mode == "nearest" else cfg.neighbours
+        # Per target, the (neighbour column, exact row) of its holders, nearest first. Neighbours
+        # are scanned in doubling column blocks and a target leaves the scan once it has k
+        # holders: popular items find them among the first few dozen users, so most lookups are
+        # skipped.
+        found_target: list[np.ndarray] = []
+        found_col: list[np.ndarray] = []
+        found_row: list[np.ndarray] = []
+        holders = np.zeros(len(target_user), dtype=np.int64)
+        open_targets = np.arange(len(target_user))
+        lo_col, width = 0, min(k_search, max(4 * k, 16))
+        while lo_col < k_search and len(open_targets):
+            hi_col = min(lo_col + width, k_search)
+            step = max(1, _LOOKUPS_PER_CHUNK // (hi_col - lo_col))
+            for start in range(0, len(open_targets), step):
+                rows_t = open_targets[start : start + step]
+                # (T, W) position among the holders of each neighbour's z for the target's item,
+                # or -1 (the lookup knows the targets by their position in the whole fill).
+                found = self.holders_of.find(
+                    neighbour_rows[query_row[rows_t], lo_col:hi_col], rows_t + lo
+                )
+                r, c = np.nonzero(found >= 0)  # row-major: by target, then nearest first
+                found_target.append(rows_t[r])
+                found_col.append(c + lo_col)
+                found_row.append(self.holder_rows[found[r, c]])
+                holders += np.bincount(rows_t[r], minlength=len(target_user))
+            open_targets = open_targets[holders[open_targets] < k]
+            lo_col, width = hi_col, 2 * width
+
+        dim = self.exact.dim
+        out_vectors = np.zeros((len(target_user), dim), dtype=np.float32)
+        out_count = np.zeros(len(target_user), dtype=np.int64)
+        out_distance = np.zeros(len(target_user), dtype=np.float32)
+        if found_target:
+            t = np.concatenate(found_target)
+            c = np.concatenate(found_col)
+            e = np.concatenate(found_row)
+            order = np.lexsort((c, t))
+            t, c, e = t[order], c[order], e[order]
+            keep = rank_within_runs(t) < k  # the k nearest holders of each target
+            t, c, e = t[keep], c[keep], e[keep]
+            if len(t):
+                dist = distance[query_row[t], c].astype(np.float64)
+                weight = 1.0 / (dist + cfg.distance_epsilon) if k > 1 else np.ones_like(dist)
+                starts = run_starts(t)
+                filled = t[starts]
+                # float32 sums of at most k terms lose nothing that matters; float64 would
+                # double the memory traffic of the biggest array here (weighted in place: the
+                # gather is already a copy).
+                gathered = self.exact.vectors[e]
+                gathered *= weight[:, None].astype(np.float32)
+                weighted = np.add.reduceat(gathered, starts, axis=0).astype(np.float64)
+                out_vectors[filled] = (weighted / np.add.reduceat(weight, starts)[:, None]).astype(
+                    np.float32
+                )
+                out_count[filled] = np.diff(np.r_[starts, len(t)])
+                out_distance[filled] = np.add.reduceat(dist, starts) / out_count[filled]
+        done = out_count > 0
+        logger.log(
+            logging.INFO if self.log else logging.DEBUG,
+            "similarity fill: %d of %d pairs filled; %d users searched in %.2f s, joined in %.2f s",
+            int(done.sum()),
+            len(done),
+            len(query_users),
+            searched,
+            time.perf_counter() - started,
+        )
+        return pd.DataFrame(
+            {
+                USER_ID: self.codes.user_ids(target_user[done]),
+                ITEM_ID: self.codes.item_ids(target_item[done]),
+                EMBEDDING: list(out_vectors[done]),
+                NEIGHBOUR_COUNT: out_count[done],
+                MEAN_DISTANCE: out_distance[done],
+                MODEL_VERSION: self.model_version,
+                COMPUTED_AT: self.now,
+            }
+        )
 
 
 DENSE_LOOKUP_CELLS = 1 << 20
@@ -442,23 +541,16 @@ class FillWrites:
 
 
 def fill_and_write(
-    fill: Callable[[pd.DataFrame], pd.DataFrame],
-    targets: pd.DataFrame,
+    parts: Iterable[pd.DataFrame],
     writer: EmbeddingSink,
     *,
-    parts: int = FILL_WRITE_PARTS,
     overlap_writes: bool = True,
 ) -> FillWrites:
-    """``fill`` over ``parts`` ranges of the target users (in user order), each part's rows
-    written through ``writer`` while the next part is computed.
+    """Each part's rows written through ``writer`` while the next part is computed.
 
-    ``fill`` maps targets to rows, one user's targets independently of the others':
-    :func:`similarity_fill` with everything but the targets bound, as
-    ``functools.partial(similarity_fill, index, exact=..., now=..., model_version=...,
-    exact_ttl_seconds=..., config=..., log=False)``. The parts' rows are then exactly the rows of
-    one call (a user's targets stay in one part; the neighbours and holders searched are the
-    same). Each part is its own write (an all-or-nothing batch and a content-named offline
-    file), so a retry of the same targets rewrites the same rows.
+    ``parts`` is a fill in parts, computed as it is iterated: :func:`similarity_fill_parts`
+    (``parts=FILL_WRITE_PARTS``). Each part is its own write (an all-or-nothing batch and a
+    content-named offline file), so a retry of the same targets rewrites the same rows.
 
     Returns:
         :class:`FillWrites`: rows filled, the writer's answers (one per non-empty part, in
@@ -467,27 +559,18 @@ def fill_and_write(
     Raises:
         Whatever ``writer.write`` raises; no later part is written.
     """
-    if parts <= 0:
-        raise ValueError(f"parts must be positive, got {parts}")
-    if USER_ID not in targets.columns:
-        raise SchemaError("targets", USER_ID, "is missing")
     started = time.perf_counter()
-    users = id_array(targets[USER_ID])
     filled = 0
     with OrderedWrites(writer, overlap=overlap_writes) as writes:
-        for part_users in np.array_split(np.unique(users), parts):
-            if len(part_users) == 0:
-                continue
-            rows = fill(targets[np.isin(users, part_users)])
+        for rows in parts:
             if len(rows):
                 writes.submit(rows)
                 filled += len(rows)
         answers = writes.finish()
     logger.info(
-        "similarity fill: %d of %d target pairs filled and written in %.2f s (%d parts; "
-        "%.2f s of writes, %.2f s not overlapped)",
+        "similarity fill: %d pairs filled and written in %.2f s (%d parts; %.2f s of writes, "
+        "%.2f s not overlapped)",
         filled,
-        len(targets),
         time.perf_counter() - started,
         len(answers),
         writes.busy_seconds,
