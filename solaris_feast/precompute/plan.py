@@ -222,9 +222,10 @@ def plan_precompute(
     order = np.concatenate([by_score[miss_priority[by_score]], by_score[~miss_priority[by_score]]])
     take, rest = order[:budget_pairs], order[budget_pairs:]
 
-    reason = np.where(
-        miss_priority, REASON_MISS, np.where(stored, REASON_REFRESH, REASON_NEW)
-    ).astype(object)
+    # Three shared str objects picked by code: np.where over the strings, then astype(object),
+    # made one str per pair (21 of a 60 ms plan over 160k candidates).
+    reasons = np.array([REASON_NEW, REASON_REFRESH, REASON_MISS], dtype=object)
+    reason = reasons[np.where(miss_priority, 2, stored.astype(np.int64))]
     pairs = _pair_frame(codes, key, score, reason, queued, take, first_priority=0)
     uncovered = _pair_frame(codes, key, score, reason, queued, rest, first_priority=len(take))
     planned_reason = reason[take]
