@@ -50,6 +50,8 @@ from test_scheduler import (  # noqa: E402
     stop,
 )
 
+from solaris_feast.console import configure_console  # noqa: E402
+
 DAG_ID = "solaris_precompute"
 SHARDS = 2
 RUN_DEADLINE_SECONDS = 900.0
@@ -175,7 +177,9 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="LABEL=PATH")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=None)
+    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
     args = parser.parse_args()
+    configure_console(args.verbose)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="idle_round_"))
     trees = dict(item.split("=", 1) for item in args.tree)
     report: dict[str, Any] = {

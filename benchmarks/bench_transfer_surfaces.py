@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from bench_transfer_protocol import bench_models
 
+from solaris_feast.console import configure_console
 from solaris_feast.data.datasets import SYNTHETIC_PRESETS, load_dataset
 from solaris_feast.data.synthetic import SURFACE, WORLD_STRUCTURES
 from solaris_feast.evaluation.transfer import evaluate_transfer
@@ -63,8 +63,9 @@ def main() -> None:
         action="store_true",
         help="keep the worlds --json already holds (run with the same settings), run the rest",
     )
+    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    configure_console(args.verbose)
     models = bench_models(args.history_len, args.fm_epochs, args.vm_epochs)
     seeds = list(range(args.base_seed, args.base_seed + args.seeds))
     worlds = args.worlds.split(",")

@@ -33,6 +33,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from solaris_feast.console import configure_console
+
 DIM = 32
 VERSION = "cmp-soak-v1"
 WARMUP_SECONDS = 2.0
@@ -347,7 +349,9 @@ def main() -> None:
     parser.add_argument("--write-pause-s", type=float, default=0.05, help="pause between batches")
     parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/soak.json"))
+    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
     args = parser.parse_args()
+    configure_console(args.verbose)
     if args.clients <= 0 or args.seconds <= WARMUP_SECONDS:
         parser.error(f"need --clients > 0 and --seconds > {WARMUP_SECONDS}")
     result = run(args)

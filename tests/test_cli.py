@@ -112,7 +112,7 @@ def test_library_chatter_stays_out_of_the_console_after_airflow_is_imported(
             import logging, warnings
             from pathlib import Path
             logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-            from solaris_feast.cli import quiet_libraries
+            from solaris_feast.console import quiet_libraries
             quiet_libraries()
             handlers = list(logging.getLogger().handlers)
             from solaris_feast.review.lineage.dags import read_dags

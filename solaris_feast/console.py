@@ -1,0 +1,63 @@
+"""What a person at a terminal sees: our progress lines, not the libraries' chatter.
+
+One setup for every entry point, the ``solaris`` commands and the scripts under ``benchmarks/``
+alike (:func:`configure_console`), so a benchmark run from the shell is as quiet as a command.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+LIBRARY_LOGGERS = ("feast", "airflow", "alembic", "sqlalchemy", "httpx", "urllib3", "faiss")
+"""Loggers of the libraries we drive: their INFO lines ("Registry cache expired, so refreshing",
+"Filling up the DagBag") are chatter for a person at a terminal; ``--verbose`` shows them."""
+
+
+def quiet_libraries() -> None:
+    """Keep library chatter out of the console: only the libraries' warnings and errors show.
+
+    Levels are set on the libraries' own loggers. Airflow logs through structlog at the level of
+    its own config, so ``AIRFLOW__LOGGING__LOGGING_LEVEL`` is set to WARNING for this process when
+    the user has not set it (the one environment write, made here at the entry point). Feast turns
+    ``RuntimeWarning`` into "once" at import, ahead of any filter of ours, so its experimental-
+    feature warning for on-demand views is dropped where warnings are shown instead.
+    """
+    import os
+    import warnings
+
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    # Our own progress lines stay at INFO even when Airflow's logging setup (run when a command
+    # imports Airflow) raises the root logger's level.
+    logging.getLogger("solaris_feast").setLevel(logging.INFO)
+    os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
+    show = warnings.showwarning
+
+    def show_unless_chatter(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: Any = None,
+        line: str | None = None,
+    ) -> None:
+        if category is RuntimeWarning and str(message).startswith(FEAST_EXPERIMENTAL_WARNING):
+            return
+        show(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show_unless_chatter
+
+
+FEAST_EXPERIMENTAL_WARNING = "On demand feature view is an experimental feature"
+
+
+def configure_console(verbose: bool = False) -> None:
+    """Log lines with their time, at INFO (DEBUG with ``verbose``); without ``verbose`` the
+    libraries' chatter is dropped (:func:`quiet_libraries`). Call once, at the entry point."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not verbose:
+        quiet_libraries()
