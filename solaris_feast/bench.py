@@ -874,6 +874,7 @@ def run_round_benchmark(
     online: str = "sqlite",
     reuse_history: bool = True,
     overlap_writes: bool = True,
+    fill_targets: int | None = None,
 ) -> dict[str, Any]:
     """Where the wall time of one precompute round goes: FM work against planning, writes,
     aggregation and fill (the round the hourly DAG runs, through the real write path).
@@ -882,6 +883,10 @@ def run_round_benchmark(
     seeded, not trained (``models`` loads trained ones), which changes no timing. ``batch_size``
     defaults to the DAG's (``precompute.batch_size``): until 2026-12-04 the bench ran 4,096 pairs
     a batch, which the DAG never does (its FM ran 16% slower per pair at that size).
+    ``fill_targets``: over-budget pairs given to the similarity fill; by default as many as the
+    plan holds (the replay's and the funnel's ``fill_targets_per_budget`` of 1, where the fill's
+    effect on NE and clicks was measured). The DAG's ``precompute.fill_targets`` is a count,
+    50,000 by default, which on this round (16k planned, 144k over budget) is 3.1 times as many.
     """
     import torch
 
@@ -1023,7 +1028,7 @@ def run_round_benchmark(
         # sequential arm: one fill, then its write).
         parts = similarity_fill_parts(
             index,
-            plan.uncovered.head(len(plan)),
+            plan.uncovered.head(len(plan) if fill_targets is None else fill_targets),
             exact,
             now,
             version,
@@ -1063,6 +1068,9 @@ def run_round_benchmark(
         "planned_pairs": len(plan),
         "batch_size": batch_size,
         "user_rows": len(user_rows),
+        "fill_targets": min(
+            len(plan) if fill_targets is None else fill_targets, len(plan.uncovered)
+        ),
         "similar_rows": written.filled,
         "reuse_history": reuse_history,
         "overlap_writes": overlap_writes,

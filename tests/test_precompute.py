@@ -335,3 +335,31 @@ def test_round_tasks_run_with_fewer_collections_and_put_the_thresholds_back() ->
         function = getattr(precompute, name)
         assert function.__name__ == name
         assert hasattr(function, "__wrapped__"), f"{name} runs with the default thresholds"
+
+
+def test_the_round_bench_runs_a_whole_round_and_gives_the_fill_the_targets_asked_for() -> None:
+    """The bench behind the non-FM share runs every stage of a round through the real writer
+    (SQLite here) and plans the budget; the fill gets as many targets as the plan holds unless
+    told otherwise (the DAG's precompute.fill_targets is a count), and the share is the stages'
+    seconds it names, not a figure of its own."""
+    from solaris_feast.bench import run_round_benchmark
+
+    default = run_round_benchmark(size="tiny", online="sqlite", threads=1)
+    few = run_round_benchmark(size="tiny", online="sqlite", threads=1, fill_targets=100)
+
+    assert default["planned_pairs"] == round(0.1 * default["candidate_pairs"]) > 0
+    assert default["fill_targets"] == default["planned_pairs"]
+    assert 0 < default["similar_rows"] <= default["fill_targets"]
+    assert few["fill_targets"] == 100 and 0 < few["similar_rows"] <= 100
+    assert few["user_rows"] == default["user_rows"] > 0
+    for record in (default, few):
+        seconds = record["seconds"]
+        assert all(value >= 0 for value in seconds.values())
+        fm = seconds["featurize"] + seconds["fm"]
+        outside = sum(
+            seconds[k]
+            for k in ("plan", "pair_writes", "aggregate", "user_writes", "fill", "similar_writes")
+        )
+        # The record's seconds are rounded to the millisecond.
+        assert record["non_fm_share"] == pytest.approx(outside / (outside + fm), abs=5e-3)
+        assert record["round_seconds"] == pytest.approx(outside + fm, abs=5e-3)
