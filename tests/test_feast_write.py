@@ -80,6 +80,11 @@ def poisoned(kind: str) -> tuple[pd.DataFrame, list[int]]:
     if kind == "empty_version":
         frame.loc[4, "model_version"] = ""
         return frame, [4]
+    if kind == "version_not_a_string":  # None, and an unhashable list (checked row by row)
+        frame["model_version"] = frame["model_version"].astype(object)
+        frame.at[2, "model_version"] = None
+        frame.loc[[4], "model_version"] = pd.Series([["v"]], index=[4], dtype=object)
+        return frame, [2, 4]
     if kind == "from_the_future":  # a local time taken for UTC, a clock hours ahead
         frame.loc[1, "computed_at"] = pd.Timestamp.now(tz="UTC") + pd.Timedelta(hours=5)
         frame.loc[2, "computed_at"] = pd.Timestamp.now(tz="UTC") + pd.Timedelta(seconds=60)
@@ -96,6 +101,7 @@ def poisoned(kind: str) -> tuple[pd.DataFrame, list[int]]:
         "duplicate_keys",
         "negative_id",
         "empty_version",
+        "version_not_a_string",
         "from_the_future",
     ],
 )

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 
 from solaris_feast.errors import WriteBatchError
-from solaris_feast.keys import PairCodes, dense_pair_keys
+from solaris_feast.keys import PairCodes, dense_pair_keys, duplicated_rows
 from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
 from solaris_feast.precompute.similarity import (
     SimilarityConfig,
@@ -502,3 +502,22 @@ def test_bad_ids_are_refused_naming_the_column(
 
     with pytest.raises(error, match="item_ids"):
         check_ids(values, id_type, "item_ids")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("kind", ["int64", "two_int64", "string", "mixed"])
+def test_duplicated_rows_marks_what_pandas_marks(kind: str) -> None:
+    rng = np.random.default_rng(7)
+    n = 400
+    users = rng.integers(0, 500, n)  # some repeat, most do not
+    items = rng.integers(0, 2, n)
+    columns: list[np.ndarray] = {
+        "int64": [users],
+        "two_int64": [users, items],
+        "string": [np.array([f"u{u}" for u in users], dtype=object)],
+        "mixed": [np.array([f"u{u}" for u in users], dtype=object), items],
+    }[kind]
+    expected = pd.DataFrame(dict(enumerate(columns))).duplicated(keep=False).to_numpy()
+    assert expected.any() and not expected.all()
+    assert duplicated_rows(columns).tolist() == expected.tolist()
+    assert duplicated_rows([c[:1] for c in columns]).tolist() == [False]
+    assert duplicated_rows([c[:0] for c in columns]).tolist() == []

@@ -51,6 +51,7 @@ import pandas as pd
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, EVENT_TIMESTAMP, MODEL_VERSION, WRITTEN_AT
 from solaris_feast.errors import ConfigError, WriteBatchError
+from solaris_feast.keys import duplicated_rows
 from solaris_feast.serving.resolve import repo_clock_skew
 from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for, backend_kind
 from solaris_feast.store.ids import join_key_types
@@ -309,12 +310,10 @@ class EmbeddingWriter:
         keys: dict[str, np.ndarray] = {}
         for key in self.join_keys:
             keys[key] = self._key_column(frame[key], key, positions, refuse)
-        duplicated = (
-            pd.DataFrame(keys).duplicated(keep=False).to_numpy()
-            if len(frame)
-            else np.zeros(0, dtype=bool)
+        refuse(
+            f"duplicate keys {self.join_keys} within the batch",
+            duplicated_rows([keys[k] for k in self.join_keys]),
         )
-        refuse(f"duplicate keys {self.join_keys} within the batch", duplicated)
 
         embeddings = self._embedding_matrix(frame[EMBEDDING], refuse)
 
