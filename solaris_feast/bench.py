@@ -61,7 +61,7 @@ from solaris_feast.columns import (
     PAIR_COUNT,
     USER_ID,
 )
-from solaris_feast.pipeline.runs import round_collections
+from solaris_feast.pipeline.runs import round_process_settings
 from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
 
 if TYPE_CHECKING:
@@ -861,7 +861,7 @@ class _TeeSink:
         return self.writer.write(frame)
 
 
-@round_collections()  # as the shard, aggregate and fill tasks run
+@round_process_settings()  # as the shard, aggregate and fill tasks run
 def run_round_benchmark(
     size: str = "demo",
     candidates_per_user: int = 200,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import platform
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -19,7 +23,7 @@ from solaris_feast.models.features import PairFeaturizer
 from solaris_feast.models.foundation import FoundationConfig
 from solaris_feast.models.interface import ChainModels, PairsAsOf
 from solaris_feast.models.registry import ModelBundle, register_untrained_chain
-from solaris_feast.pipeline.runs import round_collections
+from solaris_feast.pipeline.runs import round_process_settings
 from solaris_feast.precompute.compute import CollectingSink, compute_pair_embeddings, run_precompute
 from solaris_feast.precompute.plan import Plan, plan_precompute, shard
 from solaris_feast.serving.retriever import SolarisRetriever
@@ -321,7 +325,7 @@ def test_round_tasks_run_with_fewer_collections_and_put_the_thresholds_back() ->
     before = gc.get_threshold()
     seen: list[tuple[int, ...]] = []
 
-    @round_collections()
+    @round_process_settings()
     def task() -> None:
         seen.append(gc.get_threshold())
         raise RuntimeError("the task failed")
@@ -335,6 +339,46 @@ def test_round_tasks_run_with_fewer_collections_and_put_the_thresholds_back() ->
         function = getattr(precompute, name)
         assert function.__name__ == name
         assert hasattr(function, "__wrapped__"), f"{name} runs with the default thresholds"
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/statm").exists() or platform.libc_ver()[0] != "glibc",
+    reason="glibc's allocator settings, read through /proc",
+)
+def test_a_round_process_keeps_freed_tensor_memory_for_the_next_batch() -> None:
+    """With glibc's defaults a freed 16 MiB block goes back to the kernel (the next batch pays
+    its page faults again); after keep_freed_memory it stays with the process. Fresh processes:
+    the pytest process's own thresholds have moved with what ran before."""
+    probe = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        from solaris_feast.pipeline.runs import keep_freed_memory
+        if sys.argv[1] == "keep":
+            assert keep_freed_memory()
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * 4096
+        block = np.ones(16 << 20, dtype=np.uint8)  # every page touched
+        held = rss()
+        del block
+        print(held - rss())
+        """
+    )
+    returned = {
+        mode: int(
+            subprocess.run(
+                [sys.executable, "-c", probe, mode],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=120,
+            ).stdout
+        )
+        for mode in ("default", "keep")
+    }
+    assert returned["default"] >= 12 << 20
+    assert returned["keep"] < 1 << 20
 
 
 def test_the_round_bench_runs_a_whole_round_and_gives_the_fill_the_targets_asked_for() -> None:

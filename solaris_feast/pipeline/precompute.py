@@ -56,7 +56,7 @@ from solaris_feast.pipeline.runs import (
     budget_path,
     precompute_run_dir,
     replace_folder_atomic,
-    round_collections,
+    round_process_settings,
     run_time,
     runs_root,
     shard_candidates_path,
@@ -665,7 +665,7 @@ def planning_scores(
     return scored
 
 
-@round_collections()
+@round_process_settings()
 def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     """Candidates and queued misses of one shard of users, scored by the verifier and ranked
     by the planner with no budget limit; the round's budget is split afterwards
@@ -890,7 +890,7 @@ def pair_ttl_seconds(
     return wanted
 
 
-@round_collections()
+@round_process_settings()
 def precompute_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     """FM -> compressor -> pair view for the shard's plan (its ranking cut to its budget).
 
@@ -929,7 +929,7 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]
     return report
 
 
-@round_collections()
+@round_process_settings()
 def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     """Each user's mean exact vector over the window, written to the user view for the users
     whose aggregate changed (:func:`~solaris_feast.precompute.aggregate.changed_user_rows`).
@@ -995,7 +995,7 @@ def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.D
     )
 
 
-@round_collections()
+@round_process_settings()
 def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     """Fill over-budget and missed pairs from the nearest users' exact vectors (faiss KNN over
     the user aggregates) and write them to the similar view."""
