@@ -1026,9 +1026,10 @@ def run_round_benchmark(
         similar_writer = EmbeddingWriter(store, "solaris_similar")
         # As the fill task does: in parts, each written while the next is computed (the
         # sequential arm: one fill, then its write).
+        targets = plan.uncovered.head(len(plan) if fill_targets is None else fill_targets)
         parts = similarity_fill_parts(
             index,
-            plan.uncovered.head(len(plan) if fill_targets is None else fill_targets),
+            targets,
             exact,
             now,
             version,
@@ -1068,9 +1069,7 @@ def run_round_benchmark(
         "planned_pairs": len(plan),
         "batch_size": batch_size,
         "user_rows": len(user_rows),
-        "fill_targets": min(
-            len(plan) if fill_targets is None else fill_targets, len(plan.uncovered)
-        ),
+        "fill_targets": len(targets),
         "similar_rows": written.filled,
         "reuse_history": reuse_history,
         "overlap_writes": overlap_writes,

@@ -282,7 +282,7 @@ def similarity_fill_parts(
     *,
     parts: int = 1,
     log: bool = False,
-) -> _FillParts:
+) -> Iterable[pd.DataFrame]:
     """:func:`similarity_fill` over ``parts`` ranges of the target users, in user order: the
     rows of part ``p`` are those of the one fill for its users, and the parts together are
     exactly the one fill's rows (a user's targets stay in one part; its neighbours and their
@@ -291,8 +291,7 @@ def similarity_fill_parts(
 
     What the parts share is prepared once, here: the fresh exact rows, the round's id codes,
     the targets left to fill and the holder lookup (before 2026-12-04 each part prepared all of
-    it again from the whole exact table). Parts with no row are skipped; ``len()`` is the
-    number of non-empty ranges of targets, an upper bound of the frames it yields.
+    it again from the whole exact table). Parts with no row are skipped.
     """
     if parts <= 0:
         raise ValueError(f"parts must be positive, got {parts}")
@@ -351,9 +350,6 @@ class _FillParts:
 
     ranges: list[tuple[int, int]]
     fill: Callable[[int, int], pd.DataFrame]
-
-    def __len__(self) -> int:
-        return len(self.ranges)
 
     def __iter__(self) -> Iterator[pd.DataFrame]:
         for lo, hi in self.ranges:
