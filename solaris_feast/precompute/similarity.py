@@ -426,7 +426,11 @@ class _FillRound:
             t = np.concatenate(found_target)
             c = np.concatenate(found_col)
             e = np.concatenate(found_row)
-            order = np.lexsort((c, t))
+            # Each column block's finds are in (target, column) order and the blocks follow
+            # each other in column order, so a stable sort on the target alone gives the
+            # (target, column) order: a merge of a few sorted runs, not a two-key lexsort
+            # (10.6 of a fill's 71 ms on the demo round).
+            order = np.argsort(t, kind="stable")
             t, c, e = t[order], c[order], e[order]
             keep = rank_within_runs(t) < k  # the k nearest holders of each target
             t, c, e = t[keep], c[keep], e[keep]
