@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 from solaris_feast.serving.retriever import SolarisRetriever
 from solaris_feast.store.config import open_store
 from solaris_feast.store.definitions import solaris_definitions
@@ -105,9 +105,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--max-items", type=int, default=20_000)
     parser.add_argument("--json", type=Path, default=None)
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     results = run(args.redis_url, args.deadline_ms, args.repeats, args.max_items)
     print(
         f"worst answer {results['worst_answer_ms']:.1f} ms = "

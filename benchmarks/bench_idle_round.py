@@ -50,7 +50,7 @@ from test_scheduler import (  # noqa: E402
     stop,
 )
 
-from solaris_feast.console import configure_console  # noqa: E402
+from solaris_feast.console import parse_script_args  # noqa: E402
 
 DAG_ID = "solaris_precompute"
 SHARDS = 2
@@ -177,9 +177,7 @@ def main() -> None:
     parser.add_argument("--tree", action="append", required=True, help="LABEL=PATH")
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--workdir", type=Path, default=None)
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="idle_round_"))
     trees = dict(item.split("=", 1) for item in args.tree)
     report: dict[str, Any] = {

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from solaris_feast.bench import BENCH_USER, _meta, _populate, bench_store, solaris_store_beside
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD
 
 VERSION = "bench-v1"
@@ -75,9 +75,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     results = run(os.environ.get("REDIS_URL"), args.repeats, args.rounds)
     print("| users x candidates | Feast's store p50 ms | solaris store p50 ms | ratio |")
     print("| --- | --- | --- | --- |")

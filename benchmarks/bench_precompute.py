@@ -20,7 +20,7 @@ import platform
 from pathlib import Path
 
 from solaris_feast.bench import run_round_benchmark
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 
 
 def main() -> None:
@@ -42,9 +42,7 @@ def main() -> None:
         "--per-pair", action="store_true", help="encode the history per pair (no reuse)"
     )
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/precompute.json"))
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     report = run_round_benchmark(
         size=args.size,
         candidates_per_user=args.candidates,

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 from solaris_feast.precompute.aggregate import PairEmbeddings
 from solaris_feast.precompute.similarity import SimilarityConfig, build_user_index, similarity_fill
 
@@ -167,9 +167,7 @@ def main() -> None:
     parser.add_argument("--index-kinds", default="auto,hnsw,flat")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/similarity.json"))
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     report = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2) + "\n")

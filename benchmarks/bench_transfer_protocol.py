@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 from solaris_feast.data.datasets import load_dataset
 from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
 from solaris_feast.evaluation.transfer_protocol import ProtocolConfig, run_protocol
@@ -55,9 +55,7 @@ def main() -> None:
         help="skip the first evaluation (its keys, an upper bound); write the protocol alone",
     )
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     models = bench_models(args.history_len, args.fm_epochs, args.vm_epochs)
     data = load_dataset(args.dataset, args.size)
     started = time.perf_counter()

@@ -30,7 +30,7 @@ from typing import Any
 
 from bench_transfer_protocol import bench_models
 
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 from solaris_feast.data.datasets import SYNTHETIC_PRESETS, load_dataset
 from solaris_feast.data.synthetic import SURFACE, WORLD_STRUCTURES
 from solaris_feast.evaluation.transfer import evaluate_transfer
@@ -63,9 +63,7 @@ def main() -> None:
         action="store_true",
         help="keep the worlds --json already holds (run with the same settings), run the rest",
     )
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     models = bench_models(args.history_len, args.fm_epochs, args.vm_epochs)
     seeds = list(range(args.base_seed, args.base_seed + args.seeds))
     worlds = args.worlds.split(",")

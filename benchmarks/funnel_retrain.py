@@ -16,7 +16,7 @@ import json
 import time
 from pathlib import Path
 
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 from solaris_feast.evaluation.funnel import FunnelConfig, run_seed
 from solaris_feast.evaluation.funnel.report import build_funnel_records
 
@@ -27,9 +27,7 @@ def main() -> None:
     parser.add_argument("--retrain-hours", type=int, default=6)
     parser.add_argument("--budget", type=float, default=0.1)
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     default = FunnelConfig()
     results = []
     for retrain in (0, args.retrain_hours):

@@ -32,7 +32,7 @@ from typing import Any, cast, get_args
 import numpy as np
 import torch
 
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 from solaris_feast.evaluation.funnel import loop
 from solaris_feast.serving.resolve import resolve
 from solaris_feast.tiers import FmRowsTier, Tier
@@ -154,9 +154,7 @@ def main() -> None:
     parser.add_argument(
         "--fm-rows", choices=get_args(FmRowsTier), default="zero", help="TierMix.fm_rows"
     )
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     torch.set_num_threads(1)
     results = []
     for seed in (int(s) for s in args.seeds.split(",")):

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from solaris_feast.bench import run_round_benchmark
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 from solaris_feast.data.datasets import SYNTHETIC_PRESETS
 
 
@@ -36,9 +36,7 @@ def main() -> None:
     parser.add_argument("--candidates-per-user", type=int, default=50)
     parser.add_argument("--budget", type=float, default=0.1)
     parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     rows = []
     for size in args.sizes.split(","):
         started = time.perf_counter()

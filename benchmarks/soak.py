@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from solaris_feast.console import configure_console
+from solaris_feast.console import parse_script_args
 
 DIM = 32
 VERSION = "cmp-soak-v1"
@@ -349,9 +349,7 @@ def main() -> None:
     parser.add_argument("--write-pause-s", type=float, default=0.05, help="pause between batches")
     parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/soak.json"))
-    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
-    args = parser.parse_args()
-    configure_console(args.verbose)
+    args = parse_script_args(parser)
     if args.clients <= 0 or args.seconds <= WARMUP_SECONDS:
         parser.error(f"need --clients > 0 and --seconds > {WARMUP_SECONDS}")
     result = run(args)

@@ -891,7 +891,6 @@ def run_round_benchmark(
     import torch
 
     from solaris_feast.data.datasets import load_dataset
-    from solaris_feast.keys import id_array
     from solaris_feast.models.features import PairFeaturizer
     from solaris_feast.models.foundation import FoundationConfig
     from solaris_feast.models.interface import ChainModels, ReferenceEncoder
@@ -906,7 +905,7 @@ def run_round_benchmark(
     from solaris_feast.precompute.similarity import (
         FILL_WRITE_PARTS,
         SimilarityConfig,
-        build_user_index,
+        aggregate_user_index,
         fill_and_write,
         similarity_fill_parts,
     )
@@ -1018,11 +1017,7 @@ def run_round_benchmark(
         # As the DAG's fill_similar does: the neighbours are searched over the user aggregates
         # (D = the compressed z's), not over FM user vectors; until 2026-12-04 the bench ran an
         # FM pass for 128-d user vectors the DAG never computes, and counted it as FM work.
-        index = build_user_index(
-            id_array(user_rows[USER_ID]),
-            np.stack(user_rows[EMBEDDING].to_list()).astype(np.float32),
-            SimilarityConfig(),
-        )
+        index = aggregate_user_index(user_rows, SimilarityConfig())
         similar_writer = EmbeddingWriter(store, "solaris_similar")
         # As the fill task does: in parts, each written while the next is computed (the
         # sequential arm: one fill, then its write).

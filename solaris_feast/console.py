@@ -6,6 +6,7 @@ alike (:func:`configure_console`), so a benchmark run from the shell is as quiet
 
 from __future__ import annotations
 
+import argparse
 import logging
 from typing import Any
 
@@ -61,3 +62,12 @@ def configure_console(verbose: bool = False) -> None:
     )
     if not verbose:
         quiet_libraries()
+
+
+def parse_script_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """A benchmark script's arguments, with ``--verbose`` as the ``solaris`` commands take it,
+    and the console set up from it (:func:`configure_console`)."""
+    parser.add_argument("--verbose", action="store_true", help="Show the libraries' log lines too.")
+    args = parser.parse_args()
+    configure_console(args.verbose)
+    return args

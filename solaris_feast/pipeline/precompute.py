@@ -42,7 +42,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
+from solaris_feast.columns import COMPUTED_AT, ITEM_ID, MODEL_VERSION, USER_ID
 from solaris_feast.pipeline.log import load_log
 from solaris_feast.pipeline.registry_snapshot import (
     RegistrySnapshot,
@@ -999,15 +999,13 @@ def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.D
 def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     """Fill over-budget and missed pairs from the nearest users' exact vectors (faiss KNN over
     the user aggregates) and write them to the similar view."""
-    import numpy as np
     import pandas as pd
 
-    from solaris_feast.keys import id_array
     from solaris_feast.precompute.aggregate import PairEmbeddings
     from solaris_feast.precompute.similarity import (
         FILL_WRITE_PARTS,
         SimilarityConfig,
-        build_user_index,
+        aggregate_user_index,
         fill_and_write,
         similarity_fill_parts,
     )
@@ -1038,11 +1036,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         logger.info("similarity fill: nothing to fill (%d targets)", len(targets))
         return {"targets": len(targets), "filled": 0}
     similarity = SimilarityConfig(neighbours=cfg.similar_neighbours)
-    index = build_user_index(
-        id_array(user_rows[USER_ID]),
-        np.stack(user_rows[EMBEDDING].to_list()).astype(np.float32),
-        similarity,
-    )
+    index = aggregate_user_index(user_rows, similarity)
     writer = EmbeddingWriter(open_run_store(cfg), snapshot.name_of(Tier.SIMILAR))
     try:
         # In parts of users, each written while the next is computed.

@@ -26,6 +26,7 @@ back to the kernel after every batch, so each batch paid its page faults again.
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -70,11 +71,13 @@ Training is not faster with them (22.6 against 24.0 s on the demo's chain), so o
 tasks set them."""
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """Set :data:`ALLOCATOR_MMAP_THRESHOLD` and :data:`ALLOCATOR_TRIM_THRESHOLD` for this
     process, where the C library is glibc; True when both were taken. Process-wide and not put
     back (glibc has no getter for them): each Airflow task of a round runs in a process of its
-    own, and a process that runs rounds keeps running them."""
+    own, and a process that runs rounds keeps running them. Once a process: every round task
+    asks, the first sets them."""
     import ctypes
     import platform
 

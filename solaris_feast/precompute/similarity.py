@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -232,6 +232,19 @@ def build_user_index(
     )
 
 
+def aggregate_user_index(
+    user_rows: pd.DataFrame, config: SimilarityConfig | None = None
+) -> UserIndex:
+    """The index a round's fill searches: the ``solaris_user`` view's rows (``user_id``, one
+    ``embedding`` each, as :func:`~solaris_feast.precompute.aggregate.aggregate_user_embeddings`
+    gives them), so neighbours are users whose recent pair embeddings agree."""
+    return build_user_index(
+        id_array(user_rows[USER_ID]),
+        np.stack(user_rows[EMBEDDING].to_list()).astype(np.float32),
+        config,
+    )
+
+
 def similarity_fill(
     index: UserIndex,
     targets: pd.DataFrame,
@@ -319,7 +332,7 @@ def similarity_fill_parts(
     indexed = _contains(index_code, target_user)
     target_user, target_item = target_user[indexed], target_item[indexed]
     if len(target_user) == 0 or len(fresh_rows) == 0:
-        return _FillParts([], lambda lo, hi: _empty_similar_rows())
+        return iter(())
     # Only holders of a target item can match: a smaller table stays in cache.
     exact_rows = np.flatnonzero(np.isin(codes.item_codes(fresh_item), np.unique(target_item)))
     round_ = _FillRound(
@@ -337,25 +350,9 @@ def similarity_fill_parts(
         log=log,
     )
     # Target positions where each part's users start: the targets are sorted by user.
-    users, first = np.unique(target_user, return_index=True)
-    bounds = [
-        int(first[chunk[0]]) for chunk in np.array_split(np.arange(len(users)), parts) if len(chunk)
-    ]
-    return _FillParts(list(zip(bounds, [*bounds[1:], len(target_user)], strict=True)), round_.fill)
-
-
-@dataclass(frozen=True)
-class _FillParts:
-    """The parts of one fill: ranges of target positions, each filled when iterated."""
-
-    ranges: list[tuple[int, int]]
-    fill: Callable[[int, int], pd.DataFrame]
-
-    def __iter__(self) -> Iterator[pd.DataFrame]:
-        for lo, hi in self.ranges:
-            rows = self.fill(lo, hi)
-            if len(rows):
-                yield rows
+    user_starts = run_starts(target_user)
+    bounds = [int(chunk[0]) for chunk in np.array_split(user_starts, parts) if len(chunk)]
+    return round_.parts(list(zip(bounds, [*bounds[1:], len(target_user)], strict=True)))
 
 
 @dataclass(frozen=True)
@@ -376,6 +373,13 @@ class _FillRound:
     now: pd.Timestamp
     model_version: str
     log: bool
+
+    def parts(self, ranges: list[tuple[int, int]]) -> Iterator[pd.DataFrame]:
+        """Each range's rows, computed when the caller asks for the next; empty parts skipped."""
+        for lo, hi in ranges:
+            rows = self.fill(lo, hi)
+            if len(rows):
+                yield rows
 
     def fill(self, lo: int, hi: int) -> pd.DataFrame:
         cfg = self.config
