@@ -883,10 +883,10 @@ def run_round_benchmark(
     seeded, not trained (``models`` loads trained ones), which changes no timing. ``batch_size``
     defaults to the DAG's (``precompute.batch_size``): until 2026-12-04 the bench ran 4,096 pairs
     a batch, which the DAG never does (its FM ran 16% slower per pair at that size).
-    ``fill_targets``: over-budget pairs given to the similarity fill; by default as many as the
-    plan holds (the replay's and the funnel's ``fill_targets_per_budget`` of 1, where the fill's
-    effect on NE and clicks was measured). The DAG's ``precompute.fill_targets`` is a count,
-    50,000 by default, which on this round (16k planned, 144k over budget) is 3.1 times as many.
+    ``fill_targets``: over-budget pairs given to the similarity fill; by default the DAG's
+    (``precompute.fill_targets_per_budget`` times the planned pairs, through the same
+    :func:`~solaris_feast.precompute.similarity.fill_target_count`). Until 2026-12-04 the DAG's
+    default was a count, 50,000, 3.1 times this round's 16k planned pairs.
     """
     import torch
 
@@ -907,6 +907,7 @@ def run_round_benchmark(
         SimilarityConfig,
         aggregate_user_index,
         fill_and_write,
+        fill_target_count,
         similarity_fill_parts,
     )
     from solaris_feast.store.config import open_store
@@ -1021,7 +1022,11 @@ def run_round_benchmark(
         similar_writer = EmbeddingWriter(store, "solaris_similar")
         # As the fill task does: in parts, each written while the next is computed (the
         # sequential arm: one fill, then its write).
-        targets = plan.uncovered.head(len(plan) if fill_targets is None else fill_targets)
+        if fill_targets is None:  # the DAG's
+            fill_targets = fill_target_count(
+                len(plan), PrecomputeSettings.model_fields["fill_targets_per_budget"].default
+            )
+        targets = plan.uncovered.head(fill_targets)
         parts = similarity_fill_parts(
             index,
             targets,

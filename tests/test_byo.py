@@ -98,6 +98,7 @@ def config_dict(root: Path, **sections: Any) -> dict[str, Any]:
             "budget_pairs": 300,
             "shards": 2,
             "candidates_per_user": 15,
+            "fill_targets_per_budget": 2.0,
             "fill_targets": 500,
             "runs_dir": "runs",
         },

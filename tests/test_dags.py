@@ -464,6 +464,8 @@ def precompute_conf(repo: Path, models: Path, **overrides: Any) -> dict[str, Any
         "budget_pairs": BUDGET_PAIRS,
         "shards": 2,
         "candidates_per_user": 20,
+        # 5 times the budget, capped: the tiny world's rounds then serve every tier.
+        "fill_targets_per_budget": 5.0,
         "fill_targets": 3000,
         "batch_size": 1024,
         **overrides,

@@ -241,11 +241,14 @@ def test_simulate_runs_the_funnel_on_seeds_the_caller_names(
     app.command()(simulate_command)
     out = tmp_path / "funnel.json"
     args = ["--world", "funnel", "--seed", "7", "--seeds", "2", "--budget", "0.1"]
+    args += ["--fill-targets", "2.5"]
     result = CliRunner().invoke(app, [*args, "--planner", "verifier,random", "--json", str(out)])
     assert result.exit_code == 0, result.output
     records = json.loads(out.read_text())
     assert {r["planner"] for r in records} == {"verifier", "random"}
     assert all(r["seeds"] == [7, 8] for r in records)
+    # Each record names the round settings it was measured with.
+    assert all(r["precompute_settings"]["fill_targets_per_budget"] == 2.5 for r in records)
 
 
 def test_the_chain_retrains_on_its_own_traffic_on_schedule() -> None:

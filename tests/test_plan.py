@@ -18,6 +18,7 @@ from solaris_feast.precompute.plan import (
     merge_plans,
     plan_precompute,
     read_plan,
+    read_plan_stats,
     request_score,
     shard,
     shard_of_users,
@@ -256,6 +257,9 @@ def test_plan_survives_a_round_trip_through_files(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(back.uncovered, plan.uncovered)
     assert back.stats == plan.stats
     assert back.planned_at == plan.planned_at
+    # The counts alone, as the fill task reads them to size its targets.
+    assert read_plan_stats(tmp_path / "plan") == plan.stats
+    assert plan.stats.planned == len(plan.pairs) == 50
 
 
 @pytest.mark.parametrize(

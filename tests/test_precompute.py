@@ -383,16 +383,19 @@ def test_a_round_process_keeps_freed_tensor_memory_for_the_next_batch() -> None:
 
 def test_the_round_bench_runs_a_whole_round_and_gives_the_fill_the_targets_asked_for() -> None:
     """The bench behind the non-FM share runs every stage of a round through the real writer
-    (SQLite here) and plans the budget; the fill gets as many targets as the plan holds unless
-    told otherwise (the DAG's precompute.fill_targets is a count), and the share is the stages'
-    seconds it names, not a figure of its own."""
+    (SQLite here) and plans the budget; the fill gets the DAG's default number of targets (its
+    multiple of the planned pairs) unless told otherwise, and the share is the stages' seconds
+    it names, not a figure of its own."""
     from solaris_feast.bench import run_round_benchmark
+    from solaris_feast.pipeline.settings import PrecomputeSettings
+    from solaris_feast.precompute.similarity import fill_target_count
 
     default = run_round_benchmark(size="tiny", online="sqlite", threads=1)
     few = run_round_benchmark(size="tiny", online="sqlite", threads=1, fill_targets=100)
 
     assert default["planned_pairs"] == round(0.1 * default["candidate_pairs"]) > 0
-    assert default["fill_targets"] == default["planned_pairs"]
+    dag_multiple = PrecomputeSettings.model_fields["fill_targets_per_budget"].default
+    assert default["fill_targets"] == fill_target_count(default["planned_pairs"], dag_multiple)
     assert 0 < default["similar_rows"] <= default["fill_targets"]
     assert few["fill_targets"] == 100 and 0 < few["similar_rows"] <= 100
     assert few["user_rows"] == default["user_rows"] > 0

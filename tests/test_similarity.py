@@ -16,6 +16,7 @@ from solaris_feast.precompute.similarity import (
     UserIndex,
     build_user_index,
     fill_and_write,
+    fill_target_count,
     similarity_fill,
     similarity_fill_parts,
 )
@@ -303,3 +304,30 @@ def test_a_failed_part_stops_the_fill_and_no_later_part_is_written() -> None:
     with pytest.raises(ConnectionError, match="went away"):
         fill_and_write(_parts_of(index, exact, targets, 4), FailsOnSecond())
     assert len(stored) == 1
+
+
+@pytest.mark.parametrize(
+    ("planned", "per_budget", "cap", "expected"),
+    [
+        (1000, 1.0, None, 1000),  # the default: as many targets as the round planned
+        (1000, 2.5, None, 2500),
+        (1000, 2.5, 1200, 1200),  # a cap bounds a large round
+        (3, 0.5, None, 2),  # rounded, not truncated (1.5 -> 2)
+        (1000, 0.0, 500, 0),  # 0: the queued misses only
+        (0, 3.0, None, 0),  # a round that planned nothing fills no over-budget pair
+    ],
+)
+def test_fill_targets_are_a_multiple_of_the_planned_pairs_under_a_cap(
+    planned: int, per_budget: float, cap: int | None, expected: int
+) -> None:
+    assert fill_target_count(planned, per_budget, cap) == expected
+
+
+@pytest.mark.parametrize(
+    ("planned", "per_budget", "cap"), [(-1, 1.0, None), (10, -0.5, None), (10, 1.0, -1)]
+)
+def test_negative_fill_target_settings_are_refused(
+    planned: int, per_budget: float, cap: int | None
+) -> None:
+    with pytest.raises(ValueError, match="fill targets"):
+        fill_target_count(planned, per_budget, cap)

@@ -73,7 +73,10 @@ from solaris_feast.evaluation.report import (
     write_report,
 )
 from solaris_feast.keys import pair_keys, split_pair_keys
-from solaris_feast.pipeline.settings import DEFAULT_RETURN_WEIGHT_EXPONENT
+from solaris_feast.pipeline.settings import (
+    DEFAULT_FILL_TARGETS_PER_BUDGET,
+    DEFAULT_RETURN_WEIGHT_EXPONENT,
+)
 from solaris_feast.precompute.aggregate import PairEmbeddings, aggregate_user_embeddings
 from solaris_feast.precompute.candidates import (
     CANDIDATE_SCORE,
@@ -82,7 +85,11 @@ from solaris_feast.precompute.candidates import (
 )
 from solaris_feast.precompute.plan import VERIFIER_SCORE, plan_precompute, request_score
 from solaris_feast.precompute.returns import return_weights
-from solaris_feast.precompute.similarity import build_user_index, similarity_fill
+from solaris_feast.precompute.similarity import (
+    build_user_index,
+    fill_target_count,
+    similarity_fill,
+)
 from solaris_feast.serving.resolve import Resolution, TierValues, resolve
 from solaris_feast.tiers import FmRowsTier, Tier
 
@@ -585,7 +592,7 @@ def _refresh_similar(
     ``index_space`` ``(user ids (U,), vectors (U, d))``."""
     t0 = time.perf_counter()
     cfg = run.cfg
-    n_targets = round(cfg.fill_targets_per_budget * len(plan))
+    n_targets = fill_target_count(len(plan), cfg.fill_targets_per_budget)
     targets = pd.concat(
         [plan.uncovered[[USER_ID, ITEM_ID]].head(n_targets), state.misses], ignore_index=True
     )
@@ -968,6 +975,15 @@ def simulate_command(
             "(the precompute's default); 0: every user alike (the planner before the weight).",
         ),
     ] = DEFAULT_RETURN_WEIGHT_EXPONENT,
+    fill_targets: Annotated[
+        float,
+        typer.Option(
+            "--fill-targets",
+            min=0.0,
+            help="Similarity-fill targets per round, as a multiple of the round's budget (best "
+            "uncovered pairs first, besides the queued misses); 0: no fill.",
+        ),
+    ] = DEFAULT_FILL_TARGETS_PER_BUDGET,
 ) -> None:
     """Replay the log hour by hour: coverage and NE per planner and budget.
 
@@ -993,6 +1009,7 @@ def simulate_command(
             cast(FmRowsTier, fm_rows),
             progress,
             return_weight_exponent,
+            fill_targets,
         )
         return
     if world != "log":
@@ -1014,6 +1031,7 @@ def simulate_command(
         feast_check=feast_check,
         fm_rows_tier=cast(FmRowsTier, fm_rows),
         return_weight_exponent=return_weight_exponent,
+        fill_targets_per_budget=fill_targets,
     )
     from solaris_feast.progress import stage_bars
 

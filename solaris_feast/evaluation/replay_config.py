@@ -7,7 +7,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from solaris_feast.pipeline.settings import DEFAULT_RETURN_WEIGHT_EXPONENT
+from solaris_feast.pipeline.settings import (
+    DEFAULT_FILL_TARGETS_PER_BUDGET,
+    DEFAULT_RETURN_WEIGHT_EXPONENT,
+)
 from solaris_feast.precompute.aggregate import AggregateConfig
 from solaris_feast.precompute.candidates import CandidateConfig
 from solaris_feast.precompute.similarity import SimilarityConfig
@@ -115,9 +118,9 @@ class SimulationConfig(BaseModel):
     """User vectors the fill searches: the FM's user-side representation or the aggregate."""
     compare_similarity_spaces: bool = True
     """Also replay the verifier at the budget closest to 10 % with the other user space."""
-    fill_targets_per_budget: float = Field(default=1.0, ge=0)
-    """Fill targets per step: this many times the budget, best uncovered pairs first, plus the
-    queued misses."""
+    fill_targets_per_budget: float = Field(default=DEFAULT_FILL_TARGETS_PER_BUDGET, ge=0)
+    """Fill targets per step: this many times the step's planned pairs, best uncovered pairs
+    first, plus the queued misses (the DAG's ``precompute.fill_targets_per_budget``)."""
     feast_check: bool = True
     """Replay one step through the Feast writer and retriever and compare tiers."""
     models_dir: str | None = None

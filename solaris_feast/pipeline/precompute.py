@@ -865,6 +865,17 @@ def round_plan(spec: PrecomputeRun, uncovered_rows: int | None = None) -> Plan:
     )
 
 
+def round_planned_pairs(spec: PrecomputeRun) -> int:
+    """Pairs the round planned for the FM, summed over the shards' plan stats (no plan rows
+    are read)."""
+    from solaris_feast.precompute.plan import read_plan_stats
+
+    run_dir = Path(spec.run_dir)
+    return sum(
+        read_plan_stats(shard_plan_dir(run_dir, i)).planned for i in range(spec.settings.shards)
+    )
+
+
 def pair_ttl_seconds(
     spec: PrecomputeRun, view_ttl_seconds: float, view_name: str = PAIR_VIEW
 ) -> int:
@@ -1007,6 +1018,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         SimilarityConfig,
         aggregate_user_index,
         fill_and_write,
+        fill_target_count,
         similarity_fill_parts,
     )
     from solaris_feast.serving.resolve import fresh_window
@@ -1018,11 +1030,14 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     now = pd.Timestamp(spec.now)
     pair_view = snapshot.name_of(Tier.EXACT)
     ttl = pair_ttl_seconds(spec, snapshot.view(pair_view).ttl_seconds, pair_view)
-    plan = round_plan(spec, uncovered_rows=cfg.fill_targets)
+    wanted = fill_target_count(
+        round_planned_pairs(spec), cfg.fill_targets_per_budget, cfg.fill_targets
+    )
+    plan = round_plan(spec, uncovered_rows=wanted)
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
     targets = pd.concat(
         [
-            plan.uncovered[[USER_ID, ITEM_ID]].head(cfg.fill_targets),
+            plan.uncovered[[USER_ID, ITEM_ID]].head(wanted),
             misses[[USER_ID, ITEM_ID]],
         ],
         ignore_index=True,

@@ -98,6 +98,14 @@ of the pair TTL and exponents 1 to 6: the largest funnel hit rate that costs the
 ``benchmarks/README.md``)."""
 
 
+DEFAULT_FILL_TARGETS_PER_BUDGET = 1.0
+"""Fill targets per round, as a multiple of the pairs the round planned for the FM (the best
+uncovered pairs first; queued misses come on top). Every published replay and funnel figure was
+measured at 1. On the funnel's validation seeds (100-104, 10 % budget) more targets move served
+rows from the user aggregate to the similarity tier and lower the final-stage NE further
+(``benchmarks/README.md``, "How many pairs to fill"), at a fill cost that grows with them."""
+
+
 class PrecomputeSettings(LogSource):
     """What the precompute DAG's params validate into."""
 
@@ -156,9 +164,12 @@ class PrecomputeSettings(LogSource):
     """Most queued misses taken off the queue per run."""
     aggregate_window_seconds: int = Field(86_400, gt=0)
     """Window of the user-only aggregate."""
-    fill_targets: int = Field(50_000, ge=0)
-    """Most over-budget pairs (highest verifier score first) given to the similarity fill,
-    besides the queued misses."""
+    fill_targets_per_budget: float = Field(DEFAULT_FILL_TARGETS_PER_BUDGET, ge=0.0)
+    """Over-budget pairs (highest verifier score first) given to the similarity fill, besides
+    the queued misses, as a multiple of the pairs the round planned for the FM, so the fill
+    grows with the budget; 0: the queued misses only."""
+    fill_targets: int | None = Field(None, ge=0)
+    """At most this many of those pairs; null: no cap."""
     similar_neighbours: int = Field(10, gt=0)
     """k of the similarity fill."""
     embedding_codec: EmbeddingCodecName = DEFAULT_EMBEDDING_CODEC

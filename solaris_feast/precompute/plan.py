@@ -494,6 +494,11 @@ def write_plan(plan: Plan, directory: str | Path) -> Path:
     return path
 
 
+def read_plan_stats(directory: str | Path) -> PlanStats:
+    """The counts of a plan stored by :func:`write_plan`, without reading its pairs."""
+    return PlanStats(**json.loads((Path(directory) / "plan.json").read_text())["stats"])
+
+
 def read_plan(directory: str | Path, uncovered_rows: int | None = None) -> Plan:
     """Read a plan stored by :func:`write_plan`; with ``uncovered_rows``, only the first that
     many uncovered pairs (the ones a fill targets first), without reading the rest."""
@@ -512,7 +517,7 @@ def read_plan(directory: str | Path, uncovered_rows: int | None = None) -> Plan:
     return Plan(
         pairs=pd.read_parquet(path / "pairs.parquet"),
         uncovered=uncovered,
-        stats=PlanStats(**meta["stats"]),
+        stats=read_plan_stats(path),
         planned_at=pd.Timestamp(meta["planned_at"]),
     )
 

@@ -43,6 +43,7 @@ from solaris_feast.keys import (
     run_starts,
     split_pair_keys,
 )
+from solaris_feast.pipeline.settings import DEFAULT_FILL_TARGETS_PER_BUDGET
 from solaris_feast.precompute.aggregate import EMBEDDING, PairEmbeddings
 from solaris_feast.precompute.compute import EmbeddingSink, OrderedWrites
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION
@@ -523,6 +524,21 @@ class _HolderLookup:
         keys = pair_keys(self._index_code[rows], self._target_item[targets, None])
         found = self._keys.get_indexer(np.where(present, keys, -1).ravel())
         return found.reshape(keys.shape)
+
+
+def fill_target_count(
+    planned_pairs: int, per_budget: float = DEFAULT_FILL_TARGETS_PER_BUDGET, cap: int | None = None
+) -> int:
+    """How many over-budget pairs a round gives the similarity fill: ``per_budget`` times the
+    round's planned pairs, at most ``cap`` when one is set. The DAG, the replay and the round
+    benchmark all count their targets here."""
+    if planned_pairs < 0 or per_budget < 0 or (cap is not None and cap < 0):
+        raise ValueError(
+            f"fill targets need planned_pairs, per_budget and cap >= 0, got {planned_pairs}, "
+            f"{per_budget}, {cap}"
+        )
+    count = round(per_budget * planned_pairs)
+    return count if cap is None else min(count, cap)
 
 
 FILL_WRITE_PARTS = 4

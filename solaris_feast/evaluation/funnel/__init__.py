@@ -17,7 +17,10 @@ from solaris_feast.evaluation.funnel.report import (
 )
 from solaris_feast.evaluation.funnel.world import FunnelWorldConfig, World
 from solaris_feast.evaluation.metrics import strict_json
-from solaris_feast.pipeline.settings import DEFAULT_RETURN_WEIGHT_EXPONENT
+from solaris_feast.pipeline.settings import (
+    DEFAULT_FILL_TARGETS_PER_BUDGET,
+    DEFAULT_RETURN_WEIGHT_EXPONENT,
+)
 from solaris_feast.progress import StageProgress
 from solaris_feast.tiers import FmRowsTier
 
@@ -81,7 +84,14 @@ def simulate_funnel(
                 report("funnel seeds", len(by_seed), len(seeds))
                 logger.info("funnel seed %d done: %d requests", outcome.seed, outcome.requests)
         outcomes = [by_seed[seed] for seed in seeds]  # records in the seeds' order, as serial
-    return build_funnel_records(outcomes)
+    records = build_funnel_records(outcomes)
+    # What shaped every round, so a record says what it measured.
+    settings = config.precompute.model_dump(
+        include={"fill_targets_per_budget", "return_weight_exponent", "fm_rows_tier"}
+    )
+    for record in records:
+        record["precompute_settings"] = settings
+    return records
 
 
 def write_funnel_report(
@@ -104,6 +114,7 @@ def run_funnel_command(
     fm_rows: FmRowsTier = "zero",
     progress: bool = True,
     return_weight_exponent: float = DEFAULT_RETURN_WEIGHT_EXPONENT,
+    fill_targets_per_budget: float = DEFAULT_FILL_TARGETS_PER_BUDGET,
 ) -> None:
     """``solaris simulate --world funnel``: parse the shared options, run, report."""
     import typer
@@ -126,6 +137,7 @@ def run_funnel_command(
                     "budgets": budgets,
                     "fm_rows_tier": fm_rows,
                     "return_weight_exponent": return_weight_exponent,
+                    "fill_targets_per_budget": fill_targets_per_budget,
                 }
             ),
         }
