@@ -10,7 +10,8 @@ FM's history reading the row's own surface only (``ProtocolConfig.fm_history``):
 training rows, without the other surfaces' engagement in the FM's inputs. The arm
 ``both_fm_rows_own_tier`` trains the served VMs with a tier of their own on the previous-window
 FM's rows (``ProtocolConfig.fm_rows``), so the served tiers no longer mark "after the cut". The
-JSON is rewritten after every arm.
+arm ``both_fm_inputs_round`` trains the FM that serves ``z`` on inputs as of the hourly round
+(``ProtocolConfig.fm_inputs``), as it is served. The JSON is rewritten after every arm.
 
 Data and protocol come from the same calls as ``solaris evaluate transfer --dataset synthetic
 --size tiny --world W [--fm-history own_surface]`` (``load_dataset`` and ``protocol_for``); this
@@ -34,19 +35,26 @@ from solaris_feast.console import parse_script_args
 from solaris_feast.data.datasets import SYNTHETIC_PRESETS, load_dataset
 from solaris_feast.data.synthetic import SURFACE, WORLD_STRUCTURES
 from solaris_feast.evaluation.transfer import evaluate_transfer
-from solaris_feast.evaluation.transfer_protocol import FmHistory, protocol_for, run_protocol
+from solaris_feast.evaluation.transfer_protocol import (
+    FmHistory,
+    FmInputs,
+    protocol_for,
+    run_protocol,
+)
 from solaris_feast.evaluation.transfer_report import format_protocol_table
 from solaris_feast.tiers import FmRowsTier
 
 MAIN_WORLD = "both"
 SIZE = "tiny"
-ARMS: dict[str, tuple[str, FmHistory, FmRowsTier]] = {
-    **{world: (world, "all_surfaces", "zero") for world in WORLD_STRUCTURES},
-    "surfaces_fm_own_surface": ("surfaces", "own_surface", "zero"),
-    "both_fm_own_surface": ("both", "own_surface", "zero"),
-    "both_fm_rows_own_tier": ("both", "all_surfaces", "own_tier"),
+ARMS: dict[str, tuple[str, FmHistory, FmRowsTier, FmInputs]] = {
+    **{world: (world, "all_surfaces", "zero", "request") for world in WORLD_STRUCTURES},
+    "surfaces_fm_own_surface": ("surfaces", "own_surface", "zero", "request"),
+    "both_fm_own_surface": ("both", "own_surface", "zero", "request"),
+    "both_fm_rows_own_tier": ("both", "all_surfaces", "own_tier", "request"),
+    "both_fm_inputs_round": ("both", "all_surfaces", "zero", "round"),
 }
-"""Arm name -> (world, FM history, the served VMs' tier on the previous-window FM's rows)."""
+"""Arm name -> (world, FM history, the served VMs' tier on the previous-window FM's rows, the
+inputs the serving FM trains on)."""
 
 
 def main() -> None:
@@ -92,10 +100,10 @@ def main() -> None:
     for name in [MAIN_WORLD, *(w for w in worlds if w != MAIN_WORLD)]:
         if name in ablation:
             continue
-        world, fm_history, fm_rows = ARMS[name]
+        world, fm_history, fm_rows, fm_inputs = ARMS[name]
         data = load_dataset("synthetic", SIZE, world=world)
         log = data.interactions
-        protocol = protocol_for(data, fm_history, fm_rows=fm_rows)
+        protocol = protocol_for(data, fm_history, fm_rows=fm_rows, fm_inputs=fm_inputs)
         t0 = time.perf_counter()
         if name == MAIN_WORLD:
             # The first evaluation (its keys; one seed, every surface as one) as the protocol
@@ -119,6 +127,7 @@ def main() -> None:
             "world": world,
             "fm_history": fm_history,
             "fm_rows": fm_rows,
+            "fm_inputs": fm_inputs,
             "rows": len(log),
             "vm_rows": vm_rows,
             "seconds": round(time.perf_counter() - t0, 1),

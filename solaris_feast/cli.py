@@ -157,6 +157,14 @@ def evaluate_transfer_command(
             "training-only tier, so the served tiers do not mark the rows after the cut).",
         ),
     ] = "zero",
+    fm_inputs: Annotated[
+        str,
+        typer.Option(
+            "--fm-inputs",
+            help="What the FM that serves z trains on: request (each row's history as of the "
+            "row) or round (as of the hourly round, as it is served).",
+        ),
+    ] = "request",
     config_file: Annotated[
         Path | None,
         typer.Option(
@@ -175,6 +183,7 @@ def evaluate_transfer_command(
     from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
     from solaris_feast.evaluation.transfer_protocol import (
         FmHistory,
+        FmInputs,
         ProtocolConfig,
         protocol_for,
     )
@@ -193,6 +202,8 @@ def evaluate_transfer_command(
         raise typer.BadParameter(f"choose one of {get_args(FmHistory)}", param_hint="--fm-history")
     if fm_rows not in get_args(FmRowsTier):
         raise typer.BadParameter(f"choose one of {get_args(FmRowsTier)}", param_hint="--fm-rows")
+    if fm_inputs not in get_args(FmInputs):
+        raise typer.BadParameter(f"choose one of {get_args(FmInputs)}", param_hint="--fm-inputs")
     if config_file is not None and world != "neither":
         raise typer.BadParameter("a world is a synthetic data set's", param_hint="--world")
     data = (
@@ -206,6 +217,7 @@ def evaluate_transfer_command(
             cast("FmHistory", fm_history),
             ProtocolConfig(),
             fm_rows=cast("FmRowsTier", fm_rows),
+            fm_inputs=cast("FmInputs", fm_inputs),
         )
     except ValueError as err:
         raise typer.BadParameter(str(err), param_hint="--fm-history") from err

@@ -42,7 +42,7 @@ from solaris_feast.evaluation.transfer_protocol import (
     served_z,
     torch_threads,
 )
-from solaris_feast.models.features import HISTORY_FEATURES, StreamingHistory
+from solaris_feast.models.features import HISTORY_FEATURES, PairBatch, StreamingHistory
 from solaris_feast.models.training import TrainConfig, foundation_outputs
 from solaris_feast.models.vertical import FM_SPAN_TIER
 from solaris_feast.tiers import Tier
@@ -143,13 +143,21 @@ def test_shuffling_labels_from_the_row_on_leaves_history_unchanged_and_a_planted
     assert leaked.mean() > 0.15, leaked.mean()
 
 
+def _one_split(
+    data: InteractionDataset,
+) -> tuple[_World, np.ndarray, np.ndarray, pd.DataFrame, pd.DataFrame]:
+    """The protocol's world over ``data`` and one split (train to 0.8 of the span, test the next
+    0.1): the masks and the two logs, reindexed."""
+    world = _World(data, FAST)
+    train_rows, test_rows = _split(data.interactions, 0.8, 0.1)
+    log = data.interactions
+    train_log = log.loc[train_rows].reset_index(drop=True)
+    return world, train_rows, test_rows, train_log, log.loc[test_rows].reset_index(drop=True)
+
+
 @pytest.fixture(scope="module")
 def trained(tiny: InteractionDataset) -> dict[str, Any]:
-    world = _World(tiny, FAST)
-    train_rows, test_rows = _split(tiny.interactions, 0.8, 0.1)
-    log = tiny.interactions
-    train_log = log.loc[train_rows].reset_index(drop=True)
-    test_log = log.loc[test_rows].reset_index(drop=True)
+    world, train_rows, test_rows, train_log, test_log = _one_split(tiny)
     fm = _fit_fm(world, train_log, 0, FAST)
     compressor = _fit_compressor(fm, world.fm_featurizer.for_log(train_log), 0, FAST)
     return {
@@ -229,15 +237,12 @@ def test_served_vms_train_the_fm_rows_under_the_tier_the_config_names(
         return fit_vm(*args, **kwargs)
 
     monkeypatch.setattr(protocol, "_fit_vm", recording)
-    world = _World(small, FAST)
-    train_rows, test_rows = _split(small.interactions, 0.8, 0.1)
-    log = small.interactions
-    train_log = log.loc[train_rows].reset_index(drop=True)
+    world, _, _, train_log, test_log = _one_split(small)
     cfg = ONE_SPLIT.model_copy(update={"fm_rows": fm_rows})
     out = _served_vm_probabilities(
         world,
         train_log,
-        log.loc[test_rows].reset_index(drop=True),
+        test_log,
         0.75,
         0,
         FAST,
@@ -254,6 +259,53 @@ def test_served_vms_train_the_fm_rows_under_the_tier_the_config_names(
     assert (tiers[fm_span] == expected).all()
     assert (tiers[~fm_span] != FM_SPAN_TIER).all()
     assert (tiers[~fm_span] == int(Tier.EXACT)).mean() > 0.9
+
+
+@pytest.mark.parametrize("fm_inputs", ["request", "round"])
+def test_the_serving_fm_trains_on_the_inputs_the_config_names(
+    small: InteractionDataset, fm_inputs: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The previous-window FM, the one that serves z, and its compressor train on each row's
+    history as of the row (``request``) or as of the hourly round it would be served from
+    (``round``); the full-span FM, the denominator, reads as of the request either way."""
+    import solaris_feast.evaluation.transfer_protocol as protocol
+
+    fm_batches: list[PairBatch] = []
+    compressor_batches: list[PairBatch] = []
+    fit_fm, fit_compressor = protocol._fit_fm, protocol._fit_compressor
+
+    def recording_fm(world: Any, log: Any, seed: int, mc: Any, batch: Any = None) -> Any:
+        fm_batches.append(world.fm_batch(log) if batch is None else batch)
+        return fit_fm(world, log, seed, mc, batch)
+
+    def recording_compressor(fm: Any, batch: PairBatch, seed: int, mc: Any) -> Any:
+        compressor_batches.append(batch)
+        return fit_compressor(fm, batch, seed, mc)
+
+    monkeypatch.setattr(protocol, "_fit_fm", recording_fm)
+    monkeypatch.setattr(protocol, "_fit_compressor", recording_compressor)
+    world, train_rows, test_rows, train_log, test_log = _one_split(small)
+    cfg = ONE_SPLIT.model_copy(update={"fm_inputs": fm_inputs})
+    _served_vm_probabilities(world, train_log, test_log, 0.75, 0, FAST, cfg, [3600])
+    prev_log = train_log.loc[earliest_rows(train_log, 0.75)]
+    as_of_row = world.fm_batch(prev_log)
+    as_of_round = world.fm_inputs(prev_log, 3600)
+    # The two readings differ (events within the hour before a row), so the check can fail.
+    assert not torch.equal(as_of_row.hist_item, as_of_round.hist_item)
+    expected = as_of_round if fm_inputs == "round" else as_of_row
+    [fm_batch] = fm_batches
+    [compressor_batch] = compressor_batches
+    for seen in (fm_batch, compressor_batch):
+        for name in ("user_id", "item_id", "hist_item", "hist_age", "hist_mask"):
+            torch.testing.assert_close(getattr(seen, name), getattr(expected, name))
+
+    fm_batches.clear()
+    _contenders(
+        world, train_rows, test_rows, 0.75, {"kd": 0.5, "label_smoothing": 0.5}, 0, FAST, cfg
+    )
+    full_span = world.fm_batch(train_log)
+    torch.testing.assert_close(fm_batches[0].hist_item, full_span.hist_item)
+    torch.testing.assert_close(fm_batches[0].hist_age, full_span.hist_age)
 
 
 @pytest.fixture(scope="module")

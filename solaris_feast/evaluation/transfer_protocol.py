@@ -101,6 +101,7 @@ from solaris_feast.tiers import FmRowsTier, Tier
 logger = logging.getLogger(__name__)
 
 FmHistory = Literal["all_surfaces", "own_surface"]
+FmInputs = Literal["request", "round"]
 ZERO_Z_CONTROL = "vm_zero_z"
 """Contender: the served VM's tiers with zero vectors, the control for what z's content adds."""
 TIER_MIX_MODE = "tier_mix"
@@ -160,6 +161,13 @@ class ProtocolConfig(BaseModel):
     so against ``all_surfaces`` this withholds the other surfaces' engagement from the FM's
     inputs and nothing else (the ablation arm that tells the cross-surface signal from the
     larger training set). Needs ``vm_surface``."""
+    fm_inputs: FmInputs = "request"
+    """The inputs the previous-window FM, the one that serves ``z``, trains on (its compressor
+    too). ``request``: each training row's history as of the row itself. ``round``: as of the
+    last round at or before the row (``round_seconds``), which is what it is served with: an
+    FM trained on up-to-the-second history leans on the last minutes, which the hourly round
+    never has. The full-span FM (the denominator) and the KD teacher read as of the request
+    either way."""
     fm_rows: FmRowsTier = "zero"
     """The tier the served VMs (and the zero-z control) train with on the rows the
     previous-window FM trained on, where it serves no ``z``. ``zero``: tier ZERO, as serving
@@ -179,13 +187,18 @@ def protocol_for(
     fm_history: FmHistory = "all_surfaces",
     base: ProtocolConfig | None = None,
     fm_rows: FmRowsTier = "zero",
+    fm_inputs: FmInputs = "request",
 ) -> ProtocolConfig:
     """``base`` (the defaults when ``None``) for ``dataset``: on a log with surfaces the VM gets
-    :data:`DEFAULT_VM_SURFACE` unless ``base`` names one; ``fm_history`` and ``fm_rows`` as
-    given. What ``solaris evaluate transfer`` and ``benchmarks/bench_transfer_surfaces.py`` both
-    run."""
+    :data:`DEFAULT_VM_SURFACE` unless ``base`` names one; ``fm_history``, ``fm_rows`` and
+    ``fm_inputs`` as given. What ``solaris evaluate transfer`` and
+    ``benchmarks/bench_transfer_surfaces.py`` both run."""
     cfg = base or ProtocolConfig()
-    update: dict[str, object] = {"fm_history": fm_history, "fm_rows": fm_rows}
+    update: dict[str, object] = {
+        "fm_history": fm_history,
+        "fm_rows": fm_rows,
+        "fm_inputs": fm_inputs,
+    }
     if SURFACE in dataset.interactions.columns and cfg.vm_surface is None:
         update["vm_surface"] = DEFAULT_VM_SURFACE
     # Validated again: model_copy does not, and a bad fm_history should fail here.
@@ -393,12 +406,19 @@ def _split(log: pd.DataFrame, end: float, span: float) -> tuple[np.ndarray, np.n
     return train, test
 
 
-def _fit_fm(world: _World, log: pd.DataFrame, seed: int, mc: TransferConfig) -> FoundationModel:
+def _fit_fm(
+    world: _World,
+    log: pd.DataFrame,
+    seed: int,
+    mc: TransferConfig,
+    batch: PairBatch | None = None,
+) -> FoundationModel:
+    """An FM fitted on ``log``'s rows, read as ``batch`` (by default as of each row)."""
     with seeded_torch(seed):
         fm = FoundationModel(world.fm_schema, len(world.tasks), mc.foundation)
     train_foundation(
         fm,
-        world.fm_batch(log),
+        world.fm_batch(log) if batch is None else batch,
         labels_of(log, world.tasks),
         mc.fm_training.model_copy(update={"seed": seed}),
     )
@@ -528,8 +548,13 @@ def _served_vm_probabilities(
     (the FM's); the VM trains on its own surface's rows of it, ``test_log`` is the VM's."""
     prev_rows = earliest_rows(train_log, prev_fraction)
     prev_log = train_log.loc[prev_rows]
-    fm_prev = _fit_fm(world, prev_log, seed, mc)
-    compressor = _fit_compressor(fm_prev, world.fm_batch(prev_log), seed, mc)
+    prev_batch = (
+        world.fm_inputs(prev_log, cfg.round_seconds)
+        if cfg.fm_inputs == "round"
+        else world.fm_batch(prev_log)
+    )
+    fm_prev = _fit_fm(world, prev_log, seed, mc, prev_batch)
+    compressor = _fit_compressor(fm_prev, prev_batch, seed, mc)
     own = world.vm_rows(train_log)
     vm_train_log = train_log.loc[own].reset_index(drop=True)
     both = pd.concat([vm_train_log, test_log], ignore_index=True)
