@@ -30,7 +30,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check solaris_feast tests dags feature_repo benchmarks
 	$(BIN)/ruff format --check solaris_feast tests dags feature_repo benchmarks
-	$(BIN)/mypy solaris_feast dags
+	$(BIN)/mypy solaris_feast dags tests
 
 bench: $(STAMP)
 	$(BIN)/solaris bench serve --json benchmarks/results/serve.json

@@ -14,9 +14,9 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,9 @@ from solaris_feast.store.layout import (
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
 DIM = 32
 VERSION = "cmp-backends-v1"
 DEADLINE_MS = 50.0
@@ -76,7 +79,7 @@ def pair_frame(user: int, items: np.ndarray, vectors: np.ndarray) -> pd.DataFram
     )
 
 
-def store_with_online(project: str, repo: Path, online_store: dict[str, object]) -> object:
+def store_with_online(project: str, repo: Path, online_store: dict[str, object]) -> FeatureStore:
     """A Feast store like ``build_repo_config``'s with another online store section."""
     from feast import FeatureStore, RepoConfig
 
@@ -93,7 +96,9 @@ def store_with_online(project: str, repo: Path, online_store: dict[str, object])
     return FeatureStore(config=config)
 
 
-def applied_store(project: str, repo: Path, online: str, redis_url: str | None = None) -> object:
+def applied_store(
+    project: str, repo: Path, online: str, redis_url: str | None = None
+) -> FeatureStore:
     store = open_store(project, repo, online=online, redis_url=redis_url)  # type: ignore[arg-type]
     store.apply(solaris_definitions().all())
     return store
@@ -126,18 +131,18 @@ def test_10k_candidates_on_a_sleeping_redis_answer_zero_within_1_5x_the_deadline
 ) -> None:
     store = applied_store(feast_project, tmp_path / "repo", "redis", debug_redis)
     vectors = np.ones((3, DIM), dtype=np.float32)
-    EmbeddingWriter(store, "solaris_pair", offline=False).write(  # type: ignore[arg-type]
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(
         pair_frame(1, np.arange(3), vectors)
     )
     items = np.arange(MANY, dtype=np.int64)
     retriever = SolarisRetriever(
-        store,  # type: ignore[arg-type]
+        store,
         VERSION,
         deadline_ms=DEADLINE_MS,
         record_misses=False,
     )
     strict = SolarisRetriever(
-        store,  # type: ignore[arg-type]
+        store,
         VERSION,
         deadline_ms=DEADLINE_MS,
         record_misses=False,
@@ -165,7 +170,7 @@ def test_10k_candidates_on_a_sleeping_redis_answer_zero_within_1_5x_the_deadline
         assert retriever.stats.deadline_exceeded == 2
         # The aborted reads dropped their connections: the next read is whole and correct.
         relaxed = SolarisRetriever(
-            store,  # type: ignore[arg-type]
+            store,
             VERSION,
             deadline_ms=10_000,
             record_misses=False,
@@ -185,18 +190,18 @@ def test_10k_candidates_on_a_locked_sqlite_answer_zero_within_1_5x_the_deadline(
     tmp_path: Path, feast_project: str
 ) -> None:
     store = applied_store(feast_project, tmp_path / "repo", "sqlite")
-    EmbeddingWriter(store, "solaris_pair", offline=False).write(  # type: ignore[arg-type]
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(
         pair_frame(1, np.arange(3), np.ones((3, DIM), dtype=np.float32))
     )
     items = np.arange(MANY, dtype=np.int64)
     retriever = SolarisRetriever(
-        store,  # type: ignore[arg-type]
+        store,
         VERSION,
         deadline_ms=DEADLINE_MS,
         record_misses=False,
     )
     strict = SolarisRetriever(
-        store,  # type: ignore[arg-type]
+        store,
         VERSION,
         deadline_ms=DEADLINE_MS,
         record_misses=False,
@@ -228,9 +233,9 @@ def test_sqlite_repeated_misses_are_not_rewritten_and_wait_for_no_writer(
     lock, serving the same user again queues nothing and waits for no lock; a new miss still
     needs the lock, and is queued once the writer is gone; string ids too."""
     store = applied_store(feast_project, tmp_path / "repo", "sqlite")
-    backend = backend_for(store, 0.2)  # type: ignore[arg-type]
+    backend = backend_for(store, 0.2)
 
-    def record(user: object, items: list[object]) -> int:
+    def record(user: int | str, items: Sequence[int | str]) -> int:
         return backend.record_misses(
             user, items, VERSION, now=1, round_ttl_seconds=60, max_stream_length=100
         )
@@ -264,11 +269,11 @@ def test_sqlite_reads_more_candidates_than_sqlite_binds_in_one_statement(
 ) -> None:
     store = applied_store(feast_project, tmp_path / "repo", "sqlite")
     vectors = np.arange(2 * DIM, dtype=np.float32).reshape(2, DIM)
-    EmbeddingWriter(store, "solaris_pair", offline=False).write(  # type: ignore[arg-type]
+    EmbeddingWriter(store, "solaris_pair", offline=False).write(
         pair_frame(5, np.array([7, 39_999]), vectors)
     )
     retriever = SolarisRetriever(
-        store,  # type: ignore[arg-type]
+        store,
         VERSION,
         deadline_ms=30_000,
         record_misses=False,
@@ -288,10 +293,8 @@ def test_a_missing_table_is_final_raised_as_itself_in_strict_mode_and_logged_by_
     tmp_path: Path, feast_project: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = applied_store(feast_project, tmp_path / "repo", "sqlite")
-    retriever = SolarisRetriever(store, VERSION, record_misses=False)  # type: ignore[arg-type]
-    strict = SolarisRetriever(  # type: ignore[arg-type]
-        store, VERSION, record_misses=False, strict=True
-    )
+    retriever = SolarisRetriever(store, VERSION, record_misses=False)
+    strict = SolarisRetriever(store, VERSION, record_misses=False, strict=True)
     with sqlite3.connect(tmp_path / "repo" / "data" / "online.db") as conn:
         conn.execute(f'DROP TABLE "{sqlite_table(feast_project, "solaris_similar")}"')
     with pytest.raises(ViewsNotAppliedError) as raised:
@@ -508,11 +511,11 @@ def test_every_backend_writes_reads_queues_and_scans_the_same_rows(
     online: str, tmp_path: Path, feast_project: str, redis_url: str
 ) -> None:
     store = applied_store(feast_project, tmp_path / "repo", online, redis_url)
-    writer = EmbeddingWriter(store, "solaris_pair", offline=False)  # type: ignore[arg-type]
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
     vectors = np.arange(3 * DIM, dtype=np.float32).reshape(3, DIM)
     assert writer.write(pair_frame(4, np.array([1, 2, 3]), vectors)).online_applied == 3
     writer.close()
-    backend = backend_for(store, 5.0)  # type: ignore[arg-type]
+    backend = backend_for(store, 5.0)
     try:
         assert backend.kind == online
         views = {Tier.EXACT: "solaris_pair", Tier.SIMILAR: "solaris_similar"}
@@ -549,9 +552,10 @@ def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
     """The fast path against the obviously right one: same bytes written, same tiers read."""
     store = applied_store(feast_project, tmp_path / "repo", "redis", redis_url)
     client = redis.Redis.from_url(redis_url)
-    packed = RedisBackend(redis_client(store, 5.0), feast_project, packed=True)  # type: ignore[arg-type]
-    plain = RedisBackend(redis_client(store, 5.0), feast_project, packed=False)  # type: ignore[arg-type]
+    packed = RedisBackend(redis_client(store, 5.0), feast_project, packed=True)
+    plain = RedisBackend(redis_client(store, 5.0), feast_project, packed=False)
     layout = EntityKeyLayout(["user_id", "item_id"], 3)
+    from feast.protos.feast.types.Value_pb2 import FloatList
     from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
     def batch(user: int, items: list[int], ts_ns: int, versions: int = 1) -> OnlineBatch:
@@ -559,7 +563,7 @@ def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
         # as one matrix (it takes the row-by-row path).
         values = [
             [
-                ValueProto(float_list_val={"val": [float(i)] * DIM}).SerializeToString(),
+                ValueProto(float_list_val=FloatList(val=[float(i)] * DIM)).SerializeToString(),
                 ValueProto(string_val=VERSION + "x" * (i % versions)).SerializeToString(),
                 ValueProto(unix_timestamp_val=ts_ns // 10**9).SerializeToString(),
             ]
@@ -595,7 +599,13 @@ def test_hand_packed_redis_reads_and_writes_match_the_redis_py_pipeline(
         # Newest wins row by row inside one script call: the older middle row is skipped and
         # the row after it still gets its own values.
         def stored_hashes(user: int) -> list[dict[bytes, bytes]]:
-            return [client.hgetall(layout.key(user, i) + feast_project.encode()) for i in (1, 2, 3)]
+            # A client without decode_responses: its stubs say bytes | str, it answers bytes.
+            return [
+                cast(
+                    dict[bytes, bytes], client.hgetall(layout.key(user, i) + feast_project.encode())
+                )
+                for i in (1, 2, 3)
+            ]
 
         for user, backend in ((5, packed), (6, plain)):
             assert backend.write_batch(batch(user, [1, 2, 3], now_ns), chunk_rows=8, atomic_rows=8)
@@ -666,9 +676,9 @@ def test_byte_columns_keep_every_byte_and_build_feasts_keys_as_a_matrix() -> Non
     with pytest.raises(ValueError, match="exactly one"):
         ByteColumn()
 
-    calls: list[object] = []
+    calls: list[int] = []
 
-    def encode(value: object) -> bytes:
+    def encode(value: int) -> bytes:
         calls.append(value)
         return str(value).encode()
 

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -618,17 +618,18 @@ def test_views_registered_under_a_repos_own_names_are_precomputed_served_and_rev
     from solaris_feast.serving.retriever import SolarisRetriever
     from solaris_feast.tiers import Tier
 
-    names = {
-        "pair_view_name": "shop_pair",
-        "user_view_name": "shop_user",
-        "similar_view_name": "shop_similar",
-        "resolved_view_name": "shop_resolved",
-        "service_name": "shop_embeddings",
-    }
     end = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
     write_own_log(tmp_path / "log", 60, 45, end)
     write_item_table(tmp_path / "items.parquet", 45)
-    make_feature_repo(tmp_path / "repo", feast_project, **names)
+    make_feature_repo(
+        tmp_path / "repo",
+        feast_project,
+        pair_view_name="shop_pair",
+        user_view_name="shop_user",
+        similar_view_name="shop_similar",
+        resolved_view_name="shop_resolved",
+        service_name="shop_embeddings",
+    )
     config = write_config(tmp_path, config_dict(tmp_path))
     out = run_cli("train", "--config", str(config))
     vm = next(c for c in list_cards(tmp_path / "models") if c.kind == "vm")
@@ -743,9 +744,11 @@ def test_a_vm_trained_on_another_log_is_refused_before_planning_naming_the_misma
     assert not (tmp_path / "big" / "runs").exists()
     # The same chain against the log read through a vocabulary: refused for the id space.
     raw = config_dict(tmp_path / "big", models={"dir": str(tmp_path / "small" / "models")})
-    settings = precompute_settings(load_config(write_config(tmp_path / "big", raw)))
+    through_vocabulary = precompute_settings(load_config(write_config(tmp_path / "big", raw)))
     with pytest.raises(ChainMismatchError, match=r"indexes dense ids 0..N-1 directly"):
-        precompute.start_precompute(settings.model_dump(mode="json"), _interval(None, "pre"))
+        precompute.start_precompute(
+            through_vocabulary.model_dump(mode="json"), _interval(None, "pre")
+        )
 
 
 def test_a_vocabulary_chain_takes_new_users_but_refuses_a_log_of_strangers(
@@ -839,7 +842,8 @@ def test_a_log_registered_as_a_feast_file_source_is_read_from_its_path(
     config = load_config(write_config(tmp_path, raw))
     log = resolved_log(config)
     assert Path(log.path).resolve() == (tmp_path / "log").resolve()
-    assert read_log_window(log, end - timedelta(hours=6), end).metadata["rows_read"] > 0
+    rows_read = cast(int, read_log_window(log, end - timedelta(hours=6), end).metadata["rows_read"])
+    assert rows_read > 0
     missing = config.model_copy(
         update={"log": config.log.model_copy(update={"feast_source": "no_such_log"})}
     )
@@ -973,9 +977,11 @@ def test_own_fm_and_verifier_on_sparse_int64_users_and_string_items_via_the_comm
     cards = {c.kind: c for c in list_cards(tmp_path / "models")}
     # The deployment's FM and verifier are registered, not trained; the compressor is trained on
     # the FM's 48-dim representations and sits between them in the chain.
-    assert cards["fm"].config[INTERFACE_CONFIG]["entry_point"] == "byo_models:two_tower_fm"
+    fm_interface = cast(dict[str, object], cards["fm"].config[INTERFACE_CONFIG])
+    assert fm_interface["entry_point"] == "byo_models:two_tower_fm"
     assert cards["fm"].config["representation_dim"] == 48
-    assert cards["vm"].config[INTERFACE_CONFIG]["entry_point"] == "byo_models:dot_verifier"
+    vm_interface = cast(dict[str, object], cards["vm"].config[INTERFACE_CONFIG])
+    assert vm_interface["entry_point"] == "byo_models:dot_verifier"
     assert cards["compressor"].parents == (cards["fm"].version,)
     assert cards["vm"].parents == (cards["compressor"].version,)
     assert (

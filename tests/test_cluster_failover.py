@@ -279,7 +279,9 @@ def frozen_garbage() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("frozen_garbage")
-def test_primary_killed_while_serving_and_writing(replicated_cluster: Cluster, tmp_path: Path):
+def test_primary_killed_while_serving_and_writing(
+    replicated_cluster: Cluster, tmp_path: Path
+) -> None:
     cluster = replicated_cluster
     project = f"cl_failover_{uuid.uuid4().hex[:8]}"
     store = cluster_store(project, tmp_path / "repo", cluster.connection)
@@ -413,7 +415,7 @@ def test_primary_killed_while_serving_and_writing(replicated_cluster: Cluster, t
 
 def test_write_waits_for_the_replica_its_primary_has_not_the_slot_map(
     replicated_cluster: Cluster, tmp_path: Path
-):
+) -> None:
     """``CLUSTER SLOTS`` leaves out a replica its answering node has not yet heard report an
     offset (for a second or so after the replica syncs) and one flagged failing. A writer whose
     slot map was read then must still wait for the replica the primary has: with every replica

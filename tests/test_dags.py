@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -437,8 +437,8 @@ def make_feature_repo(
     config = SolarisFeastConfig(
         user_producing_dag="solaris_precompute",
         similar_producing_dag="solaris_precompute",
-        embedding_codec=embedding_codec,  # type: ignore[arg-type]
-        **id_types,  # type: ignore[arg-type]
+        embedding_codec=embedding_codec,
+        **id_types,
     )
     if apply:
         open_store(path, redis).apply(solaris_definitions(config).all())
@@ -1146,7 +1146,8 @@ def test_own_models_on_sparse_and_string_ids_train_and_precompute_through_the_da
     assert all(t["state"] == "success" for t in trained["tasks"].values())
     cards = {c.kind: c for c in list_cards(tmp_path / "own" / "models")}
     assert set(cards) == {"fm", "compressor", "vm"}
-    assert cards["vm"].config["interface"]["entry_point"] == "byo_models:dot_verifier"
+    interface = cast(dict[str, object], cards["vm"].config["interface"])
+    assert interface["entry_point"] == "byo_models:dot_verifier"
     result = run_dag("solaris_precompute", last_hour(), {})
     assert all(t["state"] == "success" for t in result["tasks"].values())
     [run_dir] = sorted((tmp_path / "own" / "runs").glob("*/*"))

@@ -35,6 +35,7 @@ from solaris_feast.store.definitions import (
 )
 from solaris_feast.store.layout import (
     EntityKeyLayout,
+    FloatListCodec,
     QuantizedCodec,
     dequantize_payloads,
     embedding_codec,
@@ -76,6 +77,7 @@ def test_quantized_codec_matches_a_per_row_reference_within_its_error_bound(code
     vectors = (rng.standard_normal((200, DIM)) * rng.uniform(0.01, 20, (200, 1))).astype(np.float32)
     vectors[0] = 0.0  # an all-zero vector has scale 0 and must come back as zeros
     coder = embedding_codec(codec, DIM)
+    assert isinstance(coder, QuantizedCodec)
     encoded = coder.encode_rows(vectors)
     back = coder.decode_packed(encoded)
     np.testing.assert_allclose(back, reference_round_trip(codec, vectors), rtol=0, atol=1e-6)
@@ -94,16 +96,19 @@ def test_payloads_of_the_wrong_size_or_type_do_not_decode(codec: str) -> None:
     assert isinstance(coder, QuantizedCodec)
     (good,) = coder.payloads(np.ones((1, DIM), np.float32))
     vectors, decoded = dequantize_payloads(
-        [good, good[:-1], good + b"\0", None, b"", [1.0] * DIM],
+        # The last payload is a float list, not bytes: the wrong type on purpose.
+        [good, good[:-1], good + b"\0", None, b"", [1.0] * DIM],  # type: ignore[list-item]
         codec,
-        DIM,  # type: ignore[list-item]
+        DIM,
     )
     assert decoded.tolist() == [True, False, False, False, False, False]
     assert not vectors[1:].any()
     other = "int8" if codec == "float16" else "float16"
     assert coder.decode(embedding_codec(other, DIM).encode_rows(np.ones((1, DIM)))[0]) is None
     assert coder.decode(b"\xff\x00garbage") is None
-    assert coder.decode(embedding_codec("float32", DIM).encode(np.ones(DIM))) is None
+    float32 = embedding_codec("float32", DIM)
+    assert isinstance(float32, FloatListCodec)
+    assert coder.decode(float32.encode(np.ones(DIM))) is None
 
 
 def test_float16_refuses_vectors_beyond_its_range_at_write(tmp_path: Path) -> None:
@@ -119,7 +124,7 @@ def test_views_carry_the_codec_tag_and_the_matching_feast_type() -> None:
     from feast.types import Array, Bytes, Float32
 
     for codec, dtype in (("float32", Array(Float32)), ("int8", Bytes), ("float16", Bytes)):
-        definitions = solaris_definitions(SolarisFeastConfig(embedding_codec=codec))  # type: ignore[arg-type]
+        definitions = solaris_definitions(SolarisFeastConfig(embedding_codec=codec))
         for view in definitions.stored_views():
             assert view.tags[TAG_EMBEDDING_CODEC] == codec
             assert next(f.dtype for f in view.features if f.name == EMBEDDING) == dtype
@@ -147,7 +152,7 @@ def quantized_store(
     backend: str, codec: str, project: str, tmp_path: Path, redis_url: str
 ) -> FeatureStore:
     store = open_store(project, tmp_path, online=backend, redis_url=redis_url)  # type: ignore[arg-type]
-    store.apply(solaris_definitions(SolarisFeastConfig(embedding_codec=codec)).all())  # type: ignore[arg-type]
+    store.apply(solaris_definitions(SolarisFeastConfig(embedding_codec=codec)).all())
     return store
 
 
@@ -236,6 +241,7 @@ def test_bad_quantized_bytes_are_a_counted_miss_served_zero_not_an_error(
     EmbeddingWriter(store, "solaris_pair", offline=False).write(pair_frame(vectors))
     key = EntityKeyLayout([USER_ID, ITEM_ID], 3).key
     coder = embedding_codec(codec, DIM)
+    assert isinstance(coder, QuantizedCodec)
     (good,) = coder.payloads(vectors[:1])
     wrong_size = ValueProto(bytes_val=good[:-3]).SerializeToString()
     other_codec = embedding_codec("int8" if codec == "float16" else "float16", DIM)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -24,7 +25,7 @@ FAST = TransferConfig(
 
 def test_report_has_its_keys_and_tr_follows_the_formula() -> None:
     ds = generate(SyntheticConfig(num_users=150, num_items=80, num_categories=6, days=2.0))
-    record = evaluate_transfer(ds, seeds=[0, 1], config=FAST).to_json()
+    record: dict[str, Any] = evaluate_transfer(ds, seeds=[0, 1], config=FAST).to_json()
     assert set(record["ne"]) == {"vm", "vm_kd", "vm_solaris", "fm"}
     for per_task in record["ne"].values():
         assert set(per_task) == {"click", "conversion"}

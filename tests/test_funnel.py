@@ -327,8 +327,16 @@ def _synthetic_traffic(alter_from: int | None = None, hours: int = 14) -> Funnel
 
 def _fit(traffic: FunnelTrafficLog, hour: int) -> Any:
     until = pd.Timestamp(hour * 3600, unit="s", tz="UTC")
+    # No interaction log: _ToyVM reads none, though the signature asks for one.
     return train_request_model(
-        traffic, until, _ToyVM(), None, _U, _I, config=RequestModelConfig(epochs=3), seed=3
+        traffic,
+        until,
+        _ToyVM(),
+        None,  # type: ignore[arg-type]
+        _U,
+        _I,
+        config=RequestModelConfig(epochs=3),
+        seed=3,
     )
 
 

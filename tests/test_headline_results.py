@@ -15,6 +15,7 @@ scores, makes the matching test fail.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,7 +41,7 @@ FAST_MODELS = TransferConfig(
 
 def test_vm_with_the_fm_embedding_has_lower_ne_than_the_vm_alone() -> None:
     ds = load_dataset("synthetic", "tiny", SEED)
-    record = evaluate_transfer(ds, seeds=[SEED], config=FAST_MODELS).to_json()
+    record: dict[str, Any] = evaluate_transfer(ds, seeds=[SEED], config=FAST_MODELS).to_json()
     ne = record["ne"]
     main_task = record["tasks"][0]
     # The FM must beat the VM for there to be a gain to transfer at all.

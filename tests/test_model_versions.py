@@ -240,7 +240,7 @@ def test_a_malformed_card_is_refused_naming_its_file_and_field(
 ) -> None:
     card: dict[str, object] = {"kind": "vm", "created_at": "2026-01-01T00:00:00Z", **fields}
     kind, created_at = str(card.pop("kind")), str(card.pop("created_at"))
-    path = write_card(tmp_path, "vm-x", kind, created_at, **card)
+    path = write_card(tmp_path, "vm-x", kind, created_at, parents=(), config=None, **card)
     with pytest.raises(ConfigError, match=problem) as refused:
         read_card(path)
     assert str(path) in str(refused.value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -321,7 +322,9 @@ def test_the_fm_span_tier_reads_no_vector_and_old_cards_load(dataset: Interactio
     vm = VerticalModel(f.schema, 2)
     span = torch.full((6,), FM_SPAN_TIER)
     assert torch.equal(vm(b, torch.randn(6, 32), span), vm(b, torch.zeros(6, 32), span))
-    assert fm_span_tiers(torch.full((3,), int(Tier.EXACT)), [True, False, True]).tolist() == [
+    assert fm_span_tiers(
+        torch.full((3,), int(Tier.EXACT)), np.array([True, False, True])
+    ).tolist() == [
         FM_SPAN_TIER,
         int(Tier.EXACT),
         FM_SPAN_TIER,

@@ -241,7 +241,8 @@ def test_movielens_1m_layout_reads_prefixed_users_and_title_keyed_movies(tmp_pat
     log = ds.interactions
     first = log.iloc[0]
     assert (first["user_id"], first["item_id"], first["like"], first["love"]) == (1, 1, 1, 1)
-    assert ds.metadata["source"].startswith(ML_1M.requirement)  # type: ignore[union-attr]
+    source = ds.metadata["source"]
+    assert isinstance(source, str) and source.startswith(ML_1M.requirement)
 
 
 def test_movielens_1m_user_without_its_prefix_names_the_column(tmp_path: Path) -> None:

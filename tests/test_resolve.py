@@ -101,7 +101,13 @@ def test_resolve_matches_the_one_pair_at_a_time_reference_on_a_seeded_grid(seed:
 )
 def test_ttl_and_clock_skew_boundaries(age: float, usable: bool) -> None:
     ok = usable_rows(
-        np.ones((1, DIM), np.float32), [True], [True], [NOW - age], NOW, TTL[Tier.EXACT], SKEW
+        np.ones((1, DIM), np.float32),
+        np.array([True]),
+        np.array([True]),
+        np.array([NOW - age]),
+        NOW,
+        TTL[Tier.EXACT],
+        SKEW,
     )
     assert ok.tolist() == [usable]
 

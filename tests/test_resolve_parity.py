@@ -32,6 +32,7 @@ import pytest
 import redis
 import yaml
 from conftest import free_port
+from feast.protos.feast.types.Value_pb2 import FloatList
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 from google.protobuf.message import DecodeError
 
@@ -65,7 +66,7 @@ RESOLVED = [
 
 WRONG_TYPE = ValueProto(string_val="not a vector").SerializeToString()
 GARBAGE = b"\xff\xfe\x00 not a protobuf \x99"
-TRUNCATED = ValueProto(float_list_val={"val": [0.5] * DIM}).SerializeToString()[:40]
+TRUNCATED = ValueProto(float_list_val=FloatList(val=[0.5] * DIM)).SerializeToString()[:40]
 
 
 # name: (age in seconds, model version, vector or raw bytes or None for absent, served?)

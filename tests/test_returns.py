@@ -3,6 +3,8 @@ before the round, against a brute-force count, in two worlds with opposite retur
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -19,7 +21,7 @@ NOW = pd.Timestamp("2026-06-01T12:00:00Z")
 HOUR = 3600.0
 
 
-def _log(users: list[object], hours_before_now: list[float]) -> pd.DataFrame:
+def _log(users: Sequence[object], hours_before_now: Sequence[float]) -> pd.DataFrame:
     return pd.DataFrame(
         {
             "user_id": np.array(users, dtype=object if isinstance(users[0], str) else np.int64),

@@ -223,7 +223,7 @@ def test_two_scheduled_rounds_under_a_real_scheduler_succeed_fresh_and_without_d
         print(
             f"\nairflow db migrate ({conn_uri.split(':')[0]}): {time.monotonic() - started:.0f} s"
         )
-        procs = []
+        procs: list[subprocess.Popen[bytes]] = []
         try:
             start_deployment(procs, env, port, logs, conn_uri)
             airflow_cli(env, "dags", "unpause", "solaris_precompute")

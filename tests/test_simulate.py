@@ -376,7 +376,9 @@ def test_replay_serves_by_the_one_tier_rule_with_its_ttl_boundary() -> None:
     dim = 4
     state = PlannerState("verifier", 0.1, "fm_user", dim)
     exact_at = np.array([now_s - cfg.pair_ttl_seconds, now_s - cfg.pair_ttl_seconds - 1])
-    state.exact.upsert(pair_keys([1, 1], [10, 11]), np.ones((2, dim), np.float32), exact_at)
+    state.exact.upsert(
+        pair_keys(np.array([1, 1]), np.array([10, 11])), np.ones((2, dim), np.float32), exact_at
+    )
     state.user.upsert(np.array([1]), np.full((1, dim), 2.0, np.float32), np.array([now_s]))
     requests = pd.DataFrame({"user_id": [1, 1, 2], "item_id": [10, 11, 10]})
     step = ReplayStep(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,7 @@ from test_resolve_parity import store as parity_store
 from solaris_feast.errors import RetryableStoreError
 from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.serving.online_store import (
+    ResolvedViewReads,
     SolarisRedisOnlineStoreConfig,
     SolarisSqliteOnlineStoreConfig,
 )
@@ -57,9 +58,6 @@ from solaris_feast.store.definitions import (
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
-if TYPE_CHECKING:
-    from solaris_feast.serving.online_store import ResolvedViewReads
-
 WITH_EMBEDDING = [*RESOLVED, f"{CFG.resolved_view_name}:resolved_embedding"]
 PAIR_FEATURES = [f"{CFG.pair_view_name}:{f}" for f in ("embedding", "model_version")]
 
@@ -69,7 +67,8 @@ store = parity_store
 
 
 def online_store(store: FeatureStore) -> ResolvedViewReads:
-    reads: ResolvedViewReads = store._get_provider().online_store
+    reads = store._get_provider().online_store
+    assert isinstance(reads, ResolvedViewReads)
     return reads
 
 

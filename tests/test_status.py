@@ -274,6 +274,7 @@ def test_status_counts_freshness_by_the_tier_rule_future_values_included(
 
     from solaris_feast.store.layout import quoted_sqlite_table
 
+    assert store.config.repo_path is not None
     db = Path(store.config.repo_path) / store.config.online_store.path
     with sqlite3.connect(db) as conn:
         conn.execute(
