@@ -98,6 +98,9 @@ of the pair TTL and exponents 1 to 6: the largest funnel hit rate that costs the
 ``benchmarks/README.md``)."""
 
 
+DEFAULT_AGGREGATE_WINDOW_SECONDS = 86_400
+"""Window of the user-only aggregate: the pairs computed in the last day."""
+
 DEFAULT_FILL_TARGETS_PER_BUDGET = 1.0
 """Fill targets per round, as a multiple of the pairs the round planned for the FM (the best
 uncovered pairs first; queued misses come on top). Every published replay and funnel figure was
@@ -162,7 +165,7 @@ class PrecomputeSettings(LogSource):
     """The horizon of that weight; null: the pair TTL, the time a vector computed now serves."""
     max_drained_misses: int = Field(100_000, ge=0)
     """Most queued misses taken off the queue per run."""
-    aggregate_window_seconds: int = Field(86_400, gt=0)
+    aggregate_window_seconds: int = Field(DEFAULT_AGGREGATE_WINDOW_SECONDS, gt=0)
     """Window of the user-only aggregate."""
     fill_targets_per_budget: float = Field(DEFAULT_FILL_TARGETS_PER_BUDGET, ge=0.0)
     """Over-budget pairs (highest verifier score first) given to the similarity fill, besides

@@ -23,6 +23,7 @@ from solaris_feast.columns import EMBEDDING, PAIR_COUNT
 from solaris_feast.data.schema import ITEM_ID, USER_ID, as_utc
 from solaris_feast.errors import SchemaError
 from solaris_feast.keys import dense_pair_keys, id_array, run_starts
+from solaris_feast.pipeline.settings import DEFAULT_AGGREGATE_WINDOW_SECONDS
 from solaris_feast.precompute.plan import COMPUTED_AT, MODEL_VERSION, unix_seconds
 from solaris_feast.serving.resolve import usable_rows
 from solaris_feast.store.layout import version_matches
@@ -152,7 +153,7 @@ class AggregateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    window_seconds: int = Field(default=86400, gt=0)
+    window_seconds: int = Field(default=DEFAULT_AGGREGATE_WINDOW_SECONDS, gt=0)
     """Pairs computed in ``[now - window_seconds, now]`` are averaged (the tier rule's TTL
     boundary: a pair exactly ``window_seconds`` old is in)."""
     weighting: Literal["uniform", "recency"] = "uniform"
