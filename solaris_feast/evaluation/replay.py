@@ -980,8 +980,8 @@ def simulate_command(
         typer.Option(
             "--fill-targets",
             min=0.0,
-            help="Similarity-fill targets per round, as a multiple of the round's budget (best "
-            "uncovered pairs first, besides the queued misses); 0: no fill.",
+            help="Similarity-fill targets per round, as a multiple of the pairs the round "
+            "planned (best uncovered pairs first, besides the queued misses); 0: the misses only.",
         ),
     ] = DEFAULT_FILL_TARGETS_PER_BUDGET,
 ) -> None:
