@@ -566,6 +566,12 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     )
     assert min(coverage["coverage"][t] for t in ("exact", "similar", "user")) > 0
     assert sum(coverage["coverage"].values()) == pytest.approx(1.0)
+    # The fill got 5 times the planned pairs, capped at 3,000, and says so in the round's record.
+    fill = coverage["fill"]
+    assert fill["planned_pairs"] == BUDGET_PAIRS and fill["targets_per_budget"] == 5.0
+    assert fill["over_budget_targets"] == min(5 * BUDGET_PAIRS, 3000, plan["over_budget"]) > 0
+    assert fill["targets"] <= fill["over_budget_targets"] + fill["queued_misses"]
+    assert 0 < fill["filled"] <= fill["targets"]
     # Sharded by user end to end: each shard's candidates and plan hold its own users only,
     # the shards' budgets add up to the round's, and each shard's FM task wrote its plan.
     from solaris_feast.precompute.plan import shard_of_users
@@ -706,6 +712,7 @@ def test_a_round_with_nothing_to_compute_loads_no_model_and_no_feast(
     assert [s["pairs"] for s in out["shards"]] == [0, 0]
     assert out["users"]["written"] == 0 and out["users"]["unchanged"] > 0
     assert out["filled"]["filled"] == 0
+    assert out["filled"]["planned_pairs"] == out["filled"]["over_budget_targets"] == 0
     assert out["coverage"]["views_retagged"] == []
     assert offline_rows(repo) == counts  # nothing appended anywhere
     # Served as before: the round's coverage is the previous round's.

@@ -29,7 +29,12 @@ from solaris_feast.columns import (
     USER_ID,
     WRITTEN_AT,
 )
-from solaris_feast.pipeline.runs import budget_path, shard_report_path, write_atomic
+from solaris_feast.pipeline.runs import (
+    budget_path,
+    fill_report_path,
+    shard_report_path,
+    write_atomic,
+)
 from solaris_feast.pipeline.settings import (
     PrecomputeRun,
 )
@@ -101,6 +106,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     # This run's shard count: a re-run with fewer shards leaves older reports beside them.
     reports = [shard_report_path(run_dir, i) for i in range(spec.settings.shards)]
     shards = [json.loads(path.read_text()) for path in reports if path.is_file()]
+    fill_path = fill_report_path(run_dir)
     report = {
         "interval": spec.interval_key,
         "now": pd.Timestamp(spec.now).isoformat(),
@@ -116,6 +122,8 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         "plan": asdict(round_plan(spec, uncovered_rows=0).stats),
         "budgets": json.loads(budget_path(run_dir).read_text())["budgets"],
         "shards": shards,
+        # What the similarity fill was asked for and wrote (None: the fill task has not run).
+        "fill": json.loads(fill_path.read_text()) if fill_path.is_file() else None,
         # A scheduled round's skipped ticks and late start (None: manual or asset-triggered).
         "schedule": spec.ticks,
     }

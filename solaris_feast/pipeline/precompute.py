@@ -54,6 +54,7 @@ from solaris_feast.pipeline.registry_snapshot import (
 )
 from solaris_feast.pipeline.runs import (
     budget_path,
+    fill_report_path,
     precompute_run_dir,
     replace_folder_atomic,
     round_process_settings,
@@ -1030,26 +1031,38 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     now = pd.Timestamp(spec.now)
     pair_view = snapshot.name_of(Tier.EXACT)
     ttl = pair_ttl_seconds(spec, snapshot.view(pair_view).ttl_seconds, pair_view)
-    wanted = fill_target_count(
-        round_planned_pairs(spec), cfg.fill_targets_per_budget, cfg.fill_targets
-    )
+    planned = round_planned_pairs(spec)
+    wanted = fill_target_count(planned, cfg.fill_targets_per_budget, cfg.fill_targets)
     plan = round_plan(spec, uncovered_rows=wanted)
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
+    over_budget = plan.uncovered[[USER_ID, ITEM_ID]].head(wanted)
     targets = pd.concat(
-        [
-            plan.uncovered[[USER_ID, ITEM_ID]].head(wanted),
-            misses[[USER_ID, ITEM_ID]],
-        ],
-        ignore_index=True,
+        [over_budget, misses[[USER_ID, ITEM_ID]]], ignore_index=True
     ).drop_duplicates()
+    # What the round asked of the fill, for coverage.json: how many pairs a multiple and a cap
+    # gave it is what a deployment tunes them by.
+    asked = {
+        "planned_pairs": planned,
+        "targets_per_budget": cfg.fill_targets_per_budget,
+        "cap": cfg.fill_targets,
+        "over_budget_targets": len(over_budget),
+        "queued_misses": len(misses),
+        "targets": len(targets),
+    }
+
+    def reported(outcome: dict[str, Any]) -> dict[str, Any]:
+        report = {**asked, **outcome}
+        write_atomic(fill_report_path(Path(spec.run_dir)), json.dumps(report, indent=2))
+        return report
+
     if len(targets) == 0:
         logger.info("similarity fill: nothing to fill (no targets)")
-        return {"targets": 0, "filled": 0}
+        return reported({"filled": 0})
     user_rows = user_aggregate_rows(spec, snapshot)
     exact = snapshot_rows(snapshot, pair_view, *fresh_window(now, ttl))
     if len(user_rows) < 2 or len(exact) == 0:
         logger.info("similarity fill: nothing to fill (%d targets)", len(targets))
-        return {"targets": len(targets), "filled": 0}
+        return reported({"filled": 0})
     similarity = SimilarityConfig(neighbours=cfg.similar_neighbours)
     index = aggregate_user_index(user_rows, similarity)
     writer = EmbeddingWriter(open_run_store(cfg), snapshot.name_of(Tier.SIMILAR))
@@ -1068,9 +1081,10 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         written = fill_and_write(parts, writer)
     finally:
         writer.close()
-    return {
-        "targets": len(targets),
-        "filled": written.filled,
-        "online_applied": sum(r.online_applied for r in written.answers),
-        "offline_files_written": sum(r.offline_files_written for r in written.answers),
-    }
+    return reported(
+        {
+            "filled": written.filled,
+            "online_applied": sum(r.online_applied for r in written.answers),
+            "offline_files_written": sum(r.offline_files_written for r in written.answers),
+        }
+    )

@@ -212,6 +212,11 @@ def shard_plan_dir(run_dir: Path, shard_index: int) -> Path:
     return shard_dir(run_dir, shard_index) / "plan"
 
 
+def fill_report_path(run_dir: Path) -> Path:
+    """What the round's similarity fill was asked for and wrote."""
+    return run_dir / "fill.json"
+
+
 def budget_path(run_dir: Path) -> Path:
     """The round's budget split over its shards."""
     return run_dir / "budget.json"
