@@ -1050,6 +1050,16 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         "targets": len(targets),
     }
 
+    logger.info(
+        "similarity fill: %d targets: %d over budget (%g x %d planned pairs%s), %d queued misses",
+        len(targets),
+        len(over_budget),
+        cfg.fill_targets_per_budget,
+        planned,
+        "" if cfg.fill_targets is None else f", at most {cfg.fill_targets}",
+        len(misses),
+    )
+
     def reported(outcome: dict[str, Any]) -> dict[str, Any]:
         report = {**asked, **outcome}
         write_atomic(fill_report_path(Path(spec.run_dir)), json.dumps(report, indent=2))
