@@ -1022,10 +1022,8 @@ def run_round_benchmark(
         similar_writer = EmbeddingWriter(store, "solaris_similar")
         # As the fill task does: in parts, each written while the next is computed (the
         # sequential arm: one fill, then its write).
-        if fill_targets is None:  # the DAG's
-            fill_targets = fill_target_count(
-                len(plan), PrecomputeSettings.model_fields["fill_targets_per_budget"].default
-            )
+        if fill_targets is None:  # the DAG's default multiple of the planned pairs
+            fill_targets = fill_target_count(len(plan))
         targets = plan.uncovered.head(fill_targets)
         parts = similarity_fill_parts(
             index,

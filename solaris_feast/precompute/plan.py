@@ -494,16 +494,22 @@ def write_plan(plan: Plan, directory: str | Path) -> Path:
     return path
 
 
+def _read_plan_meta(directory: Path) -> tuple[PlanStats, pd.Timestamp]:
+    """A stored plan's counts and time (its ``plan.json``)."""
+    meta = json.loads((directory / "plan.json").read_text())
+    return PlanStats(**meta["stats"]), pd.Timestamp(meta["planned_at"])
+
+
 def read_plan_stats(directory: str | Path) -> PlanStats:
     """The counts of a plan stored by :func:`write_plan`, without reading its pairs."""
-    return PlanStats(**json.loads((Path(directory) / "plan.json").read_text())["stats"])
+    return _read_plan_meta(Path(directory))[0]
 
 
 def read_plan(directory: str | Path, uncovered_rows: int | None = None) -> Plan:
     """Read a plan stored by :func:`write_plan`; with ``uncovered_rows``, only the first that
     many uncovered pairs (the ones a fill targets first), without reading the rest."""
     path = Path(directory)
-    meta = json.loads((path / "plan.json").read_text())
+    stats, planned_at = _read_plan_meta(path)
     if uncovered_rows is None:
         uncovered = pd.read_parquet(path / "uncovered.parquet")
     else:
@@ -517,8 +523,8 @@ def read_plan(directory: str | Path, uncovered_rows: int | None = None) -> Plan:
     return Plan(
         pairs=pd.read_parquet(path / "pairs.parquet"),
         uncovered=uncovered,
-        stats=read_plan_stats(path),
-        planned_at=pd.Timestamp(meta["planned_at"]),
+        stats=stats,
+        planned_at=planned_at,
     )
 
 
