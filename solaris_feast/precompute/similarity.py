@@ -332,10 +332,16 @@ def similarity_fill_parts(
     target_user, target_item = split_pair_keys(target_key)  # sorted by user
     indexed = _contains(index_code, target_user)
     target_user, target_item = target_user[indexed], target_item[indexed]
+    # A target whose item no user holds fresh finds no neighbour's z: leave it out before the
+    # search rather than scan all its neighbours for nothing (a fifth of the demo round's
+    # targets, each scanning every column).
+    fresh_item_code = codes.item_codes(fresh_item)
+    held = _contains(np.unique(fresh_item_code), target_item)
+    target_user, target_item = target_user[held], target_item[held]
     if len(target_user) == 0 or len(fresh_rows) == 0:
         return iter(())
     # Only holders of a target item can match: a smaller table stays in cache.
-    exact_rows = np.flatnonzero(np.isin(codes.item_codes(fresh_item), np.unique(target_item)))
+    exact_rows = np.flatnonzero(np.isin(fresh_item_code, np.unique(target_item)))
     round_ = _FillRound(
         index=index,
         exact=exact,
@@ -414,11 +420,14 @@ class _FillRound:
                 # or -1 (the lookup knows the targets by their position in the whole fill).
                 found = self.holders_of.find(
                     neighbour_rows[query_row[rows_t], lo_col:hi_col], rows_t + lo
-                )
-                r, c = np.nonzero(found >= 0)  # row-major: by target, then nearest first
+                ).ravel()
+                # Row-major: by target, then nearest first (a flat scan is about twice as fast
+                # as a 2-d nonzero).
+                at = np.flatnonzero(found >= 0)
+                r, c = np.divmod(at, hi_col - lo_col)
                 found_target.append(rows_t[r])
                 found_col.append(c + lo_col)
-                found_row.append(self.holder_rows[found[r, c]])
+                found_row.append(self.holder_rows[found[at]])
                 holders += np.bincount(rows_t[r], minlength=len(target_user))
             open_targets = open_targets[holders[open_targets] < k]
             lo_col, width = hi_col, 2 * width
@@ -437,22 +446,27 @@ class _FillRound:
             # (10.6 of a fill's 71 ms on the demo round).
             order = np.argsort(t, kind="stable")
             t, c, e = t[order], c[order], e[order]
-            keep = rank_within_runs(t) < k  # the k nearest holders of each target
-            t, c, e = t[keep], c[keep], e[keep]
+            rank = rank_within_runs(t)
+            keep = rank < k  # the k nearest holders of each target
+            t, c, e, rank = t[keep], c[keep], e[keep], rank[keep]
             if len(t):
                 dist = distance[query_row[t], c].astype(np.float64)
                 weight = 1.0 / (dist + cfg.distance_epsilon) if k > 1 else np.ones_like(dist)
                 starts = run_starts(t)
                 filled = t[starts]
-                # float32 sums of at most k terms lose nothing that matters; float64 would
-                # double the memory traffic of the biggest array here (weighted in place: the
-                # gather is already a copy).
-                gathered = self.exact.vectors[e]
-                gathered *= weight[:, None].astype(np.float32)
-                weighted = np.add.reduceat(gathered, starts, axis=0).astype(np.float64)
-                out_vectors[filled] = (weighted / np.add.reduceat(weight, starts)[:, None]).astype(
-                    np.float32
-                )
+                # The weighted sums as one batched (1 x k) @ (k x D) product over a padded
+                # (filled, k) table of holders (a padded slot weighs 0): 4x faster than a
+                # reduceat over the gathered rows (30 against 7.5 ms, random 13k targets x 10).
+                # float32 sums of at most k terms lose nothing that matters.
+                slot = np.repeat(np.arange(len(filled)), np.diff(np.r_[starts, len(t)]))
+                padded_weight = np.zeros((len(filled), k), dtype=np.float32)
+                padded_row = np.zeros((len(filled), k), dtype=np.int64)
+                padded_weight[slot, rank] = weight
+                padded_row[slot, rank] = e
+                weighted = np.matmul(padded_weight[:, None, :], self.exact.vectors[padded_row])
+                out_vectors[filled] = (
+                    weighted[:, 0, :].astype(np.float64) / np.add.reduceat(weight, starts)[:, None]
+                ).astype(np.float32)
                 out_count[filled] = np.diff(np.r_[starts, len(t)])
                 out_distance[filled] = np.add.reduceat(dist, starts) / out_count[filled]
         done = out_count > 0
@@ -506,21 +520,25 @@ class _HolderLookup:
             user, item = split_pair_keys(holder_keys)
             row = np.searchsorted(index_code, user)
             indexed = _contains(index_code, user)  # a holder outside the index is no neighbour
-            self._table = np.full((len(index_code), len(items)), -1, dtype=np.int32)
-            self._table[row[indexed], np.searchsorted(items, item[indexed])] = np.flatnonzero(
-                indexed
+            # One row more than the index, all -1: a missing neighbour (row -1) looks up the last
+            # row, so no mask is needed. Flat: one take instead of a 2-d fancy index.
+            self._table = np.full((len(index_code) + 1) * len(items), -1, dtype=np.int32)
+            self._table[row[indexed] * len(items) + np.searchsorted(items, item[indexed])] = (
+                np.flatnonzero(indexed)
             )
             self._item_column = np.searchsorted(items, target_item)
+            self._items = len(items)
         else:
             self._keys = pd.Index(holder_keys)
 
     def find(self, neighbour_rows: np.ndarray, targets: np.ndarray) -> np.ndarray:
         """``(T, W)`` holder position (or -1) of each neighbour row (-1: none) of each target."""
+        if self._table is not None:
+            # Row -1 times the width lands in the sentinel row (negative indices count from the
+            # end).
+            return self._table[neighbour_rows * self._items + self._item_column[targets, None]]
         present = neighbour_rows >= 0
         rows = np.maximum(neighbour_rows, 0)
-        if self._table is not None:
-            found = self._table[rows, self._item_column[targets, None]]
-            return np.where(present, found, -1)
         keys = pair_keys(self._index_code[rows], self._target_item[targets, None])
         found = self._keys.get_indexer(np.where(present, keys, -1).ravel())
         return found.reshape(keys.shape)
