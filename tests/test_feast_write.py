@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+import redis
 
 from solaris_feast.errors import WriteBatchError
 from solaris_feast.serving.retriever import SolarisRetriever
@@ -407,3 +409,43 @@ def test_a_crashed_writes_temp_file_is_removed_by_the_next_write_there(store: Fe
     writer.close()
     assert not stale.exists() and young.exists()
     assert len(offline_files(store)) == 2
+
+
+def test_the_redis_write_script_keeps_the_newer_timestamp_on_every_encoding(
+    redis_url: str,
+) -> None:
+    """The script compares stored and new ``_ts`` protobufs itself, by a 5-byte fast path for
+    seconds from 1978 to 3058 and a varint loop for everything else (no seconds field, fewer or
+    more bytes, nanos): each pair of times is decided as Python orders them."""
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from solaris_feast.store.backends.redis import WRITE_SCRIPT
+
+    times = [
+        (0, 0),
+        (0, 7),
+        (5, 0),
+        (2**28 - 1, 999_999_999),  # 4 varint bytes, just below the fast path
+        (2**28, 0),  # the fast path's first second
+        (1_764_900_000, 0),
+        (1_764_900_000, 1),
+        (1_764_900_000, 999_999_999),
+        (1_764_900_001, 0),
+        (2**35 - 1, 0),  # its last second
+        (2**35, 0),  # 6 bytes
+    ]
+    client = redis.Redis.from_url(redis_url)
+    key = f"solaris_test_write_script:{os.getpid()}"
+    try:
+        for stored in times:
+            for new in times:
+                client.delete(key)
+                client.hset(
+                    key, "_ts", Timestamp(seconds=stored[0], nanos=stored[1]).SerializeToString()
+                )
+                new_ts = Timestamp(seconds=new[0], nanos=new[1]).SerializeToString()
+                applied = client.eval(WRITE_SCRIPT, 1, key, "_ts", 1, 0, "value", new_ts, b"v")
+                assert applied == int(new >= stored), (stored, new)
+                assert client.hget(key, "value") == (b"v" if new >= stored else None)
+    finally:
+        client.delete(key)

@@ -99,6 +99,17 @@ local function parse_ts(s)
   end
   return secs, nanos
 end
+-- The seconds of a Timestamp without the varint loop: seconds from 1978 to 3058 are tag 8 and
+-- exactly 5 varint bytes, read in one string.byte (the loop was 2 of a row's 5 us in Redis).
+-- Anything else (no seconds field, another length) takes the loop.
+local function ts_seconds(s)
+  local tag, b1, b2, b3, b4, b5 = string.byte(s, 1, 6)
+  if tag == 8 and b5 and b5 < 128 and b1 >= 128 and b2 >= 128 and b3 >= 128 and b4 >= 128 then
+    return (b1 - 128) + (b2 - 128) * 128 + (b3 - 128) * 16384 + (b4 - 128) * 2097152
+      + b5 * 268435456
+  end
+  return (parse_ts(s))
+end
 local ts_field = ARGV[1]
 local nf = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -113,10 +124,16 @@ for k = 1, #KEYS do
   local new_ts = ARGV[off + 1]
   local old_ts = redis.call('HGET', KEYS[k], ts_field)
   local write = true
-  if old_ts then
-    local os, on = parse_ts(old_ts)
-    local ns, nn = parse_ts(new_ts)
-    if ns < os or (ns == os and nn < on) then write = false end
+  -- Equal bytes are an equal time (a rewrite of the same round): written again, as before.
+  if old_ts and old_ts ~= new_ts then
+    local os, ns = ts_seconds(old_ts), ts_seconds(new_ts)
+    if ns < os then
+      write = false
+    elseif ns == os then
+      local _, on = parse_ts(old_ts)
+      local _, nn = parse_ts(new_ts)
+      if nn < on then write = false end
+    end
   end
   if write then
     args[2] = new_ts
