@@ -455,3 +455,48 @@ def test_string_users_shard_by_a_pinned_hash() -> None:
     assert shard_of_users(ids, 1000).tolist() == PINNED_STRING_SHARDS
     ints = np.array([0, 1, 2**62], dtype=np.int64)
     assert shard_of_users(ints, 1000).tolist() == PINNED_INT_SHARDS
+
+
+def test_a_rounds_fill_targets_and_counts_come_from_the_shards_without_their_planned_pairs(
+    tmp_path: Path,
+) -> None:
+    """The fill takes the round's best uncovered pairs and coverage.json the round's counts;
+    both are read from the shards' ``uncovered.parquet`` and ``plan.json`` alone (a large
+    round's planned pairs are the biggest file of a shard), and agree with one merged plan."""
+    from solaris_feast.pipeline.precompute import round_plan_stats, round_uncovered
+    from solaris_feast.pipeline.runs import shard_plan_dir
+    from solaris_feast.pipeline.settings import PrecomputeRun, PrecomputeSettings
+
+    count = 3
+    candidates = _random_candidates(5, users=300, items=200, rows=9_000)
+    misses = _random_candidates(6, users=300, items=200, rows=60)
+    owner = shard_of_users(candidates["user_id"].to_numpy(), count)
+    missed_by = shard_of_users(misses["user_id"].to_numpy(), count)
+    rankings = [
+        _ranked(candidates.loc[owner == i], misses.loc[missed_by == i]) for i in range(count)
+    ]
+    budgets = split_budget(1000, [ShardRanking.of(r) for r in rankings])
+    plans = [take_budget(r, b) for r, b in zip(rankings, budgets, strict=True)]
+    run_dir = tmp_path / "run"
+    for i, plan in enumerate(plans):
+        write_plan(plan, shard_plan_dir(run_dir, i))
+        (shard_plan_dir(run_dir, i) / "pairs.parquet").unlink()  # proves it is not read
+    spec = PrecomputeRun(
+        settings=PrecomputeSettings(
+            feature_repo=str(tmp_path), models_dir=str(tmp_path / "models"), shards=count
+        ),
+        now=NOW.to_pydatetime(),
+        interval_key="k",
+        run_dir=str(run_dir),
+        vm_version="vm",
+        fm_version="fm",
+        embedding_version="v1",
+    )
+    merged = merge_plans(plans)
+    assert round_plan_stats(spec) == merged.stats
+    for rows in (0, 1, 250, 10_000):
+        got = round_uncovered(spec, rows)
+        want = merged.uncovered.head(rows)
+        assert len(got) == min(rows, len(merged.uncovered))
+        for column in ("user_id", "item_id", "verifier_score", "reason"):
+            assert got[column].tolist() == want[column].tolist(), (rows, column)

@@ -65,7 +65,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
     from solaris_feast.pipeline.precompute import (
         lost_online,
         round_candidates,
-        round_plan,
+        round_plan_stats,
         run_snapshot,
     )
     from solaris_feast.tiers import Tier
@@ -119,7 +119,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         # online store had lost were planned again (within the budget) and are counted here.
         "lost_online": lost_online(spec),
         "fm_pairs": int(sum(int(s["pairs"]) for s in shards)),
-        "plan": asdict(round_plan(spec, uncovered_rows=0).stats),
+        "plan": asdict(round_plan_stats(spec)),
         "budgets": json.loads(budget_path(run_dir).read_text())["budgets"],
         "shards": shards,
         # What the similarity fill was asked for and wrote (None: the fill task has not run).

@@ -87,7 +87,7 @@ if TYPE_CHECKING:
 
     from solaris_feast.data.schema import InteractionDataset
     from solaris_feast.models.interface import ChainModels
-    from solaris_feast.precompute.plan import Plan
+    from solaris_feast.precompute.plan import Plan, PlanStats
     from solaris_feast.store.backends import OnlineFacts
 
 logger = logging.getLogger(__name__)
@@ -853,28 +853,26 @@ def _publish_plan(plan: Plan, folder: Path) -> None:
     replace_folder_atomic(staging, folder)
 
 
-def round_plan(spec: PrecomputeRun, uncovered_rows: int | None = None) -> Plan:
-    """The round's plan: every shard's plan in one
-    (:func:`~solaris_feast.precompute.plan.merge_plans`); with ``uncovered_rows``, the best that
-    many uncovered pairs of each shard only (the rest of a large round's ranking stays on disk).
-    """
-    from solaris_feast.precompute.plan import merge_plans, read_plan
+def round_plan_stats(spec: PrecomputeRun) -> PlanStats:
+    """The round's plan counts, summed over the shards' ``plan.json`` (no plan rows are read)."""
+    from solaris_feast.precompute.plan import read_plan_stats, sum_plan_stats
 
     run_dir = Path(spec.run_dir)
-    return merge_plans(
-        [read_plan(shard_plan_dir(run_dir, i), uncovered_rows) for i in range(spec.settings.shards)]
+    return sum_plan_stats(
+        [read_plan_stats(shard_plan_dir(run_dir, i)) for i in range(spec.settings.shards)]
     )
 
 
-def round_planned_pairs(spec: PrecomputeRun) -> int:
-    """Pairs the round planned for the FM, summed over the shards' plan stats (no plan rows
-    are read)."""
-    from solaris_feast.precompute.plan import read_plan_stats
+def round_uncovered(spec: PrecomputeRun, rows: int) -> pd.DataFrame:
+    """The round's best ``rows`` uncovered pairs, in the priority order of one plan over all
+    shards (:func:`~solaris_feast.precompute.plan.merge_in_priority_order`). Reads at most
+    ``rows`` of each shard's uncovered pairs and none of its planned pairs."""
+    from solaris_feast.precompute.plan import merge_in_priority_order, read_uncovered
 
     run_dir = Path(spec.run_dir)
-    return sum(
-        read_plan_stats(shard_plan_dir(run_dir, i)).planned for i in range(spec.settings.shards)
-    )
+    return merge_in_priority_order(
+        [read_uncovered(shard_plan_dir(run_dir, i), rows) for i in range(spec.settings.shards)]
+    ).head(rows)
 
 
 def pair_ttl_seconds(
@@ -1031,11 +1029,10 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     now = pd.Timestamp(spec.now)
     pair_view = snapshot.name_of(Tier.EXACT)
     ttl = pair_ttl_seconds(spec, snapshot.view(pair_view).ttl_seconds, pair_view)
-    planned = round_planned_pairs(spec)
+    planned = round_plan_stats(spec).planned
     wanted = fill_target_count(planned, cfg.fill_targets_per_budget, cfg.fill_targets)
-    plan = round_plan(spec, uncovered_rows=wanted)
     misses = pd.read_parquet(Path(spec.run_dir) / "misses.parquet")
-    over_budget = plan.uncovered[[USER_ID, ITEM_ID]].head(wanted)
+    over_budget = round_uncovered(spec, wanted)[[USER_ID, ITEM_ID]]
     targets = pd.concat(
         [over_budget, misses[[USER_ID, ITEM_ID]]], ignore_index=True
     ).drop_duplicates()

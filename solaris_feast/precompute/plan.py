@@ -458,25 +458,30 @@ def merge_plans(plans: list[Plan]) -> Plan:
     order of one plan (miss tier first, then by score; ties by shard order), counts summed."""
     if not plans:
         raise ValueError("no plans to merge")
-
-    def ordered(frames: list[pd.DataFrame], first: int) -> pd.DataFrame:
-        frame = pd.concat(frames, ignore_index=True)
-        tier = (frame[REASON] != REASON_MISS).to_numpy()
-        score = frame[VERIFIER_SCORE].to_numpy(dtype=np.float64)
-        frame = frame.iloc[np.lexsort((-score, tier))].reset_index(drop=True)
-        frame[PRIORITY] = np.arange(first, first + len(frame), dtype=np.int64)
-        return frame
-
-    pairs = ordered([p.pairs for p in plans], 0)
-    uncovered = ordered([p.uncovered for p in plans], len(pairs))
-    totals = {
-        name: sum(getattr(p.stats, name) for p in plans) for name in PlanStats.__annotations__
-    }
+    pairs = merge_in_priority_order([p.pairs for p in plans])
     return Plan(
         pairs=pairs,
-        uncovered=uncovered,
-        stats=PlanStats(**totals),
+        uncovered=merge_in_priority_order([p.uncovered for p in plans], first=len(pairs)),
+        stats=sum_plan_stats([p.stats for p in plans]),
         planned_at=plans[0].planned_at,
+    )
+
+
+def merge_in_priority_order(frames: list[pd.DataFrame], first: int = 0) -> pd.DataFrame:
+    """The shards' pairs (planned, or uncovered) in one plan's priority order: the miss tier
+    first, then by score, ties by shard order; ``priority`` renumbered from ``first``."""
+    frame = pd.concat(frames, ignore_index=True)
+    tier = (frame[REASON] != REASON_MISS).to_numpy()
+    score = frame[VERIFIER_SCORE].to_numpy(dtype=np.float64)
+    frame = frame.iloc[np.lexsort((-score, tier))].reset_index(drop=True)
+    frame[PRIORITY] = np.arange(first, first + len(frame), dtype=np.int64)
+    return frame
+
+
+def sum_plan_stats(stats: list[PlanStats]) -> PlanStats:
+    """The counts of a round from its shards' counts."""
+    return PlanStats(
+        **{name: sum(getattr(s, name) for s in stats) for name in PlanStats.__annotations__}
     )
 
 
@@ -510,22 +515,26 @@ def read_plan(directory: str | Path, uncovered_rows: int | None = None) -> Plan:
     many uncovered pairs (the ones a fill targets first), without reading the rest."""
     path = Path(directory)
     stats, planned_at = _read_plan_meta(path)
-    if uncovered_rows is None:
-        uncovered = pd.read_parquet(path / "uncovered.parquet")
-    else:
-        import pyarrow.parquet as pq
-
-        source = pq.ParquetFile(path / "uncovered.parquet")
-        batch = next(source.iter_batches(batch_size=max(uncovered_rows, 1)), None)
-        uncovered = (
-            source.schema_arrow.empty_table().to_pandas() if batch is None else batch.to_pandas()
-        ).head(uncovered_rows)
     return Plan(
         pairs=pd.read_parquet(path / "pairs.parquet"),
-        uncovered=uncovered,
+        uncovered=read_uncovered(path, uncovered_rows),
         stats=stats,
         planned_at=planned_at,
     )
+
+
+def read_uncovered(directory: str | Path, rows: int | None = None) -> pd.DataFrame:
+    """A stored plan's uncovered pairs, best first; with ``rows``, only the first that many,
+    without reading the rest (nor the planned pairs: a fill needs only these)."""
+    path = Path(directory) / "uncovered.parquet"
+    if rows is None:
+        return pd.read_parquet(path)
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(path)
+    batch = next(source.iter_batches(batch_size=max(rows, 1)), None)
+    frame = source.schema_arrow.empty_table().to_pandas() if batch is None else batch.to_pandas()
+    return frame.head(rows)
 
 
 def _run_max(values: np.ndarray, starts: np.ndarray) -> np.ndarray:
