@@ -510,14 +510,14 @@ def read_plan_stats(directory: str | Path) -> PlanStats:
     return _read_plan_meta(Path(directory))[0]
 
 
-def read_plan(directory: str | Path, uncovered_rows: int | None = None) -> Plan:
-    """Read a plan stored by :func:`write_plan`; with ``uncovered_rows``, only the first that
-    many uncovered pairs (the ones a fill targets first), without reading the rest."""
+def read_plan(directory: str | Path) -> Plan:
+    """Read a plan stored by :func:`write_plan` (a fill reads only what it needs of one:
+    :func:`read_uncovered`)."""
     path = Path(directory)
     stats, planned_at = _read_plan_meta(path)
     return Plan(
         pairs=pd.read_parquet(path / "pairs.parquet"),
-        uncovered=read_uncovered(path, uncovered_rows),
+        uncovered=read_uncovered(path),
         stats=stats,
         planned_at=planned_at,
     )
