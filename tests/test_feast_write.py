@@ -16,7 +16,11 @@ import redis
 from solaris_feast.errors import WriteBatchError
 from solaris_feast.serving.retriever import SolarisRetriever
 from solaris_feast.store.config import open_store
-from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD, solaris_definitions
+from solaris_feast.store.definitions import (
+    MODEL_VERSION_REQUEST_FIELD,
+    SolarisFeastConfig,
+    solaris_definitions,
+)
 from solaris_feast.store.layout import (
     EntityKeyLayout,
     FloatListCodec,
@@ -449,3 +453,26 @@ def test_the_redis_write_script_keeps_the_newer_timestamp_on_every_encoding(
                 assert client.hget(key, "value") == (b"v" if new >= stored else None)
     finally:
         client.delete(key)
+
+
+@pytest.mark.parametrize(("skew_seconds", "refused"), [(None, False), (30.0, True)])
+def test_a_row_ahead_of_the_clock_is_judged_by_the_repos_own_skew(
+    feast_project: str, tmp_path: Path, skew_seconds: float | None, refused: bool
+) -> None:
+    """The writer reads the clock skew from the repo's resolved view when a row is ahead of the
+    clock: 2 minutes ahead is within the default 5 minutes, not within a repo's 30 s."""
+    config = (
+        SolarisFeastConfig()
+        if skew_seconds is None
+        else SolarisFeastConfig(clock_skew_seconds=skew_seconds)
+    )
+    store = open_store(feast_project, tmp_path, online="sqlite")
+    store.apply(solaris_definitions(config).all())
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+    ahead = pair_batch(2).assign(computed_at=pd.Timestamp.now(tz="UTC") + pd.Timedelta(minutes=2))
+    writer.write(pair_batch(2, user=2))  # rows at the clock are written either way
+    if refused:
+        with pytest.raises(WriteBatchError, match="30 s after this machine's clock"):
+            writer.write(ahead)
+    else:
+        assert writer.write(ahead).online_applied == 2
