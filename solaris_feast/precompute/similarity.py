@@ -454,11 +454,12 @@ class _FillRound:
                 weight = 1.0 / (dist + cfg.distance_epsilon) if k > 1 else np.ones_like(dist)
                 starts = run_starts(t)
                 filled = t[starts]
+                counts = np.diff(np.r_[starts, len(t)])
                 # The weighted sums as one batched (1 x k) @ (k x D) product over a padded
                 # (filled, k) table of holders (a padded slot weighs 0): 4x faster than a
                 # reduceat over the gathered rows (30 against 7.5 ms, random 13k targets x 10).
                 # float32 sums of at most k terms lose nothing that matters.
-                slot = np.repeat(np.arange(len(filled)), np.diff(np.r_[starts, len(t)]))
+                slot = np.repeat(np.arange(len(filled)), counts)
                 padded_weight = np.zeros((len(filled), k), dtype=np.float32)
                 padded_row = np.zeros((len(filled), k), dtype=np.int64)
                 padded_weight[slot, rank] = weight
@@ -467,8 +468,8 @@ class _FillRound:
                 out_vectors[filled] = (
                     weighted[:, 0, :].astype(np.float64) / np.add.reduceat(weight, starts)[:, None]
                 ).astype(np.float32)
-                out_count[filled] = np.diff(np.r_[starts, len(t)])
-                out_distance[filled] = np.add.reduceat(dist, starts) / out_count[filled]
+                out_count[filled] = counts
+                out_distance[filled] = np.add.reduceat(dist, starts) / counts
         done = out_count > 0
         logger.log(
             logging.INFO if self.log else logging.DEBUG,
