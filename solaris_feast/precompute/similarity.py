@@ -566,7 +566,7 @@ FILL_WRITE_PARTS = 4
 fill. Measured on the demo round (16k targets): 4 parts cost 7% more fill time than one call
 (0.142 s against 0.133 s), 8 parts 32% more. Since the fill got faster (2026-12-05: 65 ms against
 a 94 ms write, Redis on loopback) 1, 2 and 4 parts take the same 0.18-0.22 s with their writes;
-the parts stay for a store whose writes wait longer on the network."""
+kept at 4 for a store farther away, where a write waits longer (not measured here)."""
 
 
 @dataclass(frozen=True)
