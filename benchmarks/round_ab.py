@@ -28,6 +28,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from solaris_feast.console import parse_script_args
+
 ROUND_SCRIPT = r"""
 import json, sys
 from solaris_feast.bench import run_round_benchmark
@@ -86,7 +88,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per process")
     parser.add_argument("--online", default="redis", choices=("redis", "sqlite"))
     parser.add_argument("--json", type=Path, help="where to write the records and medians")
-    args = parser.parse_args()
+    args = parse_script_args(parser)
     trees = {}
     for spec in args.tree:
         name, _, path = spec.partition("=")

@@ -866,7 +866,9 @@ def round_plan_stats(spec: PrecomputeRun) -> PlanStats:
 def round_uncovered(spec: PrecomputeRun, rows: int) -> pd.DataFrame:
     """The round's best ``rows`` uncovered pairs, in the priority order of one plan over all
     shards (:func:`~solaris_feast.precompute.plan.merge_in_priority_order`). Reads at most
-    ``rows`` of each shard's uncovered pairs and none of its planned pairs."""
+    ``rows`` of each shard's uncovered pairs and none of its planned pairs, so ``priority``
+    counts from 0 here, not from the round's planned pairs as in a merged plan (the fill reads
+    only the pairs)."""
     from solaris_feast.precompute.plan import merge_in_priority_order, read_uncovered
 
     run_dir = Path(spec.run_dir)
