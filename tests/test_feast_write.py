@@ -195,6 +195,32 @@ def test_newer_write_is_never_lost_and_older_one_never_wins(store: FeatureStore)
     )
 
 
+def test_a_write_is_its_offline_half_then_its_online_half(store: FeatureStore) -> None:
+    writer = EmbeddingWriter(store, "solaris_pair")
+    retriever = SolarisRetriever(store, VERSION, record_misses=False)
+    frame = pair_batch(3)
+
+    staged = writer.write_offline(frame)
+
+    # In the offline log and encoded, not yet online: the fill sends it from another thread.
+    assert staged.rows == 3 and staged.offline_files_written == 1
+    assert offline_files(store) == staged.offline_files
+    assert retriever.fetch(1, [100, 101, 102]).tiers.tolist() == [Tier.ZERO] * 3
+
+    report = writer.write_online(staged)
+
+    assert report.online_applied == 3 and report.offline_files == staged.offline_files
+    np.testing.assert_array_equal(
+        retriever.fetch(1, [100, 101, 102]).embeddings, np.stack(frame["embedding"])
+    )
+    # write() is the two halves: the same batch again finds its file and rewrites online.
+    again = writer.write(frame)
+    assert (again.rows, again.online_applied, again.offline_files_written) == (3, 3, 0)
+    with pytest.raises(WriteBatchError, match="NaN"):  # refused before anything is written
+        writer.write_offline(poisoned("nan")[0])
+    assert offline_files(store) == staged.offline_files
+
+
 def test_feast_itself_drops_a_same_timestamp_rewrite_on_redis(
     feast_project: str, tmp_path: Path, redis_url: str
 ) -> None:

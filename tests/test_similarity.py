@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 from collections.abc import Iterable
 from typing import Literal
 
@@ -304,6 +305,43 @@ def test_a_failed_part_stops_the_fill_and_no_later_part_is_written() -> None:
     with pytest.raises(ConnectionError, match="went away"):
         fill_and_write(_parts_of(index, exact, targets, 4), FailsOnSecond())
     assert len(stored) == 1
+
+
+def test_the_fill_encodes_a_part_on_its_own_thread_while_the_one_before_is_sent() -> None:
+    user_ids, user_vecs, exact, targets = _world(4)
+    index = build_user_index(user_ids, user_vecs, SimilarityConfig(index_kind="flat"))
+    calls: list[tuple[str, int, bool]] = []  # (half, part, on the fill's own thread)
+    caller = threading.get_ident()
+
+    class StagedStore:
+        """The two halves of EmbeddingWriter.write; the second send fails."""
+
+        def write(self, frame: pd.DataFrame) -> int:
+            raise AssertionError("the fill sends staged parts, not whole writes")
+
+        def write_offline(self, frame: pd.DataFrame) -> int:
+            part = sum(half == "offline" for half, _, _ in calls)
+            calls.append(("offline", part, threading.get_ident() == caller))
+            return part
+
+        def write_online(self, part: int) -> int:
+            calls.append(("online", part, threading.get_ident() == caller))
+            if part == 1:
+                raise ConnectionError("the store went away")
+            return part
+
+    with pytest.raises(ConnectionError, match="went away"):
+        fill_and_write(_parts_of(index, exact, targets, 4), StagedStore())
+
+    # Every part is checked, logged and encoded on the fill's thread and sent from the writer's,
+    # in order; after the failed send, the part staged meanwhile is not sent and none later is
+    # staged.
+    assert [(half, part) for half, part, _ in calls if half == "online"] == [
+        ("online", 0),
+        ("online", 1),
+    ]
+    assert [part for half, part, _ in calls if half == "offline"] == [0, 1, 2]
+    assert all(on_caller == (half == "offline") for half, _, on_caller in calls)
 
 
 @pytest.mark.parametrize(

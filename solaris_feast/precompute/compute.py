@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -55,21 +56,49 @@ class EmbeddingSink(Protocol):
     def write(self, frame: pd.DataFrame) -> Any: ...
 
 
+@runtime_checkable
+class StagedSink(Protocol):
+    """A sink whose ``write`` is ``write_online(write_offline(frame))``, as
+    :class:`~solaris_feast.store.write.EmbeddingWriter`'s is: the first half checks, writes the
+    offline log and encodes, the second sends to the online store."""
+
+    def write(self, frame: pd.DataFrame) -> Any: ...
+
+    def write_offline(self, frame: pd.DataFrame) -> Any: ...
+
+    def write_online(self, staged: Any) -> Any: ...
+
+
 class OrderedWrites:
     """A sink's writes on one worker thread while the caller computes the next frame: one write
-    in flight, in submission order, so the sink is only ever called from one thread at a time.
+    in flight, in submission order, so a sink's ``write`` is only ever called from one thread at
+    a time (with ``offline_on_caller``, each of its two halves is).
 
     :meth:`submit` first waits for the write in flight and raises its error, so a failed write
     stops the caller before anything later is written; :meth:`finish` waits for the last one.
     Leaving the ``with`` block never returns while a write still runs. ``overlap=False`` writes
     on the calling thread (the baseline the benchmarks compare with).
+
+    ``offline_on_caller`` (a :class:`StagedSink` only): the calling thread runs each frame's
+    ``write_offline`` (checks, the offline log, encoding) while the write before it is still in
+    flight online, and the worker runs only ``write_online``. For a caller that waits on its
+    writes more than it computes (the similarity fill: its 13k rows' round trip to Redis is
+    longer than computing them), the encoding then overlaps the store's own time instead of
+    adding to it; a caller whose compute is the longer (the FM) keeps it off its own thread.
+    A failed online write then leaves the next frame in the offline log but not online (it is
+    not sent; the log is append-only and content-named, so a retry finds the same file).
     """
 
-    def __init__(self, sink: EmbeddingSink, *, overlap: bool = True) -> None:
+    def __init__(
+        self, sink: EmbeddingSink, *, overlap: bool = True, offline_on_caller: bool = False
+    ) -> None:
         self.sink = sink
+        self._staged = (
+            sink if overlap and offline_on_caller and isinstance(sink, StagedSink) else None
+        )
         self.answers: list[Any] = []
-        self.busy_seconds = 0.0
-        """Seconds the sink's writes took."""
+        self._worker_seconds = 0.0  # added to by the worker thread only
+        self._caller_seconds = 0.0  # by the calling thread only (write_offline)
         self.wait_seconds = 0.0
         """Seconds the caller waited for them (all of ``busy_seconds`` without overlap)."""
         # One worker thread: writes reach the sink one at a time and in order.
@@ -89,12 +118,23 @@ class OrderedWrites:
 
     def submit(self, frame: pd.DataFrame) -> None:
         t0 = time.perf_counter()
-        self._wait()
-        if self._pool is None:
-            self._write(frame)
+        if self._staged is not None:
+            staged = self._staged.write_offline(frame)
+            self._caller_seconds += time.perf_counter() - t0
+            self._wait()
+            self._in_flight = self._submit(self._staged.write_online, staged)
         else:
-            self._in_flight = self._pool.submit(self._write, frame)
+            self._wait()
+            if self._pool is None:
+                self._write(self.sink.write, frame)
+            else:
+                self._in_flight = self._submit(self.sink.write, frame)
         self.wait_seconds += time.perf_counter() - t0
+
+    @property
+    def busy_seconds(self) -> float:
+        """Seconds the sink's writes took (both halves of a staged write)."""
+        return self._worker_seconds + self._caller_seconds
 
     def finish(self) -> list[Any]:
         """Wait for the last write; the sink's answers in submission order."""
@@ -108,10 +148,14 @@ class OrderedWrites:
             in_flight, self._in_flight = self._in_flight, None
             in_flight.result()  # the previous write is stored, or its error is raised here
 
-    def _write(self, frame: pd.DataFrame) -> None:
+    def _submit(self, write: Callable[[Any], Any], arg: Any) -> Future[None]:
+        assert self._pool is not None
+        return self._pool.submit(self._write, write, arg)
+
+    def _write(self, write: Callable[[Any], Any], arg: Any) -> None:
         t0 = time.perf_counter()
-        self.answers.append(self.sink.write(frame))
-        self.busy_seconds += time.perf_counter() - t0
+        self.answers.append(write(arg))
+        self._worker_seconds += time.perf_counter() - t0
 
 
 @dataclass(frozen=True)

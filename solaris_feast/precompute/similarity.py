@@ -602,7 +602,7 @@ def fill_and_write(
     """
     started = time.perf_counter()
     filled = 0
-    with OrderedWrites(writer, overlap=overlap_writes) as writes:
+    with OrderedWrites(writer, overlap=overlap_writes, offline_on_caller=True) as writes:
         for rows in parts:
             if len(rows):
                 writes.submit(rows)

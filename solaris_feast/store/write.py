@@ -94,6 +94,19 @@ class WriteReport:
 
 
 @dataclass(frozen=True)
+class StagedWrite:
+    """A batch checked, in the offline log and encoded for the online store: what
+    :meth:`EmbeddingWriter.write_offline` returns and :meth:`EmbeddingWriter.write_online`
+    sends."""
+
+    rows: int
+    offline_files: list[Path]
+    offline_files_written: int
+    online: OnlineBatch | None
+    """``None`` for a writer that does not write online, or an empty batch."""
+
+
+@dataclass(frozen=True)
 class _ValidBatch:
     """A checked batch, normalized: keys ``(N,)`` int64 or object (str) per join key,
     embeddings ``(N, D)``."""
@@ -276,17 +289,45 @@ class EmbeddingWriter:
         Raises:
             WriteBatchError: the batch is refused; nothing was written.
         """
+        return self.write_online(self.write_offline(frame))
+
+    def write_offline(self, frame: pd.DataFrame) -> StagedWrite:
+        """The first half of :meth:`write`: check the whole batch, write it to the offline log
+        and encode it for the online store; nothing is sent online.
+
+        The half that needs the CPU and the disk, where :meth:`write_online` mostly waits on
+        the store: a caller may run the two on different threads, so that one batch is encoded
+        while the one before it is in flight (:class:`~solaris_feast.precompute.compute.
+        OrderedWrites` with ``offline_on_caller``). The batch is refused (``WriteBatchError``)
+        before anything is written.
+        """
         batch = self.validate(frame)
         n = len(batch.computed_at_ns)
         files: list[Path] = []
         written = 0
         if n and self.offline:
             files, written = self._write_offline(batch)
+        online = self._online_batch(batch) if n and self.online else None
+        return StagedWrite(
+            rows=n, offline_files=files, offline_files_written=written, online=online
+        )
+
+    def write_online(self, staged: StagedWrite) -> WriteReport:
+        """The second half of :meth:`write`: send a batch :meth:`write_offline` staged to the
+        online store (all-or-nothing per transaction, see the class)."""
         applied = 0
-        if n and self.online:
-            applied = self._write_online(batch)
+        if staged.online is not None:
+            if self._backend is None:
+                # Writes may wait for a busy store far longer than a serving read.
+                self._backend = backend_for(self.store, timeout_seconds=WRITE_TIMEOUT_SECONDS)
+            applied = self._backend.write_batch(
+                staged.online, chunk_rows=self.chunk_rows, atomic_rows=self.atomic_rows
+            )
         return WriteReport(
-            rows=n, online_applied=applied, offline_files=files, offline_files_written=written
+            rows=staged.rows,
+            online_applied=applied,
+            offline_files=staged.offline_files,
+            offline_files_written=staged.offline_files_written,
         )
 
     @functools.cached_property
@@ -579,20 +620,13 @@ class EmbeddingWriter:
                 columns.append(ByteColumn.encoded(values, encode))
         return names, columns
 
-    def _write_online(self, batch: _ValidBatch) -> int:
+    def _online_batch(self, batch: _ValidBatch) -> OnlineBatch:
         names, columns = self._encoded_columns(batch)
-        if self._backend is None:
-            # Writes may wait for a busy store far longer than a serving read.
-            self._backend = backend_for(self.store, timeout_seconds=WRITE_TIMEOUT_SECONDS)
-        return self._backend.write_batch(
-            OnlineBatch(
-                view_name=self.view_name,
-                keys=self.key_layout.key_column([batch.keys[k] for k in self.join_keys]),
-                feature_names=names,
-                columns=columns,
-                event_ts_ns=batch.computed_at_ns,
-                key_ttl_seconds=self.key_ttl_seconds,
-            ),
-            chunk_rows=self.chunk_rows,
-            atomic_rows=self.atomic_rows,
+        return OnlineBatch(
+            view_name=self.view_name,
+            keys=self.key_layout.key_column([batch.keys[k] for k in self.join_keys]),
+            feature_names=names,
+            columns=columns,
+            event_ts_ns=batch.computed_at_ns,
+            key_ttl_seconds=self.key_ttl_seconds,
         )
