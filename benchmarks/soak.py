@@ -13,6 +13,12 @@ warm-up to the end, and Redis ``used_memory`` growth. The run uses its own Feast
 (``solaris_hard_soak_<hex>``) on ``$REDIS_URL`` and deletes its keys afterwards.
 
     python benchmarks/soak.py --clients 4 --seconds 20 --json benchmarks/results/soak.json
+
+What a round's writes cost serving: ``--writer-atomic-rows 0,256,1024 --repeats 2`` runs one
+soak per setting, the settings interleaved, on the same stored rows: ``0`` is no writer (the
+baseline), any other number the writer's rows per MULTI/EXEC transaction
+(``EmbeddingWriter(atomic_rows=...)``; Redis answers no reader while one runs). Each soak also
+reports Redis's own time per transaction (``INFO commandstats``, ``cmdstat_exec``).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from solaris_feast.console import parse_script_args
+from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
 
 DIM = 32
 VERSION = "cmp-soak-v1"
@@ -152,10 +159,17 @@ def serve_client(index: int, args: dict[str, Any], start_at: float, results: Any
 
 def precompute_writer(args: dict[str, Any], start_at: float, results: Any) -> None:
     """Rewrite the pair rows of random users, batch after batch, until the end time."""
-    from solaris_feast.store.write import EmbeddingWriter
+    from solaris_feast.store.write import DEFAULT_CHUNK_ROWS, EmbeddingWriter
 
     store = open_soak_store(args["project"], Path(args["repo"]), args["redis_url"])
-    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+    atomic_rows = args["atomic_rows"]
+    writer = EmbeddingWriter(
+        store,
+        "solaris_pair",
+        offline=False,
+        atomic_rows=atomic_rows,
+        chunk_rows=min(atomic_rows, DEFAULT_CHUNK_ROWS),
+    )
     rng = np.random.default_rng(7)
     exact = int(args["candidates"] * 0.6)
     rows = 0
@@ -182,7 +196,15 @@ def percentile(values: np.ndarray, q: float) -> float:
     return float(np.percentile(values, q)) if values.size else float("nan")
 
 
+def exec_stats(client: Any) -> tuple[int, int]:
+    """Redis's count of EXECs and their total microseconds so far (``INFO commandstats``)."""
+    stat = client.info("commandstats").get("cmdstat_exec", {})
+    return int(stat.get("calls", 0)), int(stat.get("usec", 0))
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One soak per ``--writer-atomic-rows`` setting, ``--repeats`` times interleaved, on one
+    populated project; the flat record of :func:`soak` when there is one soak."""
     import redis
 
     from solaris_feast.store.definitions import solaris_definitions
@@ -191,50 +213,104 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     project = f"solaris_hard_soak_{uuid.uuid4().hex[:8]}"
     repo = Path(tempfile.mkdtemp(prefix="solaris-soak-"))
     client = redis.Redis.from_url(redis_url)
+    soaks: list[dict[str, Any]] = []
     try:
         store = open_soak_store(project, repo, redis_url)
         store.apply(solaris_definitions().all())
         populate(store, args.users, args.candidates, seed=1)
-        memory_before = int(client.info("memory")["used_memory"])
-        shared = {
-            "project": project,
-            "repo": str(repo),
-            "redis_url": redis_url,
-            "users": args.users,
-            "candidates": args.candidates,
-            "seconds": args.seconds,
-            "deadline_ms": args.deadline_ms,
-            "write_batch": args.write_batch,
-            "write_pause_s": args.write_pause_s,
-            "interval_s": 1.0 / args.rate if args.rate > 0 else 0.0,
-        }
-        # Forked after the imports above: every process starts warm, none shares a GIL.
-        context = mp.get_context("fork")
-        results = context.Queue()
-        start_at = time.monotonic() + 1.0
-        processes = [
-            context.Process(target=serve_client, args=(i, shared, start_at, results))
-            for i in range(args.clients)
-        ]
-        processes.append(
-            context.Process(target=precompute_writer, args=(shared, start_at, results))
-        )
-        for process in processes:
-            process.start()
-        reports = [results.get(timeout=args.seconds + 120) for _ in processes]
-        for process in processes:
-            process.join(timeout=30)
-        memory_after = int(client.info("memory")["used_memory"])
-        load = os.getloadavg()
+        for repeat in range(args.repeats):
+            for atomic_rows in args.writer_atomic_rows:
+                print(
+                    f"soak {len(soaks) + 1}/{args.repeats * len(args.writer_atomic_rows)}: "
+                    + (
+                        f"writer at {atomic_rows} rows a transaction"
+                        if atomic_rows
+                        else "no writer"
+                    ),
+                    flush=True,
+                )
+                soaks.append(
+                    soak(args, client, project, repo, redis_url, atomic_rows) | {"repeat": repeat}
+                )
     finally:
         keys = list(client.scan_iter(match=f"*{project}*", count=1000))
         for start in range(0, len(keys), 1000):
             client.delete(*keys[start : start + 1000])
         client.close()
         shutil.rmtree(repo, ignore_errors=True)
+    if len(soaks) == 1:
+        return soaks[0]
+    return {"soaks": soaks, "by_setting": by_setting(soaks)}
+
+
+def by_setting(soaks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per writer setting, the median over its repeats of the figures the table shows."""
+    out = []
+    for atomic_rows in dict.fromkeys(s["writer_atomic_rows"] for s in soaks):
+        runs = [s for s in soaks if s["writer_atomic_rows"] == atomic_rows]
+        row: dict[str, Any] = {"writer_atomic_rows": atomic_rows, "repeats": len(runs)}
+        for key in ("p50_ms", "p99_ms", "max_ms", "writer_rows_per_s", "exec_ms_mean"):
+            values = [r[key] for r in runs if r[key] is not None]
+            row[key] = float(np.median(values)) if values else None
+        row["errors"] = sum(r["errors"] for r in runs)
+        out.append(row)
+    return out
+
+
+def soak(
+    args: argparse.Namespace,
+    client: Any,
+    project: str,
+    repo: Path,
+    redis_url: str,
+    atomic_rows: int,
+) -> dict[str, Any]:
+    """One soak of ``args.seconds``: the clients, and a writer unless ``atomic_rows`` is 0."""
+    memory_before = int(client.info("memory")["used_memory"])
+    execs_before = exec_stats(client)
+    shared = {
+        "project": project,
+        "repo": str(repo),
+        "redis_url": redis_url,
+        "users": args.users,
+        "candidates": args.candidates,
+        "seconds": args.seconds,
+        "deadline_ms": args.deadline_ms,
+        "write_batch": args.write_batch,
+        "write_pause_s": args.write_pause_s,
+        "interval_s": 1.0 / args.rate if args.rate > 0 else 0.0,
+        "atomic_rows": atomic_rows,
+    }
+    # Forked after the imports above: every process starts warm, none shares a GIL.
+    context = mp.get_context("fork")
+    results = context.Queue()
+    start_at = time.monotonic() + 1.0
+    processes = [
+        context.Process(target=serve_client, args=(i, shared, start_at, results))
+        for i in range(args.clients)
+    ]
+    if atomic_rows:
+        processes.append(
+            context.Process(target=precompute_writer, args=(shared, start_at, results))
+        )
+    for process in processes:
+        process.start()
+    reports = [results.get(timeout=args.seconds + 120) for _ in processes]
+    for process in processes:
+        process.join(timeout=30)
+    memory_after = int(client.info("memory")["used_memory"])
+    execs_after = exec_stats(client)
+    load = os.getloadavg()
 
     clients = [r for r in reports if "client" in r]
-    writer = next(r for r in reports if "writer_rows" in r)
+    writer = next(
+        (r for r in reports if "writer_rows" in r),
+        {"writer_rows": 0, "writer_batches": 0, "writer_errors": 0},
+    )
+    # The soak's own EXECs: nothing else on this Redis runs transactions during a benchmark
+    # (another session's writes would show here; the count says how many there were).
+    exec_calls = execs_after[0] - execs_before[0]
+    exec_usec = execs_after[1] - execs_before[1]
     latencies = np.concatenate([np.asarray(c["latencies_ms"]) for c in clients])
     tiers = np.sum([c["tiers"] for c in clients], axis=0)
     served = max(int(tiers.sum()), 1)
@@ -262,6 +338,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             name: float(tiers[value] / served)
             for name, value in (("zero", 0), ("user_agg", 1), ("similar", 2), ("exact", 3))
         },
+        "writer_atomic_rows": atomic_rows,
+        "exec_calls": exec_calls,
+        "exec_ms_mean": exec_usec / exec_calls / 1000.0 if exec_calls else None,
         "writer_rows": writer["writer_rows"],
         "writer_rows_per_s": writer["writer_rows"] / args.seconds,
         "writer_batches": writer["writer_batches"],
@@ -279,7 +358,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def settings_table(result: dict[str, Any]) -> str:
+    """One row per writer setting (medians over the repeats), the no-writer baseline first."""
+    lines = [
+        "| writer | p50 / p99 / max ms (median of repeats) | p99 / no writer | Redis per EXEC "
+        "| writer rows/s | errors |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    rows = result["by_setting"]
+    base = next((r["p99_ms"] for r in rows if r["writer_atomic_rows"] == 0), None)
+    for r in rows:
+        name = (
+            "none (baseline)"
+            if r["writer_atomic_rows"] == 0
+            else f"{r['writer_atomic_rows']} rows a transaction"
+        )
+        ratio = f"{r['p99_ms'] / base:.2f}x" if base else "-"
+        exec_ms = "-" if r["exec_ms_mean"] is None else f"{r['exec_ms_mean']:.2f} ms"
+        lines.append(
+            f"| {name} | {r['p50_ms']:.2f} / {r['p99_ms']:.2f} / {r['max_ms']:.1f} | {ratio} "
+            f"| {exec_ms} | {r['writer_rows_per_s']:.0f} | {r['errors']} |"
+        )
+    return "\n".join(lines)
+
+
 def table(result: dict[str, Any]) -> str:
+    if "by_setting" in result:
+        return settings_table(result)
     machine = result["machine"]
     rows = [
         ("serving clients (processes)", f"{result['clients']}"),
@@ -347,15 +452,25 @@ def main() -> None:
     # ran with it); kept literal so the soak needs no precompute import.
     parser.add_argument("--write-batch", type=int, default=4096, help="rows per writer batch")
     parser.add_argument("--write-pause-s", type=float, default=0.05, help="pause between batches")
+    parser.add_argument(
+        "--writer-atomic-rows",
+        type=lambda text: [int(v) for v in text.split(",")],
+        default=[DEFAULT_ATOMIC_ROWS],
+        help="comma list: the writer's rows per transaction, one soak each; 0 = no writer",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="soaks per setting, interleaved")
     parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/soak.json"))
     args = parse_script_args(parser)
     if args.clients <= 0 or args.seconds <= WARMUP_SECONDS:
         parser.error(f"need --clients > 0 and --seconds > {WARMUP_SECONDS}")
+    if args.repeats <= 0 or any(rows < 0 for rows in args.writer_atomic_rows):
+        parser.error("need --repeats > 0 and --writer-atomic-rows >= 0")
     result = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(table(result))
+    print(f"JSON: {args.json}")
 
 
 if __name__ == "__main__":
