@@ -62,7 +62,7 @@ from solaris_feast.columns import (
     USER_ID,
 )
 from solaris_feast.pipeline.runs import round_process_settings
-from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
+from solaris_feast.pipeline.settings import DEFAULT_BATCH_SIZE
 
 if TYPE_CHECKING:
     from feast import FeatureStore
@@ -1100,7 +1100,7 @@ def run_reuse_benchmark(
     users: int = 40,
     items_per_user: int = 50,
     fm_layers: int = 2,
-    batch_size: int = DEFAULT_ATOMIC_ROWS,
+    batch_size: int = DEFAULT_BATCH_SIZE,
     rounds: int = 5,
     threads: int = 1,
 ) -> dict[str, Any]:

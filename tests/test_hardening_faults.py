@@ -129,7 +129,7 @@ def _pair_keys(client: redis.Redis, project: str) -> int:
 
 @pytest.mark.parametrize(
     ("rows", "atomic_rows"),
-    [(1000, DEFAULT_ATOMIC_ROWS), (1500, 500)],
+    [(DEFAULT_ATOMIC_ROWS, DEFAULT_ATOMIC_ROWS), (1500, 500)],
     ids=["one-transaction", "three-transactions"],
 )
 def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(

@@ -47,10 +47,14 @@ EMBEDDING_CODECS: tuple[str, ...] = get_args(EmbeddingCodecName)
 DEFAULT_EMBEDDING_CODEC: EmbeddingCodecName = "float32"
 INT8_SCALE_BYTES = 4
 
-DEFAULT_ATOMIC_ROWS = 1024
-"""Rows per Redis transaction: a write of up to this many rows is all-or-nothing online. Here, not
-in ``store.write``, because the precompute settings (imported while a scheduler parses DAGs)
-take their default batch size from it."""
+DEFAULT_ATOMIC_ROWS = 256
+"""Rows per Redis transaction: a write of up to this many rows is all-or-nothing online, and
+Redis answers no reader while one runs. 1,024 until 2026-12-05: its EXECs held Redis 9.3 ms each
+(float32 pair rows), and serving's p99 during a writer's batches went from 8.5 ms with no writer
+to 25.1 ms; 256 rows hold it 2.2 ms, p99 10.5 ms, at the same writer rows/s (``benchmarks/
+soak.py --writer-atomic-rows``; the table in benchmarks/README.md). Every row is its own newest-
+wins write, so a batch stored as several transactions loses nothing: a crash between two leaves
+whole transactions, and the retry of the batch rewrites the rest."""
 
 
 _VALUE_TYPE_INT64 = 4
