@@ -184,8 +184,8 @@ class PrecomputeSettings(LogSource):
     must be applied with the same codec (SOLARIS_EMBEDDING_CODEC, or this config when feast
     apply runs); a run refuses a mismatch."""
     batch_size: int = Field(DEFAULT_BATCH_SIZE, gt=0)
-    """Pairs per FM forward pass and per write (a write goes to Redis in all-or-nothing
-    transactions of 256 rows)."""
+    """Pairs per FM forward pass and per write (the writer sends a write to Redis in
+    all-or-nothing transactions of its own size, shorter, so that serving reads wait less)."""
 
     @model_validator(mode="after")
     def _margin_below_ttl(self) -> PrecomputeSettings:

@@ -591,15 +591,18 @@ def fill_and_write(
     """Each part's rows written through ``writer`` while the next part is computed.
 
     ``parts`` is a fill in parts, computed as it is iterated: :func:`similarity_fill_parts`
-    (``parts=FILL_WRITE_PARTS``). Each part is its own write (an all-or-nothing batch and a
-    content-named offline file), so a retry of the same targets rewrites the same rows.
+    (``parts=FILL_WRITE_PARTS``). Each part is its own write (whole all-or-nothing transactions
+    online, a content-named file offline), so a retry of the same targets rewrites the same rows.
 
     Returns:
         :class:`FillWrites`: rows filled, the writer's answers (one per non-empty part, in
         order) and the writes' seconds.
 
     Raises:
-        Whatever ``writer.write`` raises; no later part is written.
+        Whatever the writer raises; no later part is written online. With an
+        :class:`~solaris_feast.store.write.EmbeddingWriter` each part is checked and logged
+        offline on this thread while the one before is sent (``OrderedWrites``'
+        ``offline_on_caller``), so the part after a failed send is in the offline log only.
     """
     started = time.perf_counter()
     filled = 0

@@ -28,8 +28,8 @@ wrong with that: a recomputation with the same ``computed_at`` (a fixed model, a
 is lost, and two writers can interleave between the read and the write. The backend
 (``store/backends/``) writes a row when its timestamp is not older than the stored one (ties go
 to the later write), atomically: on Redis a Lua script per chunk of rows and up to
-``atomic_rows`` rows (256 by default) per MULTI/EXEC transaction, so a crash mid-transaction
-stores all of it or none and a batch is stored in whole transactions;
+``atomic_rows`` rows per MULTI/EXEC transaction (``store.layout.DEFAULT_ATOMIC_ROWS``), so a
+crash mid-transaction stores all of it or none and a batch is stored in whole transactions;
 on SQLite one upsert transaction per batch; on a Redis Cluster atomic per row. The bytes written
 are Feast's own (same keys, fields and ``ValueProto`` encodings), so ``get_online_features``
 reads them and the retriever reads what Feast writes.
@@ -294,7 +294,8 @@ class EmbeddingWriter:
 
     def write_offline(self, frame: pd.DataFrame) -> StagedWrite:
         """The first half of :meth:`write`: check the whole batch, write it to the offline log
-        and encode it for the online store; nothing is sent online.
+        (a writer with ``offline=True``) and encode it for the online store; nothing is sent
+        online.
 
         The half that needs the CPU and the disk, where :meth:`write_online` mostly waits on
         the store: a caller may run the two on different threads, so that one batch is encoded
