@@ -548,12 +548,17 @@ def run_serve_benchmark(
     return results
 
 
+LONG_TRANSACTION_ROWS = 1024
+"""The writer's rows per transaction before 2026-12-05: a contender of
+:func:`run_write_benchmark`."""
+
+
 def run_write_benchmark(
     redis_url: str | None = None, rows: int = 20_000, dim: int = 32, repeats: int = 3
 ) -> dict[str, Any]:
     """Rows per second of the solaris write path vs ``write_to_online_store``, fresh keys."""
     from solaris_feast.store.backends.redis import redis_client
-    from solaris_feast.store.layout import EntityKeyLayout
+    from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS, EntityKeyLayout
     from solaris_feast.store.write import EmbeddingWriter
 
     rng = np.random.default_rng(1)
@@ -576,6 +581,11 @@ def run_write_benchmark(
 
         online_writer = EmbeddingWriter(store, "solaris_pair", offline=False)
         full_writer = EmbeddingWriter(store, "solaris_pair", offline=True)
+        # The writer's transactions as they were before 2026-12-05: 4x fewer EXECs a batch, each
+        # holding Redis 4x longer (what serving pays for them: benchmarks/soak.py).
+        long_transactions_writer = EmbeddingWriter(
+            store, "solaris_pair", offline=False, atomic_rows=LONG_TRANSACTION_ROWS
+        )
         # The same transactions and scripts sent through redis-py's pipeline instead of packed
         # by hand: what the hand-packed RESP has to beat to stay.
         pipeline_writer = EmbeddingWriter(
@@ -590,6 +600,7 @@ def run_write_benchmark(
             "solaris": [],
             "solaris_redis_py_pipeline": [],
             "solaris_with_offline": [],
+            f"solaris_atomic_rows_{LONG_TRANSACTION_ROWS}": [],
             "feast": [],
         }
         offset = 0
@@ -604,6 +615,8 @@ def run_write_benchmark(
                     pipeline_writer.write(frame)
                 elif name == "solaris_with_offline":
                     full_writer.write(frame)
+                elif name.startswith("solaris_atomic_rows_"):
+                    long_transactions_writer.write(frame)
                 else:
                     feast_frame = frame.assign(
                         event_timestamp=frame[COMPUTED_AT],
@@ -620,7 +633,8 @@ def run_write_benchmark(
         results["hand_packed_vs_redis_py_pipeline"] = round(
             results["solaris_rows_per_s"] / results["solaris_redis_py_pipeline_rows_per_s"], 3
         )
-        for writer in (online_writer, full_writer, pipeline_writer):
+        results["atomic_rows"] = {"solaris": DEFAULT_ATOMIC_ROWS, "before": LONG_TRANSACTION_ROWS}
+        for writer in (online_writer, full_writer, pipeline_writer, long_transactions_writer):
             writer.close()
 
         client = redis_client(store, timeout_seconds=5.0)

@@ -116,6 +116,9 @@ def test_bench_commands_write_the_agreed_json_keys(tmp_path: Path, redis_url: st
     assert serve["candidates"]["100"]["tier_counts"] == {"1": 10, "2": 10, "3": 80}
     write = json.loads(write_json.read_text())
     assert write["solaris_rows_per_s"] > 0 and write["feast_rows_per_s"] > 0
+    # The writer's shorter transactions are timed beside the 1,024-row ones they replaced.
+    assert write["solaris_atomic_rows_1024_rows_per_s"] > 0
+    assert write["atomic_rows"]["solaris"] < write["atomic_rows"]["before"]
     assert 200 < write["redis_memory_bytes_per_pair_embedding"] < 2000
 
 
