@@ -126,7 +126,8 @@ def test_a_reader_snapshot_never_sees_part_of_a_batch(
     tmp_path: Path, feast_project: str, redis_url: str
 ) -> None:
     """A reader that reads every key of a batch in one MULTI/EXEC sees the whole batch of one
-    generation, never some keys from the new batch and the rest from the old one."""
+    generation, never some keys from the new batch and the rest from the old one, for a batch
+    of up to the writer's ``atomic_rows`` (a bigger one is stored in such transactions)."""
     import redis
 
     from solaris_feast.store.layout import EntityKeyLayout, FloatListCodec, online_field
@@ -145,7 +146,9 @@ def test_a_reader_snapshot_never_sees_part_of_a_batch(
 
     def write_generations() -> None:
         # Small chunks: many scripts per batch, so a non-atomic batch would show its seams.
-        writer = EmbeddingWriter(store, "solaris_pair", offline=False, chunk_rows=32)
+        writer = EmbeddingWriter(
+            store, "solaris_pair", offline=False, chunk_rows=32, atomic_rows=len(items)
+        )
         try:
             for generation in range(1, 10_000):
                 if stop.is_set():
