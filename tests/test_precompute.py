@@ -410,3 +410,29 @@ def test_the_round_bench_runs_a_whole_round_and_gives_the_fill_the_targets_asked
         # The record's seconds are rounded to the millisecond.
         assert record["non_fm_share"] == pytest.approx(outside / (outside + fm), abs=5e-3)
         assert record["round_seconds"] == pytest.approx(outside + fm, abs=5e-3)
+
+
+def test_the_rounds_writers_take_the_transaction_size_from_the_settings(
+    tmp_path: Path, feast_project: str
+) -> None:
+    from test_dags import make_feature_repo
+
+    from solaris_feast.pipeline.precompute import open_run_writer
+    from solaris_feast.pipeline.settings import PrecomputeSettings
+    from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
+
+    repo = make_feature_repo(tmp_path / "repo", feast_project)
+
+    def settings(**extra: int) -> PrecomputeSettings:
+        return PrecomputeSettings(feature_repo=str(repo), models_dir=str(repo / "m"), **extra)
+
+    default = open_run_writer(settings(), "solaris_similar")
+    chosen = open_run_writer(settings(write_transaction_rows=7), "solaris_pair")
+    try:
+        assert default.atomic_rows == DEFAULT_ATOMIC_ROWS and chosen.atomic_rows == 7
+        assert chosen.view_name == "solaris_pair"
+    finally:
+        default.close()
+        chosen.close()
+    with pytest.raises(ValueError, match="write_transaction_rows"):
+        settings(write_transaction_rows=0)

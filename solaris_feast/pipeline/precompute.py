@@ -89,6 +89,7 @@ if TYPE_CHECKING:
     from solaris_feast.models.interface import ChainModels
     from solaris_feast.precompute.plan import Plan, PlanStats
     from solaris_feast.store.backends import OnlineFacts
+    from solaris_feast.store.write import EmbeddingWriter
 
 logger = logging.getLogger(__name__)
 
@@ -387,6 +388,16 @@ def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
     if missing:
         raise ViewsNotAppliedError(str(repo), missing)
     return store
+
+
+def open_run_writer(settings: PrecomputeSettings, view_name: str) -> EmbeddingWriter:
+    """A writer of one of the run's views on the run's store, with the run's transaction size
+    (``precompute.write_transaction_rows``)."""
+    from solaris_feast.store.write import EmbeddingWriter
+
+    return EmbeddingWriter(
+        open_run_store(settings), view_name, atomic_rows=settings.write_transaction_rows
+    )
 
 
 def start_snapshot(settings: PrecomputeSettings) -> tuple[RegistrySnapshot, str | None]:
@@ -927,11 +938,9 @@ def precompute_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]
         return report
     chain = _chain(spec)
     from solaris_feast.precompute.compute import run_precompute
-    from solaris_feast.store.write import EmbeddingWriter
 
     dataset = load_log(spec.settings, spec.now)
-    store = open_run_store(spec.settings)
-    writer = EmbeddingWriter(store, run_snapshot(spec).name_of(Tier.EXACT))
+    writer = open_run_writer(spec.settings, run_snapshot(spec).name_of(Tier.EXACT))
     try:
         stats = run_precompute(part, chain, dataset, writer, spec.settings.batch_size)
     finally:
@@ -974,9 +983,7 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     changed = changed_user_rows(rows, stored, now, rewrite_after)
     applied = files = 0
     if len(changed):
-        from solaris_feast.store.write import EmbeddingWriter
-
-        writer = EmbeddingWriter(open_run_store(spec.settings), user_view)
+        writer = open_run_writer(spec.settings, user_view)
         try:
             report = writer.write(changed)
         finally:
@@ -1023,7 +1030,6 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         similarity_fill_parts,
     )
     from solaris_feast.serving.resolve import fresh_window
-    from solaris_feast.store.write import EmbeddingWriter
 
     spec = PrecomputeRun.model_validate(dict(run))
     cfg = spec.settings
@@ -1074,7 +1080,7 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         return reported({"filled": 0})
     similarity = SimilarityConfig(neighbours=cfg.similar_neighbours)
     index = aggregate_user_index(user_rows, similarity)
-    writer = EmbeddingWriter(open_run_store(cfg), snapshot.name_of(Tier.SIMILAR))
+    writer = open_run_writer(cfg, snapshot.name_of(Tier.SIMILAR))
     try:
         # In parts of users, each written while the next is computed.
         parts = similarity_fill_parts(
