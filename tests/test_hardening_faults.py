@@ -7,6 +7,7 @@ proxy) so it can kill it without touching the shared one, and stops it in ``fina
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -192,6 +193,13 @@ def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(
                 assert survivors == 0, f"{survivors} rows of a {rows}-row batch survived"
             else:
                 assert survivors % atomic_rows == 0 and survivors < rows, survivors
+            # The error says what it knows: rows before `stored` were answered as stored, and
+            # the transactions in flight (up to two) end at `sent`; what survived lies between.
+            said = re.search(
+                r"rows before (\d+) are stored, each transaction of rows \d+-(\d+)", str(failure[0])
+            )
+            assert said, str(failure[0])
+            assert int(said[1]) <= survivors <= int(said[2]) + 1, (str(failure[0]), survivors)
 
             # The retry: a new writer, as a retried Airflow task would make.
             proxy.heal()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -255,6 +256,26 @@ def _repeated(value: bytes, n: int) -> np.ndarray:
     return np.broadcast_to(np.frombuffer(value, dtype=np.uint8), (n, len(value)))
 
 
+TRANSACTIONS_IN_FLIGHT = 2
+"""A write's transactions sent before the first one's answers are read: the next one is packed
+and on its way while Redis runs the one before, so a store farther away costs a round trip a
+batch, not a round trip a transaction. Two, not all: Redis runs a transaction once its EXEC has
+arrived, so a reader waits behind at most the one or two that are complete in its buffer."""
+
+
+def _interrupted(
+    view_name: str, exc: BaseException, n: int, unsure_lo: int, unsure_hi: int
+) -> RetryableStoreError:
+    """What a write lost to a dropped connection or a timeout raises: rows before ``unsure_lo``
+    are stored, each transaction of rows ``unsure_lo..unsure_hi`` whole or not at all."""
+    return RetryableStoreError(
+        f"{view_name}: Redis failed while writing rows {unsure_lo}-{unsure_hi - 1} of {n} "
+        f"({exc!r}); rows before {unsure_lo} are stored, each transaction of rows "
+        f"{unsure_lo}-{unsure_hi - 1} whole or not at all; write the batch again (rewrites "
+        "are idempotent)"
+    )
+
+
 _MULTI = b"*1\r\n$5\r\nMULTI\r\n"
 _EXEC = b"*1\r\n$4\r\nEXEC\r\n"
 _EVAL_SCRIPT = bulk(b"EVAL") + bulk(WRITE_SCRIPT.encode())
@@ -335,24 +356,6 @@ def _remaining(deadline_s: float, deadline_ms: float, what: str) -> float:
     if left <= 0:
         raise DeadlineExceededError(what, deadline_ms)
     return left
-
-
-def packed_round_trip(client: Any, payload: bytes, replies: int) -> list[Any]:
-    """Send hand-packed RESP commands on one of ``client``'s pooled connections and read
-    ``replies`` answers (an error reply raises, as redis-py's ``read_response`` does; errors
-    nested in an answer, such as EXEC's, are returned as exception objects). Waits are bounded
-    by the client's socket timeout; reads with a deadline use :class:`DeadlineConnections`."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        conn.send_packed_command([payload])
-        return [conn.read_response() for _ in range(replies)]
-    except BaseException:
-        # Unread replies would be handed to the next caller: drop the connection.
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
 
 
 class DeadlineConnections:
@@ -587,32 +590,89 @@ class RedisBackend(SolarisKeyLayouts):
         else:
             key_list, value_rows = batch.keys.tolist(), batch.rows()
             ts_list = timestamps.tolist()
+        if self.packed:
+            return self._packed_transactions(
+                batch.view_name, head_resp, len(head), keys, rows, n, atomic_rows, chunk_rows
+            )
         applied = 0
         for lo in range(0, n, atomic_rows):
             hi = min(lo + atomic_rows, n)
             try:
-                if self.packed:
-                    answers = self._packed_transaction(
-                        batch.view_name, head_resp, len(head), keys, rows, lo, hi, chunk_rows
-                    )
-                else:
-                    answers = self._pipeline_transaction(
-                        batch.view_name, head, key_list, value_rows, ts_list, lo, hi, chunk_rows
-                    )
+                answers = self._pipeline_transaction(
+                    batch.view_name, head, key_list, value_rows, ts_list, lo, hi, chunk_rows
+                )
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 if not is_retryable(exc):
                     raise  # a wrong password or missing permission: final, as it is
-                raise RetryableStoreError(
-                    f"{batch.view_name}: Redis failed while writing rows {lo}-{hi - 1} of "
-                    f"{n} ({exc!r}); rows before {lo} are stored, none of rows "
-                    f"{lo}-{hi - 1}; write the batch again (rewrites are idempotent)"
-                ) from exc
+                raise _interrupted(batch.view_name, exc, n, lo, hi) from exc
             applied += sum(int(r) for r in answers)
         return applied
 
-    def _packed_transaction(
+    def _packed_transactions(
         self,
         view_name: str,
+        head_resp: bytes,
+        head_args: int,
+        keys: _RespRows,
+        rows: _RespRows,
+        n: int,
+        atomic_rows: int,
+        chunk_rows: int,
+    ) -> int:
+        """The batch's MULTI/EXECs of ``atomic_rows`` rows on one connection, up to
+        :data:`TRANSACTIONS_IN_FLIGHT` sent before the first one's answers are read. Rows
+        applied."""
+        import redis
+
+        pool = self.client.connection_pool
+        conn = pool.get_connection()
+        in_flight: deque[tuple[int, int]] = deque()  # (hi, replies) of transactions sent, not read
+        applied = 0
+        stored = 0  # rows before this are answered as stored
+        sent = 0  # rows before this may be stored
+        try:
+            for lo in range(0, n, atomic_rows):
+                hi = sent = min(lo + atomic_rows, n)
+                commands = self._transaction(head_resp, head_args, keys, rows, lo, hi, chunk_rows)
+                conn.send_packed_command([b"".join(commands)])
+                in_flight.append((hi, len(commands)))
+                if len(in_flight) == TRANSACTIONS_IN_FLIGHT:
+                    applied += self._answers(view_name, conn, in_flight[0][1])
+                    stored = in_flight.popleft()[0]
+            while in_flight:
+                applied += self._answers(view_name, conn, in_flight[0][1])
+                stored = in_flight.popleft()[0]
+        except BaseException as exc:
+            # Unread answers would reach the next user of the connection: drop it.
+            conn.disconnect()
+            if isinstance(exc, redis.ConnectionError | redis.TimeoutError) and is_retryable(exc):
+                raise _interrupted(view_name, exc, n, stored, sent) from exc
+            raise  # a wrong password or missing permission is final, as it is
+        finally:
+            pool.release(conn)
+        return applied
+
+    @staticmethod
+    def _answers(view_name: str, conn: Any, replies: int) -> int:
+        """Read one transaction's ``replies`` answers; the rows it applied."""
+        import redis
+
+        # +OK for MULTI, QUEUED per command (a refused command raises here, and Redis then
+        # aborts the EXEC), then EXEC's list of script results.
+        answers = [conn.read_response() for _ in range(replies)][-1]
+        if not isinstance(answers, list):
+            raise redis.ResponseError(
+                f"{view_name}: the transaction was not executed ({answers!r})"
+            )
+        for answer in answers:
+            if isinstance(answer, Exception):
+                # As redis-py's pipeline does: a script that fails at run time (out of memory,
+                # a key of another type) fails the write; Redis has run the others.
+                raise redis.ResponseError(f"{view_name}: a write script failed: {answer}")
+        return sum(int(r) for r in answers)
+
+    @staticmethod
+    def _transaction(
         head_resp: bytes,
         head_args: int,
         keys: _RespRows,
@@ -620,12 +680,10 @@ class RedisBackend(SolarisKeyLayouts):
         lo: int,
         hi: int,
         chunk_rows: int,
-    ) -> list[Any]:
-        """One MULTI/EXEC of rows ``lo..hi``: per chunk an EVAL whose ARGV is the head (packed
-        once per batch as ``head_resp``, ``head_args`` arguments), then each row's timestamp and
-        values (``rows.width`` arguments a row)."""
-        import redis
-
+    ) -> list[bytes]:
+        """The commands of one MULTI/EXEC of rows ``lo..hi``: per chunk an EVAL whose ARGV is
+        the head (packed once per batch as ``head_resp``, ``head_args`` arguments), then each
+        row's timestamp and values (``rows.width`` arguments a row)."""
         commands = [_MULTI]
         for start in range(lo, hi, chunk_rows):
             stop = min(start + chunk_rows, hi)
@@ -643,19 +701,7 @@ class RedisBackend(SolarisKeyLayouts):
                 )
             )
         commands.append(_EXEC)
-        # +OK for MULTI, QUEUED per command (a refused command raises here, and Redis then
-        # aborts the EXEC), then EXEC's list of script results.
-        answers = packed_round_trip(self.client, b"".join(commands), len(commands))[-1]
-        if not isinstance(answers, list):
-            raise redis.ResponseError(
-                f"{view_name}: the transaction was not executed ({answers!r})"
-            )
-        for answer in answers:
-            if isinstance(answer, Exception):
-                # As redis-py's pipeline does: a script that fails at run time (out of memory,
-                # a key of another type) fails the write; Redis has run the others.
-                raise redis.ResponseError(f"{view_name}: a write script failed: {answer}")
-        return answers
+        return commands
 
     def _pipeline_transaction(
         self,
