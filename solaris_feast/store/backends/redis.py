@@ -1,5 +1,5 @@
-"""One Redis: Feast's layout (one hash per entity key holding every view of that key), read and
-written in one round trip per call.
+"""One Redis: Feast's layout (one hash per entity key holding every view of that key), read in one
+round trip per call and written with two transactions in flight.
 
 Reads: N ``HMGET`` on the (user, item) hashes (pair and similar fields together), one on the user
 hash and a ``GET`` of the miss queue's round counter, in one pipeline. The deadline bounds the
@@ -9,8 +9,9 @@ handed to the next caller).
 
 Writes: newest wins, atomically. Each chunk of rows is one Lua script (compare the stored
 ``_ts:<view>`` with the new one, write when the new one is not older, ties to the later write);
-up to ``atomic_rows`` rows go in one ``MULTI``/``EXEC``, so a crash mid-batch stores all of it or
-none and no reader sees part of it.
+up to ``atomic_rows`` rows go in one ``MULTI``/``EXEC``, so a crash mid-transaction stores all of
+it or none and no reader sees part of it. A batch's transactions are sent on one connection, the
+next one before the answers of the one before are read (:data:`TRANSACTIONS_IN_FLIGHT`).
 
 The commands of the read and the write are packed by hand (``packed=True``): their shape never
 changes, and redis-py's generic packer and pipeline cost as much as the network round trip at
