@@ -159,17 +159,11 @@ def serve_client(index: int, args: dict[str, Any], start_at: float, results: Any
 
 def precompute_writer(args: dict[str, Any], start_at: float, results: Any) -> None:
     """Rewrite the pair rows of random users, batch after batch, until the end time."""
-    from solaris_feast.store.write import DEFAULT_CHUNK_ROWS, EmbeddingWriter
+    from solaris_feast.store.write import EmbeddingWriter
 
     store = open_soak_store(args["project"], Path(args["repo"]), args["redis_url"])
-    atomic_rows = args["atomic_rows"]
-    writer = EmbeddingWriter(
-        store,
-        "solaris_pair",
-        offline=False,
-        atomic_rows=atomic_rows,
-        chunk_rows=min(atomic_rows, DEFAULT_CHUNK_ROWS),
-    )
+    # A script chunk never crosses a transaction, so the chunk size needs no change here.
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False, atomic_rows=args["atomic_rows"])
     rng = np.random.default_rng(7)
     exact = int(args["candidates"] * 0.6)
     rows = 0

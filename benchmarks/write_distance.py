@@ -22,9 +22,7 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -33,7 +31,6 @@ import numpy as np
 import pandas as pd
 
 ROWS = 16_000
-BATCH = 1024  # precompute.batch_size's default: one write per FM batch
 
 
 async def _pipe(reader: Any, writer: Any, delay_s: float) -> None:
@@ -73,62 +70,47 @@ async def _proxy(listen_port: int, target_port: int, delay_s: float) -> None:
         await server.serve_forever()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def measure(one_way_ms: float, settings: list[int], repeats: int, redis_port: int) -> dict:
-    import redis
-
-    from solaris_feast.store.config import open_store
-    from solaris_feast.store.definitions import solaris_definitions
+    """Seconds of the round's writes through a proxy ``one_way_ms`` away, per setting."""
+    from solaris_feast.bench import bench_store, free_loopback_port
+    from solaris_feast.pipeline.settings import DEFAULT_BATCH_SIZE
     from solaris_feast.store.write import EmbeddingWriter
 
-    port = _free_port()
+    port = free_loopback_port()
     proxy = subprocess.Popen(
         [sys.executable, __file__, "--proxy", str(port), str(redis_port), str(one_way_ms)]
     )
-    project = f"solaris_bench_distance_{uuid.uuid4().hex[:8]}"
-    direct = redis.Redis(port=redis_port)
+    rng = np.random.default_rng(0)
+    seconds: dict[int, list[float]] = {rows: [] for rows in settings}
     try:
         time.sleep(1.0)
-        repo = Path(tempfile.mkdtemp(prefix="solaris-write-distance-")) / "repo"
-        url = f"redis://127.0.0.1:{port}/0"
-        store = open_store(project, repo, online="redis", redis_url=url)
-        store.apply(solaris_definitions().all())
-        rng = np.random.default_rng(0)
-        seconds: dict[int, list[float]] = {rows: [] for rows in settings}
-        offset = 0
-        for _ in range(repeats):
-            for transaction_rows in settings:
-                ids = np.arange(offset, offset + ROWS, dtype=np.int64)
-                offset += ROWS
-                frame = pd.DataFrame(
-                    {
-                        "user_id": ids // 16,
-                        "item_id": ids,
-                        "embedding": list(rng.standard_normal((ROWS, 32)).astype(np.float32)),
-                        "model_version": "bench-v1",
-                        "computed_at": pd.Timestamp.now(tz="UTC").floor("s"),
-                    }
-                )
-                writer = EmbeddingWriter(
-                    store, "solaris_pair", offline=False, atomic_rows=transaction_rows
-                )
-                started = time.perf_counter()
-                for lo in range(0, ROWS, BATCH):
-                    writer.write(frame.iloc[lo : lo + BATCH].reset_index(drop=True))
-                seconds[transaction_rows].append(time.perf_counter() - started)
-                writer.close()
+        with bench_store(f"redis://127.0.0.1:{port}/0", 32) as store:
+            offset = 0
+            for _ in range(repeats):
+                for transaction_rows in settings:
+                    ids = np.arange(offset, offset + ROWS, dtype=np.int64)
+                    offset += ROWS
+                    frame = pd.DataFrame(
+                        {
+                            "user_id": ids // 16,
+                            "item_id": ids,
+                            "embedding": list(rng.standard_normal((ROWS, 32)).astype(np.float32)),
+                            "model_version": "bench-v1",
+                            "computed_at": pd.Timestamp.now(tz="UTC").floor("s"),
+                        }
+                    )
+                    writer = EmbeddingWriter(
+                        store, "solaris_pair", offline=False, atomic_rows=transaction_rows
+                    )
+                    started = time.perf_counter()
+                    # One write per FM batch, as the precompute writes.
+                    for lo in range(0, ROWS, DEFAULT_BATCH_SIZE):
+                        batch = frame.iloc[lo : lo + DEFAULT_BATCH_SIZE].reset_index(drop=True)
+                        writer.write(batch)
+                    seconds[transaction_rows].append(time.perf_counter() - started)
+                    writer.close()
     finally:
         proxy.terminate()
-        keys = list(direct.scan_iter(match=f"*{project}*", count=1000))
-        for start in range(0, len(keys), 1000):
-            direct.delete(*keys[start : start + 1000])
     return {
         "one_way_ms": one_way_ms,
         "by_transaction_rows": {
@@ -153,8 +135,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/write_distance.json"))
     args = parse_script_args(parser)
+    import redis
+
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-    redis_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    redis_port = int(redis.Redis.from_url(redis_url).connection_pool.connection_kwargs["port"])
     settings = [int(v) for v in args.transaction_rows.split(",")]
     runs = []
     for delay in [float(v) for v in args.one_way_ms.split(",")]:
@@ -166,7 +150,6 @@ def main() -> None:
             "machine": f"{platform.machine()}, {os.cpu_count()} cpus",
             "load_average_end": os.getloadavg()[0],
             "rows": ROWS,
-            "batch_rows": BATCH,
             "repeats": args.repeats,
         },
         "runs": runs,
