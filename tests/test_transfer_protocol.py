@@ -9,6 +9,7 @@ shuffle test fail; training the denominator on the previous window makes
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -376,3 +377,17 @@ def test_clustered_ne_with_unit_weights_is_the_row_ne() -> None:
     assert spread.std() > 0
     interval = ratio_of_means_interval(np.full((200, 2), 1.0), np.full((200, 2), 2.0))
     assert interval == pytest.approx((0.5, 0.5))
+
+
+def test_a_replicate_that_draws_no_row_has_no_ne_and_fails_its_interval_quietly() -> None:
+    # Two clusters: one with rows, one without (a cold user with no test row in the split).
+    loss, rows, pos = np.array([3.0, 0.0]), np.array([5.0, 0.0]), np.array([2.0, 0.0])
+    weights = np.array([[2, 0], [0, 2], [1, 1]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's divide warning would reach the console
+        ne = clustered_normalized_entropy(loss, rows, pos, weights)
+    assert np.isfinite(ne[[0, 2]]).all() and np.isnan(ne[1])
+    assert ne[0] == pytest.approx(ne[2])
+    # The NaN replicate's gain is no gain: with it in more than 5% of replicates, no interval.
+    gains = np.stack([ne, ne], axis=1) - 0.5
+    assert ratio_of_means_interval(gains, gains) is None

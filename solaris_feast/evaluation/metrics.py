@@ -107,13 +107,18 @@ def clustered_normalized_entropy(
 ) -> np.ndarray:
     """NE of one task under cluster weights: ``(R,)`` from per-cluster sums ``(C,)`` of row log
     loss, rows and positives, and weights ``(R, C)``. With all weights 1 it equals
-    :func:`normalized_entropy` over the rows (the test pins that)."""
+    :func:`normalized_entropy` over the rows (the test pins that). A replicate that draws no row
+    (a few cold users, say) has no NE: NaN, which :func:`ratio_of_means_interval` counts as a
+    failed replicate; numpy's divide warning for it is kept off the console."""
     w = np.asarray(weights, dtype=np.float64)
     rows = w @ np.asarray(row_counts, dtype=np.float64)
-    logloss = (w @ np.asarray(loss_sums, dtype=np.float64)) / rows
-    rate = np.clip(
-        (w @ np.asarray(positive_counts, np.float64)) / rows, PROBABILITY_CLIP, 1 - PROBABILITY_CLIP
-    )
+    with np.errstate(invalid="ignore", divide="ignore"):
+        logloss = (w @ np.asarray(loss_sums, dtype=np.float64)) / rows
+        rate = np.clip(
+            (w @ np.asarray(positive_counts, np.float64)) / rows,
+            PROBABILITY_CLIP,
+            1 - PROBABILITY_CLIP,
+        )
     entropy = -(rate * np.log(rate) + (1 - rate) * np.log(1 - rate))
     return np.asarray(logloss / entropy, dtype=np.float64)
 
