@@ -819,6 +819,11 @@ def test_new_model_version_is_picked_up_and_replans_every_pair(
     assert report["plan"]["skipped_fresh"] == 0 and report["plan"]["refreshes"] == 0
     versions = offline_frame(repo, "solaris_pair")["model_version"].value_counts().to_dict()
     assert versions == {old.embedding_version: BUDGET_PAIRS, new.embedding_version: BUDGET_PAIRS}
+    # The first round of the repo expected no offline logs; the second, after one published, does.
+    first_round = {
+        d.name: json.loads((d / "manifest.json").read_text())["first_round"] for d in run_dirs(repo)
+    }
+    assert first_round == {old.vm_card.version: True, new.vm_card.version: False}
 
 
 def _serving_chain_events() -> list[dict[str, Any]]:

@@ -436,3 +436,34 @@ def test_the_rounds_writers_take_the_transaction_size_from_the_settings(
         chosen.close()
     with pytest.raises(ValueError, match="write_transaction_rows"):
         settings(write_transaction_rows=0)
+
+
+def test_a_missing_offline_log_is_a_warning_only_once_an_earlier_round_published(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    from solaris_feast.pipeline.runs import earlier_round_published, precompute_run_dir
+    from solaris_feast.pipeline.settings import PrecomputeSettings
+    from solaris_feast.store.offline import read_offline_folder
+
+    settings = PrecomputeSettings(feature_repo=str(tmp_path), models_dir=str(tmp_path / "m"))
+    first = precompute_run_dir(settings, "20261205T100000Z", "vm-a")
+    assert not earlier_round_published(settings, first)  # no runs folder at all
+    first.mkdir(parents=True)
+    (first / "manifest.json").write_text("{}")
+    # A round that started but never published does not count, nor does the round itself.
+    later = precompute_run_dir(settings, "20261205T110000Z", "vm-a")
+    assert not earlier_round_published(settings, later)
+    (first / "coverage.json").write_text("{}")
+    assert not earlier_round_published(settings, first)
+    assert earlier_round_published(settings, later)
+
+    window = (pd.Timestamp("2026-12-05", tz="UTC"), pd.Timestamp("2026-12-05 10:00", tz="UTC"))
+    columns = ["user_id", "item_id", "embedding"]
+    with caplog.at_level(logging.INFO, logger="solaris_feast.store.offline"):
+        rows = read_offline_folder(tmp_path / "a", *window, None, columns, first_round=True)
+        read_offline_folder(tmp_path / "b", *window, None, columns)
+    assert rows.empty and list(rows.columns)[:3] == columns
+    said = {r.getMessage().split()[3]: r.levelname for r in caplog.records}
+    assert said == {str(tmp_path / "a"): "INFO", str(tmp_path / "b"): "WARNING"}

@@ -54,6 +54,7 @@ from solaris_feast.pipeline.registry_snapshot import (
 )
 from solaris_feast.pipeline.runs import (
     budget_path,
+    earlier_round_published,
     fill_report_path,
     precompute_run_dir,
     replace_folder_atomic,
@@ -178,6 +179,7 @@ def start_precompute(
         fm_version=chain.fm.version,
         embedding_version=chain.embedding_version,
         ticks=dict(ticks) if ticks is not None else None,
+        first_round=not earlier_round_published(cfg, run_dir),
     )
     write_once(run_dir / "manifest.json", spec.model_dump_json(indent=2))
     logger.info(
@@ -462,12 +464,17 @@ def snapshot_rows(
     start: pd.Timestamp,
     end: pd.Timestamp,
     columns: list[str] | None = None,
+    *,
+    first_round: bool = False,
 ) -> pd.DataFrame:
-    """:func:`~solaris_feast.store.offline.read_offline_rows` through the snapshot (no Feast)."""
+    """:func:`~solaris_feast.store.offline.read_offline_rows` through the snapshot (no Feast);
+    ``first_round``: :attr:`PrecomputeRun.first_round`, where a missing folder is expected."""
     from solaris_feast.store.offline import read_offline_folder
 
     facts = snapshot.view(view)
-    return read_offline_folder(Path(facts.offline_root), start, end, columns, facts.columns)
+    return read_offline_folder(
+        Path(facts.offline_root), start, end, columns, facts.columns, first_round=first_round
+    )
 
 
 def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
@@ -720,7 +727,11 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     ttl = pair_ttl_seconds(spec, snapshot.view(pair_view).ttl_seconds, pair_view)
     now = pd.Timestamp(spec.now)
     fresh = snapshot_rows(
-        snapshot, pair_view, *fresh_window(now, ttl), [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION]
+        snapshot,
+        pair_view,
+        *fresh_window(now, ttl),
+        [USER_ID, ITEM_ID, COMPUTED_AT, MODEL_VERSION],
+        first_round=spec.first_round,
     )
     if count > 1 and len(fresh):
         fresh = fresh.loc[users_of_shard(fresh[USER_ID].to_numpy(), shard_index, count)]
@@ -974,7 +985,9 @@ def aggregate_users(run: Mapping[str, Any]) -> dict[str, Any]:
     rewrite_after = max(ttl_seconds - spec.settings.refresh_margin_seconds, 0.0)
     # Rows before this round's time only: a retry rewrites what its first try wrote.
     since, _ = fresh_window(now, ttl_seconds)
-    stored = snapshot_rows(snapshot, user_view, since, now - pd.Timedelta(1, "us"))
+    stored = snapshot_rows(
+        snapshot, user_view, since, now - pd.Timedelta(1, "us"), first_round=spec.first_round
+    )
     if lost_online(spec):
         # The online store lost pair vectors the log calls fresh (rank_shard found them): its
         # aggregates are gone with them, so none counts as unchanged.
@@ -1008,7 +1021,12 @@ def user_aggregate_rows(spec: PrecomputeRun, snapshot: RegistrySnapshot) -> pd.D
 
     window = spec.settings.aggregate_window_seconds
     now = pd.Timestamp(spec.now)
-    exact = snapshot_rows(snapshot, snapshot.name_of(Tier.EXACT), *fresh_window(now, window))
+    exact = snapshot_rows(
+        snapshot,
+        snapshot.name_of(Tier.EXACT),
+        *fresh_window(now, window),
+        first_round=spec.first_round,
+    )
     return aggregate_user_embeddings(
         exact, now, spec.embedding_version, AggregateConfig(window_seconds=window)
     )
@@ -1074,7 +1092,9 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
         logger.info("similarity fill: nothing to fill (no targets)")
         return reported({"filled": 0})
     user_rows = user_aggregate_rows(spec, snapshot)
-    exact = snapshot_rows(snapshot, pair_view, *fresh_window(now, ttl))
+    exact = snapshot_rows(
+        snapshot, pair_view, *fresh_window(now, ttl), first_round=spec.first_round
+    )
     if len(user_rows) < 2 or len(exact) == 0:
         logger.info("similarity fill: nothing to fill (%d targets)", len(targets))
         return reported({"filled": 0})

@@ -171,6 +171,23 @@ def precompute_run_dir(settings: PrecomputeSettings, interval_key: str, vm_versi
     return runs_root(settings) / interval_key / vm_version
 
 
+def earlier_round_published(settings: PrecomputeSettings, run_dir: Path) -> bool:
+    """Whether any round other than ``run_dir``'s has published its ``coverage.json`` under
+    :func:`runs_root`: after one has, the views' offline logs should exist, and a missing
+    folder means storage this worker does not see. Stops at the first one found."""
+    root = runs_root(settings)
+    if not root.is_dir():
+        return False
+    here = run_dir.resolve()
+    for interval in root.iterdir():
+        if not interval.is_dir():
+            continue
+        for folder in interval.iterdir():
+            if (folder / "coverage.json").is_file() and folder.resolve() != here:
+                return True
+    return False
+
+
 def training_stage_marker(models_dir: Path, interval_key: str, stage: str) -> Path:
     """The file naming the version a training stage registered for one run."""
     return models_dir / TRAINING_MARKERS_SUBDIR / interval_key / stage

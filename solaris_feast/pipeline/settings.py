@@ -224,6 +224,11 @@ class PrecomputeRun(BaseModel):
     ticks: dict[str, Any] | None = None
     """A scheduled round's place on its cron (skipped ticks, late start), from
     :func:`solaris_feast.pipeline.runs.round_ticks`; None for a manual or asset-triggered one."""
+    first_round: bool = False
+    """No earlier round of these settings' runs folder had published its coverage when this one
+    started (:func:`solaris_feast.pipeline.runs.earlier_round_published`): the offline logs
+    may not exist yet, and their absence is said at INFO, not as a warning. False in a
+    manifest written before the field existed, so those warn as they did."""
 
 
 class TrainingSettings(LogSource):

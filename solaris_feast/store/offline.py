@@ -61,10 +61,13 @@ def read_offline_folder(
     end: pd.Timestamp,
     columns: list[str] | None,
     all_columns: list[str],
+    *,
+    first_round: bool = False,
 ) -> pd.DataFrame:
     """:func:`read_offline_rows` from a view's folder (:func:`offline_view_root`) without Feast:
     for a task that knows the folder and the view's columns (``all_columns``, the columns of an
-    empty result when ``columns`` is None)."""
+    empty result when ``columns`` is None). ``first_round``: no earlier round has published, so
+    a missing folder is expected (said at INFO, not as a warning)."""
     import pandas as pd
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -72,13 +75,17 @@ def read_offline_folder(
     if not root.is_dir() and root not in _SAID_MISSING:
         # A first round has no log yet; a worker without the shared storage mounted sees the
         # same: said (once per folder and process), since a round then plans and aggregates as
-        # if nothing had been written.
+        # if nothing had been written. A warning only where an earlier round has published:
+        # on a first round (make demo's, a new deployment's) it is what should happen.
         _SAID_MISSING.add(root)
-        logger.warning(
-            "offline log folder %s does not exist: read as empty (a first round; else check "
-            "that this worker mounts the shared storage)",
-            root,
-        )
+        if first_round:
+            logger.info("offline log folder %s does not exist yet: a first round", root)
+        else:
+            logger.warning(
+                "offline log folder %s does not exist: read as empty, though an earlier round "
+                "published (check that this worker mounts the shared storage)",
+                root,
+            )
     days = pd.date_range(start.floor("D"), end.floor("D"), freq="D")
     files = [
         f for day in days for f in sorted((root / day.strftime("%Y-%m-%d")).glob("part-*.parquet"))
