@@ -34,7 +34,7 @@ from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.serving.retriever import SolarisRetriever
 from solaris_feast.store.config import open_store
 from solaris_feast.store.definitions import solaris_definitions
-from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
+from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS, DEFAULT_TRANSACTIONS_IN_FLIGHT
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
@@ -129,12 +129,16 @@ def _pair_keys(client: redis.Redis, project: str) -> int:
 
 
 @pytest.mark.parametrize(
-    ("rows", "atomic_rows"),
-    [(DEFAULT_ATOMIC_ROWS, DEFAULT_ATOMIC_ROWS), (1500, 500)],
-    ids=["one-transaction", "three-transactions"],
+    ("rows", "atomic_rows", "in_flight"),
+    [
+        (DEFAULT_ATOMIC_ROWS, DEFAULT_ATOMIC_ROWS, DEFAULT_TRANSACTIONS_IN_FLIGHT),
+        (1500, 500, DEFAULT_TRANSACTIONS_IN_FLIGHT),
+        (1500, 250, 1),
+    ],
+    ids=["one-transaction", "three-transactions", "six-transactions-one-in-flight"],
 )
 def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(
-    tmp_path: Path, feast_project: str, rows: int, atomic_rows: int
+    tmp_path: Path, feast_project: str, rows: int, atomic_rows: int, in_flight: int
 ) -> None:
     """Redis receives the first half of a batch's bytes, executes what it got, and is killed.
 
@@ -163,7 +167,12 @@ def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(
 
             def writer() -> EmbeddingWriter:
                 return EmbeddingWriter(
-                    store, "solaris_pair", offline=True, chunk_rows=64, atomic_rows=atomic_rows
+                    store,
+                    "solaris_pair",
+                    offline=True,
+                    chunk_rows=64,
+                    atomic_rows=atomic_rows,
+                    in_flight=in_flight,
                 )
 
             failure: list[BaseException] = []
@@ -194,12 +203,14 @@ def test_redis_killed_mid_batch_leaves_no_half_batch_and_a_retry_completes(
             else:
                 assert survivors % atomic_rows == 0 and survivors < rows, survivors
             # The error says what it knows: rows before `stored` were answered as stored, and
-            # the transactions in flight (up to two) end at `sent`; what survived lies between.
+            # the transactions in flight (up to `in_flight`) end at `sent`; what survived lies
+            # between, and no more than `in_flight` transactions were unanswered.
             said = re.search(
                 r"rows before (\d+) are stored, each transaction of rows \d+-(\d+)", str(failure[0])
             )
             assert said, str(failure[0])
             assert int(said[1]) <= survivors <= int(said[2]) + 1, (str(failure[0]), survivors)
+            assert int(said[2]) + 1 - int(said[1]) <= in_flight * atomic_rows, str(failure[0])
 
             # The retry: a new writer, as a retried Airflow task would make.
             proxy.heal()

@@ -412,14 +412,14 @@ def test_the_round_bench_runs_a_whole_round_and_gives_the_fill_the_targets_asked
         assert record["round_seconds"] == pytest.approx(outside + fm, abs=5e-3)
 
 
-def test_the_rounds_writers_take_the_transaction_size_from_the_settings(
+def test_the_rounds_writers_take_their_transactions_from_the_settings(
     tmp_path: Path, feast_project: str
 ) -> None:
     from test_dags import make_feature_repo
 
     from solaris_feast.pipeline.precompute import open_run_writer
     from solaris_feast.pipeline.settings import PrecomputeSettings
-    from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
+    from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS, DEFAULT_TRANSACTIONS_IN_FLIGHT
 
     repo = make_feature_repo(tmp_path / "repo", feast_project)
 
@@ -427,15 +427,20 @@ def test_the_rounds_writers_take_the_transaction_size_from_the_settings(
         return PrecomputeSettings(feature_repo=str(repo), models_dir=str(repo / "m"), **extra)
 
     default = open_run_writer(settings(), "solaris_similar")
-    chosen = open_run_writer(settings(write_transaction_rows=7), "solaris_pair")
+    chosen = open_run_writer(
+        settings(write_transaction_rows=7, write_transactions_in_flight=3), "solaris_pair"
+    )
     try:
         assert default.atomic_rows == DEFAULT_ATOMIC_ROWS and chosen.atomic_rows == 7
+        assert default.in_flight == DEFAULT_TRANSACTIONS_IN_FLIGHT and chosen.in_flight == 3
         assert chosen.view_name == "solaris_pair"
     finally:
         default.close()
         chosen.close()
     with pytest.raises(ValueError, match="write_transaction_rows"):
         settings(write_transaction_rows=0)
+    with pytest.raises(ValueError, match="write_transactions_in_flight"):
+        settings(write_transactions_in_flight=0)
 
 
 def test_a_missing_offline_log_is_a_warning_only_once_an_earlier_round_published(

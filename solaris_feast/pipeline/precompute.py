@@ -393,12 +393,15 @@ def open_run_store(settings: PrecomputeSettings) -> FeatureStore:
 
 
 def open_run_writer(settings: PrecomputeSettings, view_name: str) -> EmbeddingWriter:
-    """A writer of one of the run's views on the run's store, with the run's transaction size
-    (``precompute.write_transaction_rows``)."""
+    """A writer of one of the run's views on the run's store, with the run's transactions
+    (``precompute.write_transaction_rows``, ``precompute.write_transactions_in_flight``)."""
     from solaris_feast.store.write import EmbeddingWriter
 
     return EmbeddingWriter(
-        open_run_store(settings), view_name, atomic_rows=settings.write_transaction_rows
+        open_run_store(settings),
+        view_name,
+        atomic_rows=settings.write_transaction_rows,
+        in_flight=settings.write_transactions_in_flight,
     )
 
 

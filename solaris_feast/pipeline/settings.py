@@ -29,6 +29,7 @@ from solaris_feast.models.spec import ModelChoice
 from solaris_feast.store.layout import (
     DEFAULT_ATOMIC_ROWS,
     DEFAULT_EMBEDDING_CODEC,
+    DEFAULT_TRANSACTIONS_IN_FLIGHT,
     EmbeddingCodecName,
 )
 
@@ -193,6 +194,12 @@ class PrecomputeSettings(LogSource):
     during writes 1.2x its figure without them, against 9 ms and 3x at 1,024 rows, for the same
     writer rows/s (Redis on loopback, benchmarks/README.md, soak). A store far enough away that
     a transaction's round trip counts may want more."""
+    write_transactions_in_flight: int = Field(DEFAULT_TRANSACTIONS_IN_FLIGHT, gt=0)
+    """Transactions of a write sent before the first one's answers are read. At the default, a
+    Redis 0.5-2 ms away takes a round's rows 50-60% faster than with 1, for serving p99 during
+    writes 1.3-1.6x its figure without them instead of 1.2-1.3x on loopback
+    (benchmarks/README.md, write_distance); 1 where the store is next to the workers and
+    serving's tail matters most, more where it is far."""
 
     @model_validator(mode="after")
     def _margin_below_ttl(self) -> PrecomputeSettings:

@@ -58,6 +58,7 @@ from solaris_feast.store.backends import OnlineBackend, OnlineBatch, backend_for
 from solaris_feast.store.ids import join_key_types
 from solaris_feast.store.layout import (
     DEFAULT_ATOMIC_ROWS,
+    DEFAULT_TRANSACTIONS_IN_FLIGHT,
     ByteColumn,
     EntityKeyLayout,
     embedding_codec,
@@ -204,6 +205,9 @@ class EmbeddingWriter:
             is written all-or-nothing: a crash mid-batch leaves none of it and readers never see
             part of it. Bigger batches are written as several such transactions, because Redis
             answers no reader while one runs.
+        in_flight: transactions sent before the first one's answers are read (Redis): more
+            hides the round trips of a store farther away, fewer keeps serving reads from
+            queueing behind several complete transactions.
         backend: the online backend to write through (default: the store's own, made on the
             first write); the writer closes it.
     """
@@ -217,11 +221,13 @@ class EmbeddingWriter:
         online: bool = True,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
         atomic_rows: int = DEFAULT_ATOMIC_ROWS,
+        in_flight: int = DEFAULT_TRANSACTIONS_IN_FLIGHT,
         backend: OnlineBackend | None = None,
     ) -> None:
-        if chunk_rows <= 0 or atomic_rows <= 0:
+        if chunk_rows <= 0 or atomic_rows <= 0 or in_flight <= 0:
             raise ValueError(
-                f"chunk_rows and atomic_rows must be positive, got {chunk_rows}, {atomic_rows}"
+                "chunk_rows, atomic_rows and in_flight must be positive, got "
+                f"{chunk_rows}, {atomic_rows}, {in_flight}"
             )
         self.store = store
         self.view: FeatureView = store.get_feature_view(view_name)
@@ -230,6 +236,7 @@ class EmbeddingWriter:
         self.online = online
         self.chunk_rows = chunk_rows
         self.atomic_rows = atomic_rows
+        self.in_flight = in_flight
         self.project = store.config.project
         self.join_keys = list(self.view.join_keys)
         self.feature_kinds = {f.name: _feature_kind(f.name, f.dtype) for f in self.view.features}
@@ -323,7 +330,10 @@ class EmbeddingWriter:
                 # Writes may wait for a busy store far longer than a serving read.
                 self._backend = backend_for(self.store, timeout_seconds=WRITE_TIMEOUT_SECONDS)
             applied = self._backend.write_batch(
-                staged.online, chunk_rows=self.chunk_rows, atomic_rows=self.atomic_rows
+                staged.online,
+                chunk_rows=self.chunk_rows,
+                atomic_rows=self.atomic_rows,
+                in_flight=self.in_flight,
             )
         return WriteReport(
             rows=staged.rows,

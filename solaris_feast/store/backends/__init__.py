@@ -175,9 +175,13 @@ class OnlineBackend(Protocol):
         the whole batch within ``deadline_s``."""
         ...
 
-    def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
+    def write_batch(
+        self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int, in_flight: int = 1
+    ) -> int:
         """Write newest-wins (a row not older than the stored one replaces it); up to
-        ``atomic_rows`` rows all-or-nothing where the store allows it. Return rows applied."""
+        ``atomic_rows`` rows all-or-nothing where the store allows it, up to ``in_flight`` such
+        transactions sent before the first is answered where the store pipelines them. Return
+        rows applied."""
         ...
 
     def record_misses(

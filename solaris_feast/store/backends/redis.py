@@ -11,7 +11,8 @@ Writes: newest wins, atomically. Each chunk of rows is one Lua script (compare t
 ``_ts:<view>`` with the new one, write when the new one is not older, ties to the later write);
 up to ``atomic_rows`` rows go in one ``MULTI``/``EXEC``, so a crash mid-transaction stores all of
 it or none and no reader sees part of it. A batch's transactions are sent on one connection, the
-next one before the answers of the one before are read (:data:`TRANSACTIONS_IN_FLIGHT`).
+next one before the answers of the one before are read
+(:data:`~solaris_feast.store.layout.DEFAULT_TRANSACTIONS_IN_FLIGHT`, the writer's ``in_flight``).
 
 The commands of the read and the write are packed by hand (``packed=True``): their shape never
 changes, and redis-py's generic packer and pipeline cost as much as the network round trip at
@@ -55,6 +56,7 @@ from solaris_feast.store.backends import (
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
+    DEFAULT_TRANSACTIONS_IN_FLIGHT,
     ByteColumn,
     SolarisKeyLayouts,
     check_serialization_version,
@@ -255,17 +257,6 @@ class _RespRows:
 def _repeated(value: bytes, n: int) -> np.ndarray:
     """``(n, len(value))`` uint8, ``value`` on every row (a view, for concatenation)."""
     return np.broadcast_to(np.frombuffer(value, dtype=np.uint8), (n, len(value)))
-
-
-TRANSACTIONS_IN_FLIGHT = 2
-"""A write's transactions sent before the first one's answers are read: the next one is packed
-and on its way while Redis runs the one before, so a store farther away costs a round trip a
-batch, not a round trip a transaction. Two, not all: Redis runs a transaction once its EXEC has
-arrived, so a reader waits behind at most the one or two that are complete in its buffer
-(measured on loopback at 256 rows: serving p99 during writes 1.33-1.60x its figure without them,
-1.16-1.34x with one in flight; the writer 50-60% faster 0.5-2 ms away, benchmarks/README.md). The
-transaction after one whose script fails has been sent already and may be stored too (a retry
-of the batch rewrites it: rewrites are idempotent)."""
 
 
 def _interrupted(
@@ -575,7 +566,14 @@ class RedisBackend(SolarisKeyLayouts):
 
         return ByteColumn.encoded(np.asarray(ts_ns, dtype=np.int64), encode)
 
-    def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
+    def write_batch(
+        self,
+        batch: OnlineBatch,
+        *,
+        chunk_rows: int,
+        atomic_rows: int,
+        in_flight: int = DEFAULT_TRANSACTIONS_IN_FLIGHT,
+    ) -> int:
         import redis
 
         # MULTI/EXEC around up to atomic_rows rows of scripts: Redis queues them until EXEC, so
@@ -597,7 +595,15 @@ class RedisBackend(SolarisKeyLayouts):
             ts_list = timestamps.tolist()
         if self.packed:
             return self._packed_transactions(
-                batch.view_name, head_resp, len(head), keys, rows, n, atomic_rows, chunk_rows
+                batch.view_name,
+                head_resp,
+                len(head),
+                keys,
+                rows,
+                n,
+                atomic_rows,
+                chunk_rows,
+                in_flight,
             )
         applied = 0
         for lo in range(0, n, atomic_rows):
@@ -623,10 +629,11 @@ class RedisBackend(SolarisKeyLayouts):
         n: int,
         atomic_rows: int,
         chunk_rows: int,
+        in_flight_max: int,
     ) -> int:
         """The batch's MULTI/EXECs of ``atomic_rows`` rows on one connection, up to
-        :data:`TRANSACTIONS_IN_FLIGHT` sent before the first one's answers are read. Rows
-        applied."""
+        ``in_flight_max`` (:data:`~solaris_feast.store.layout.DEFAULT_TRANSACTIONS_IN_FLIGHT`)
+        sent before the first one's answers are read. Rows applied."""
         import redis
 
         pool = self.client.connection_pool
@@ -641,7 +648,7 @@ class RedisBackend(SolarisKeyLayouts):
                 commands = self._transaction(head_resp, head_args, keys, rows, lo, hi, chunk_rows)
                 conn.send_packed_command([b"".join(commands)])
                 in_flight.append((hi, len(commands)))
-                if len(in_flight) == TRANSACTIONS_IN_FLIGHT:
+                if len(in_flight) >= in_flight_max:
                     applied += self._answers(view_name, conn, in_flight[0][1])
                     stored = in_flight.popleft()[0]
             while in_flight:

@@ -206,7 +206,10 @@ class RedisClusterBackend(ReadsOneRequestAtATime, RedisBackend):
 
     # -- writing ------------------------------------------------------------------------------
 
-    def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
+    def write_batch(
+        self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int, in_flight: int = 1
+    ) -> int:
+        # in_flight is the single node's: here each node's rows go in one pipeline already.
         import redis
 
         head = self._write_head(batch)

@@ -226,8 +226,11 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
 
     # -- writing ------------------------------------------------------------------------------
 
-    def write_batch(self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int) -> int:
-        """The whole batch in one transaction (``chunk_rows`` and ``atomic_rows`` are Redis's)."""
+    def write_batch(
+        self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int, in_flight: int = 1
+    ) -> int:
+        """The whole batch in one transaction (``chunk_rows``, ``atomic_rows`` and
+        ``in_flight`` are Redis's)."""
         import pandas as pd
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
