@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from solaris_feast.console import parse_script_args
-from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS
+from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS, DEFAULT_TRANSACTIONS_IN_FLIGHT
 
 DIM = 32
 VERSION = "cmp-soak-v1"
@@ -163,7 +163,13 @@ def precompute_writer(args: dict[str, Any], start_at: float, results: Any) -> No
 
     store = open_soak_store(args["project"], Path(args["repo"]), args["redis_url"])
     # A script chunk never crosses a transaction, so the chunk size needs no change here.
-    writer = EmbeddingWriter(store, "solaris_pair", offline=False, atomic_rows=args["atomic_rows"])
+    writer = EmbeddingWriter(
+        store,
+        "solaris_pair",
+        offline=False,
+        atomic_rows=args["atomic_rows"],
+        in_flight=args["in_flight"],
+    )
     rng = np.random.default_rng(7)
     exact = int(args["candidates"] * 0.6)
     rows = 0
@@ -274,6 +280,7 @@ def soak(
         "write_pause_s": args.write_pause_s,
         "interval_s": 1.0 / args.rate if args.rate > 0 else 0.0,
         "atomic_rows": atomic_rows,
+        "in_flight": args.writer_in_flight,
     }
     # Forked after the imports above: every process starts warm, none shares a GIL.
     context = mp.get_context("fork")
@@ -333,6 +340,7 @@ def soak(
             for name, value in (("zero", 0), ("user_agg", 1), ("similar", 2), ("exact", 3))
         },
         "writer_atomic_rows": atomic_rows,
+        "writer_in_flight": shared["in_flight"] if atomic_rows else None,
         "exec_calls": exec_calls,
         "exec_ms_mean": exec_usec / exec_calls / 1000.0 if exec_calls else None,
         "writer_rows": writer["writer_rows"],
@@ -452,6 +460,12 @@ def main() -> None:
         default=[DEFAULT_ATOMIC_ROWS],
         help="comma list: the writer's rows per transaction, one soak each; 0 = no writer",
     )
+    parser.add_argument(
+        "--writer-in-flight",
+        type=int,
+        default=DEFAULT_TRANSACTIONS_IN_FLIGHT,
+        help="the writer's transactions sent before the first one's answers are read",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="soaks per setting, interleaved")
     parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/soak.json"))
@@ -460,6 +474,8 @@ def main() -> None:
         parser.error(f"need --clients > 0 and --seconds > {WARMUP_SECONDS}")
     if args.repeats <= 0 or any(rows < 0 for rows in args.writer_atomic_rows):
         parser.error("need --repeats > 0 and --writer-atomic-rows >= 0")
+    if args.writer_in_flight <= 0:
+        parser.error("need --writer-in-flight > 0")
     result = run(args)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")

@@ -1,10 +1,11 @@
 """The round's writes to a store at a distance: a TCP proxy in front of Redis delays every chunk
 by ``--one-way-ms`` each way (a Redis that far away), and the pair writer writes a round's rows
-through it in the precompute's 1,024-row batches, at each ``--transaction-rows`` setting,
-settings interleaved, ``--repeats`` times.
+through it in the precompute's 1,024-row batches, at each ``--transaction-rows`` x
+``--in-flight`` setting (``precompute.write_transaction_rows`` and
+``precompute.write_transactions_in_flight``), settings interleaved, ``--repeats`` times.
 
-    python benchmarks/write_distance.py --one-way-ms 0,0.5 --transaction-rows 256,1024 \\
-        --json benchmarks/results/write_distance.json
+    python benchmarks/write_distance.py --one-way-ms 0,0.5,2 --transaction-rows 256 \\
+        --in-flight 1,2,4 --json benchmarks/results/write_distance.json
 
 The proxy (this file run with ``--proxy``) is its own process, asyncio, one task a direction: it
 adds its own cost per chunk, so compare settings within a delay, not with the direct figures of
@@ -70,8 +71,15 @@ async def _proxy(listen_port: int, target_port: int, delay_s: float) -> None:
         await server.serve_forever()
 
 
-def measure(one_way_ms: float, settings: list[int], repeats: int, redis_port: int) -> dict:
-    """Seconds of the round's writes through a proxy ``one_way_ms`` away, per setting."""
+def _label(setting: tuple[int, int]) -> str:
+    return f"{setting[0]} rows x {setting[1]} in flight"
+
+
+def measure(
+    one_way_ms: float, settings: list[tuple[int, int]], repeats: int, redis_port: int
+) -> dict:
+    """Seconds of the round's writes through a proxy ``one_way_ms`` away, per setting
+    ``(rows a transaction, transactions in flight)``."""
     from solaris_feast.bench import bench_store, free_loopback_port
     from solaris_feast.pipeline.settings import DEFAULT_BATCH_SIZE
     from solaris_feast.store.write import EmbeddingWriter
@@ -81,13 +89,13 @@ def measure(one_way_ms: float, settings: list[int], repeats: int, redis_port: in
         [sys.executable, __file__, "--proxy", str(port), str(redis_port), str(one_way_ms)]
     )
     rng = np.random.default_rng(0)
-    seconds: dict[int, list[float]] = {rows: [] for rows in settings}
+    seconds: dict[tuple[int, int], list[float]] = {setting: [] for setting in settings}
     try:
         time.sleep(1.0)
         with bench_store(f"redis://127.0.0.1:{port}/0", 32) as store:
             offset = 0
             for _ in range(repeats):
-                for transaction_rows in settings:
+                for setting in settings:
                     ids = np.arange(offset, offset + ROWS, dtype=np.int64)
                     offset += ROWS
                     frame = pd.DataFrame(
@@ -99,26 +107,33 @@ def measure(one_way_ms: float, settings: list[int], repeats: int, redis_port: in
                             "computed_at": pd.Timestamp.now(tz="UTC").floor("s"),
                         }
                     )
+                    transaction_rows, in_flight = setting
                     writer = EmbeddingWriter(
-                        store, "solaris_pair", offline=False, atomic_rows=transaction_rows
+                        store,
+                        "solaris_pair",
+                        offline=False,
+                        atomic_rows=transaction_rows,
+                        in_flight=in_flight,
                     )
                     started = time.perf_counter()
                     # One write per FM batch, as the precompute writes.
                     for lo in range(0, ROWS, DEFAULT_BATCH_SIZE):
                         batch = frame.iloc[lo : lo + DEFAULT_BATCH_SIZE].reset_index(drop=True)
                         writer.write(batch)
-                    seconds[transaction_rows].append(time.perf_counter() - started)
+                    seconds[setting].append(time.perf_counter() - started)
                     writer.close()
     finally:
         proxy.terminate()
     return {
         "one_way_ms": one_way_ms,
-        "by_transaction_rows": {
-            str(rows): {
+        "by_setting": {
+            _label(setting): {
+                "transaction_rows": setting[0],
+                "in_flight": setting[1],
                 "rows_per_s": round(ROWS / statistics.median(s), 1),
                 "seconds": [round(x, 4) for x in s],
             }
-            for rows, s in seconds.items()
+            for setting, s in seconds.items()
         },
     }
 
@@ -128,10 +143,14 @@ def main() -> None:
         asyncio.run(_proxy(int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]) / 1000.0))
         return
     from solaris_feast.console import parse_script_args
+    from solaris_feast.store.layout import DEFAULT_TRANSACTIONS_IN_FLIGHT
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--one-way-ms", default="0,0.5", help="comma list of delays")
     parser.add_argument("--transaction-rows", default="256,1024", help="comma list")
+    parser.add_argument(
+        "--in-flight", default=str(DEFAULT_TRANSACTIONS_IN_FLIGHT), help="comma list"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/write_distance.json"))
     args = parse_script_args(parser)
@@ -139,7 +158,11 @@ def main() -> None:
 
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     redis_port = int(redis.Redis.from_url(redis_url).connection_pool.connection_kwargs["port"])
-    settings = [int(v) for v in args.transaction_rows.split(",")]
+    settings = [
+        (int(rows), int(in_flight))
+        for rows in args.transaction_rows.split(",")
+        for in_flight in args.in_flight.split(",")
+    ]
     runs = []
     for delay in [float(v) for v in args.one_way_ms.split(",")]:
         print(f"one-way delay {delay} ms: {args.repeats} x {settings}", flush=True)
@@ -156,12 +179,10 @@ def main() -> None:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
-    print("| one-way delay | " + " | ".join(f"{s} rows a transaction" for s in settings) + " |")
+    print("| one-way delay | " + " | ".join(_label(s) for s in settings) + " |")
     print("| --- |" + " --- |" * len(settings))
     for run in runs:
-        cells = [
-            f"{run['by_transaction_rows'][str(s)]['rows_per_s']:,.0f} rows/s" for s in settings
-        ]
+        cells = [f"{run['by_setting'][_label(s)]['rows_per_s']:,.0f} rows/s" for s in settings]
         print(f"| {run['one_way_ms']} ms | " + " | ".join(cells) + " |")
     print(f"JSON: {args.json}")
 
