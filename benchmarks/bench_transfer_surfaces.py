@@ -75,6 +75,12 @@ def main() -> None:
         "--size", default=SIZE, choices=sorted(SYNTHETIC_PRESETS), help="synthetic preset"
     )
     parser.add_argument(
+        "--data-seed",
+        type=int,
+        default=0,
+        help="seed of the synthetic world itself (--seeds vary the models and the bootstrap)",
+    )
+    parser.add_argument(
         "--staleness",
         default=",".join(str(s) for s in ProtocolConfig().staleness_seconds),
         help="round intervals in seconds of tr_by_staleness, comma-separated (0: z at the "
@@ -103,6 +109,7 @@ def main() -> None:
         "vm_epochs": args.vm_epochs,
         "history_len": args.history_len,
         "size": args.size,
+        "data_seed": args.data_seed,
         "staleness_seconds": list(staleness),
     }
     spent = 0.0
@@ -119,7 +126,7 @@ def main() -> None:
         if name in ablation:
             continue
         world, fm_history, fm_rows, fm_inputs = ARMS[name]
-        data = load_dataset("synthetic", args.size, world=world)
+        data = load_dataset("synthetic", args.size, seed=args.data_seed, world=world)
         log = data.interactions
         protocol = protocol_for(
             data,
@@ -146,7 +153,7 @@ def main() -> None:
         vm_rows = len(log) if surface is None else int((log[SURFACE] == surface).sum())
         ablation[name] = {
             "config": SYNTHETIC_PRESETS[args.size]
-            .model_copy(update=WORLD_STRUCTURES[world])
+            .model_copy(update={**WORLD_STRUCTURES[world], "seed": args.data_seed})
             .model_dump(),
             "world": world,
             "fm_history": fm_history,
