@@ -196,10 +196,10 @@ class PrecomputeSettings(LogSource):
     a transaction's round trip counts may want more."""
     write_transactions_in_flight: int = Field(DEFAULT_TRANSACTIONS_IN_FLIGHT, gt=0)
     """Transactions of a write sent before the first one's answers are read. At the default, a
-    Redis 0.5-2 ms away takes a round's rows 50-60% faster than with 1, for serving p99 during
-    writes 1.3-1.6x its figure without them instead of 1.2-1.3x on loopback
-    (benchmarks/README.md, write_distance); 1 where the store is next to the workers and
-    serving's tail matters most, more where it is far."""
+    Redis 0.5-2 ms away takes a round's rows 1.5-1.6x as fast as with 1 (4: 1.9-2.1x), for
+    serving p99 during writes 1.7-1.9x its figure without them instead of 1.4-1.5x on loopback
+    (benchmarks/README.md, write_distance and soak); 1 where the store is next to the workers
+    and serving's tail matters most, more where it is far."""
 
     @model_validator(mode="after")
     def _margin_below_ttl(self) -> PrecomputeSettings:
