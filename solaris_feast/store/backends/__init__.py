@@ -29,7 +29,7 @@ import numpy as np
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, MODEL_VERSION
 from solaris_feast.errors import ConfigError
 from solaris_feast.store.ids import EntityId
-from solaris_feast.store.layout import ByteColumn
+from solaris_feast.store.layout import DEFAULT_TRANSACTIONS_IN_FLIGHT, ByteColumn
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -176,7 +176,12 @@ class OnlineBackend(Protocol):
         ...
 
     def write_batch(
-        self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int, in_flight: int = 1
+        self,
+        batch: OnlineBatch,
+        *,
+        chunk_rows: int,
+        atomic_rows: int,
+        in_flight: int = DEFAULT_TRANSACTIONS_IN_FLIGHT,
     ) -> int:
         """Write newest-wins (a row not older than the stored one replaces it); up to
         ``atomic_rows`` rows all-or-nothing where the store allows it, up to ``in_flight`` such

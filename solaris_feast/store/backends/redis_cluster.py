@@ -58,6 +58,7 @@ from solaris_feast.store.backends.redis import (
     connection_kwargs,
 )
 from solaris_feast.store.ids import EntityId
+from solaris_feast.store.layout import DEFAULT_TRANSACTIONS_IN_FLIGHT
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
@@ -207,7 +208,12 @@ class RedisClusterBackend(ReadsOneRequestAtATime, RedisBackend):
     # -- writing ------------------------------------------------------------------------------
 
     def write_batch(
-        self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int, in_flight: int = 1
+        self,
+        batch: OnlineBatch,
+        *,
+        chunk_rows: int,
+        atomic_rows: int,
+        in_flight: int = DEFAULT_TRANSACTIONS_IN_FLIGHT,
     ) -> int:
         # in_flight is the single node's: here each node's rows go in one pipeline already.
         import redis

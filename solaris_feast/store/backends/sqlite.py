@@ -46,6 +46,7 @@ from solaris_feast.store.backends import (
 )
 from solaris_feast.store.ids import EntityId, decode_id, encode_id
 from solaris_feast.store.layout import (
+    DEFAULT_TRANSACTIONS_IN_FLIGHT,
     SolarisKeyLayouts,
     check_serialization_version,
     quoted_sqlite_table,
@@ -227,7 +228,12 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
     # -- writing ------------------------------------------------------------------------------
 
     def write_batch(
-        self, batch: OnlineBatch, *, chunk_rows: int, atomic_rows: int, in_flight: int = 1
+        self,
+        batch: OnlineBatch,
+        *,
+        chunk_rows: int,
+        atomic_rows: int,
+        in_flight: int = DEFAULT_TRANSACTIONS_IN_FLIGHT,
     ) -> int:
         """The whole batch in one transaction (``chunk_rows``, ``atomic_rows`` and
         ``in_flight`` are Redis's)."""
