@@ -127,6 +127,14 @@ def evaluate_transfer_command(
     base_seed: Annotated[
         int, typer.Option("--base-seed", help="First seed; seeds run base..base+N-1.")
     ] = 0,
+    data_seed: Annotated[
+        int,
+        typer.Option(
+            "--data-seed",
+            help="Synthetic only: the seed the world itself is drawn with (--seeds vary the "
+            "models and the bootstrap on one world).",
+        ),
+    ] = 0,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the JSON report here.")
     ] = None,
@@ -206,10 +214,15 @@ def evaluate_transfer_command(
         raise typer.BadParameter(f"choose one of {get_args(FmInputs)}", param_hint="--fm-inputs")
     if config_file is not None and world != "neither":
         raise typer.BadParameter("a world is a synthetic data set's", param_hint="--world")
+    if data_seed != 0 and (config_file is not None or dataset != "synthetic"):
+        raise typer.BadParameter(
+            "only a synthetic world is drawn from a seed; a recorded log is what it is",
+            param_hint="--data-seed",
+        )
     data = (
         load_configured_log(config_file)
         if config_file is not None
-        else load_dataset(dataset, size, world=world)
+        else load_dataset(dataset, size, seed=data_seed, world=world)
     )
     try:
         protocol = protocol_for(
@@ -235,6 +248,8 @@ def evaluate_transfer_command(
             protocol=protocol,
         )
     record = report.to_json()
+    if config_file is None and dataset == "synthetic":
+        record["data_seed"] = data_seed
     typer.echo(format_transfer_table(record))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

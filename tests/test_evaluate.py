@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from solaris_feast.cli import app
+from solaris_feast.data.schema import InteractionDataset
 from solaris_feast.data.synthetic import SyntheticConfig, generate
 from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
 from solaris_feast.models.training import TrainConfig, transfer_ratio
@@ -114,8 +115,20 @@ def test_cli_world_fm_history_and_fm_rows_reach_the_protocol(
     out = tmp_path / "t.json"
     args = ["evaluate", "transfer", "--dataset", "synthetic", "--size", "tiny", "--no-progress"]
     own = ["--fm-history", "own_surface", "--fm-rows", "own_tier"]
-    result = CliRunner().invoke(app, [*args, "--world", "surfaces", *own, "--json", str(out)])
+    drawn: list[int] = []
+    real_load = datasets.load_dataset
+
+    def load_and_note(
+        name: str, size: str = "default", seed: int = 0, world: str = "neither"
+    ) -> InteractionDataset:
+        drawn.append(seed)
+        return real_load(name, size, seed=seed, world=world)
+
+    monkeypatch.setattr(datasets, "load_dataset", load_and_note)
+    world = ["--world", "surfaces", "--data-seed", "4"]
+    result = CliRunner().invoke(app, [*args, *world, *own, "--json", str(out)])
     assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["data_seed"] == 4 and drawn == [4]
     details = json.loads(out.read_text())["protocol_details"]
     assert details["vm_surface"] == 0
     assert details["config"]["fm_history"] == "own_surface"
@@ -126,6 +139,9 @@ def test_cli_world_fm_history_and_fm_rows_reach_the_protocol(
     assert refused.exit_code == 2 and "surfaces" in refused.output
     refused = CliRunner().invoke(app, [*args, "--world", "sideways"])
     assert refused.exit_code == 2 and "--world" in refused.output
+    movielens = ["evaluate", "transfer", "--dataset", "movielens", "--data-seed", "1"]
+    refused = CliRunner().invoke(app, movielens)
+    assert refused.exit_code == 2 and "--data-seed" in refused.output
 
 
 def test_ne_matches_a_per_row_reference_for_numpy_and_torch_inputs() -> None:
