@@ -43,7 +43,7 @@ from solaris_feast.evaluation.transfer_protocol import (
     FmInputs,
     ProtocolConfig,
     protocol_for,
-    run_protocol,
+    run_protocol_pooled,
 )
 from solaris_feast.evaluation.transfer_report import format_protocol_table
 from solaris_feast.tiers import FmRowsTier
@@ -81,6 +81,13 @@ def main() -> None:
         help="seed of the synthetic world itself (--seeds vary the models and the bootstrap)",
     )
     parser.add_argument(
+        "--data-seeds",
+        type=int,
+        default=1,
+        help="pool this many worlds, drawn with seeds --data-seed onwards, into each arm's one "
+        "figure and interval (per_world beside it)",
+    )
+    parser.add_argument(
         "--staleness",
         default=",".join(str(s) for s in ProtocolConfig().staleness_seconds),
         help="round intervals in seconds of tr_by_staleness, comma-separated (0: z at the "
@@ -104,12 +111,14 @@ def main() -> None:
     record: dict[str, object] = {}
     ablation: dict[str, object] = {}
     staleness = tuple(int(s) for s in args.staleness.split(","))
+    data_seeds = list(range(args.data_seed, args.data_seed + args.data_seeds))
     settings = {
         "fm_epochs": args.fm_epochs,
         "vm_epochs": args.vm_epochs,
         "history_len": args.history_len,
         "size": args.size,
         "data_seed": args.data_seed,
+        "data_seeds": data_seeds,
         "staleness_seconds": list(staleness),
     }
     spent = 0.0
@@ -117,7 +126,9 @@ def main() -> None:
         done: dict[str, Any] = json.loads(args.json.read_text())
         bench = done["bench"]
         ran_seeds = done["protocol_details"]["seeds"]
-        if {k: bench.get(k) for k in settings} != settings or ran_seeds != seeds:
+        # Runs from before --data-seeds drew the one world --data-seed names.
+        ran = {**bench, "data_seeds": bench.get("data_seeds", [bench.get("data_seed")])}
+        if {k: ran.get(k) for k in settings} != settings or ran_seeds != seeds:
             raise SystemExit(f"{args.json} was run with other settings: {bench}, {ran_seeds}")
         record, ablation = done, done["ablation"]
         spent = float(bench["seconds"])
@@ -126,8 +137,11 @@ def main() -> None:
         if name in ablation:
             continue
         world, fm_history, fm_rows, fm_inputs = ARMS[name]
-        data = load_dataset("synthetic", args.size, seed=args.data_seed, world=world)
-        log = data.interactions
+        drawn = {
+            f"data_seed={s}": load_dataset("synthetic", args.size, seed=s, world=world)
+            for s in data_seeds
+        }
+        data = next(iter(drawn.values()))
         protocol = protocol_for(
             data,
             fm_history,
@@ -140,17 +154,21 @@ def main() -> None:
             # The first evaluation (its keys; one seed, every surface as one) as the protocol
             # runner keeps it; the protocol is what is measured.
             report = evaluate_transfer(data, seeds=seeds[:1], config=models)
-            report.protocol = run_protocol(data, seeds, models, protocol)
+            report.protocol = run_protocol_pooled(drawn, seeds, models, protocol)
             record = report.to_json()
             result = {
                 "protocol": record["protocol"],
                 "protocol_details": record["protocol_details"],
             }
         else:
-            run = run_protocol(data, seeds, models, protocol)
+            run = run_protocol_pooled(drawn, seeds, models, protocol)
             result = {"protocol": run["protocol"], "protocol_details": run["details"]}
         surface = protocol.vm_surface
-        vm_rows = len(log) if surface is None else int((log[SURFACE] == surface).sum())
+        logs = [d.interactions for d in drawn.values()]
+        rows = sum(len(log) for log in logs)
+        vm_rows = sum(
+            len(log) if surface is None else int((log[SURFACE] == surface).sum()) for log in logs
+        )
         ablation[name] = {
             "config": SYNTHETIC_PRESETS[args.size]
             .model_copy(update={**WORLD_STRUCTURES[world], "seed": args.data_seed})
@@ -159,12 +177,12 @@ def main() -> None:
             "fm_history": fm_history,
             "fm_rows": fm_rows,
             "fm_inputs": fm_inputs,
-            "rows": len(log),
+            "rows": rows,
             "vm_rows": vm_rows,
             "seconds": round(time.perf_counter() - t0, 1),
             **result,
         }
-        print(f"{name}: {len(log)} rows ({vm_rows} on the VM's surface)")
+        print(f"{name}: {rows} rows ({vm_rows} on the VM's surface) in {len(drawn)} world(s)")
         print(format_protocol_table(result["protocol"], result["protocol_details"]))  # type: ignore[arg-type]
         record["ablation"] = ablation
         record["bench"] = {

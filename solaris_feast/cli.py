@@ -135,6 +135,16 @@ def evaluate_transfer_command(
             "models and the bootstrap on one world).",
         ),
     ] = 0,
+    data_seeds: Annotated[
+        int,
+        typer.Option(
+            "--data-seeds",
+            min=1,
+            help="Synthetic only: pool this many worlds, drawn with seeds --data-seed onwards, "
+            "into the protocol's one figure and interval (each world's own figure beside it, "
+            "as per_world); the first evaluation runs on the first world.",
+        ),
+    ] = 1,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Write the JSON report here.")
     ] = None,
@@ -214,16 +224,24 @@ def evaluate_transfer_command(
         raise typer.BadParameter(f"choose one of {get_args(FmInputs)}", param_hint="--fm-inputs")
     if config_file is not None and world != "neither":
         raise typer.BadParameter("a world is a synthetic data set's", param_hint="--world")
-    if data_seed != 0 and (config_file is not None or dataset != "synthetic"):
-        raise typer.BadParameter(
-            "only a synthetic world is drawn from a seed; a recorded log is what it is",
-            param_hint="--data-seed",
-        )
+    recorded = config_file is not None or dataset != "synthetic"
+    for name, value, default in (("--data-seed", data_seed, 0), ("--data-seeds", data_seeds, 1)):
+        if recorded and value != default:
+            raise typer.BadParameter(
+                "only a synthetic world is drawn from a seed; a recorded log is what it is",
+                param_hint=name,
+            )
     data = (
         load_configured_log(config_file)
         if config_file is not None
         else load_dataset(dataset, size, seed=data_seed, world=world)
     )
+    drawn = range(data_seed, data_seed + data_seeds)
+    worlds = None
+    if data_seeds > 1:
+        worlds = {f"data_seed={data_seed}": data}
+        for s in drawn[1:]:
+            worlds[f"data_seed={s}"] = load_dataset(dataset, size, seed=s, world=world)
     try:
         protocol = protocol_for(
             data,
@@ -246,10 +264,12 @@ def evaluate_transfer_command(
             config=TransferConfig(),
             progress=bars,
             protocol=protocol,
+            protocol_worlds=worlds,
         )
     record = report.to_json()
-    if config_file is None and dataset == "synthetic":
+    if not recorded:
         record["data_seed"] = data_seed
+        record["data_seeds"] = list(drawn)
     typer.echo(format_transfer_table(record))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

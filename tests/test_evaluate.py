@@ -125,11 +125,18 @@ def test_cli_world_fm_history_and_fm_rows_reach_the_protocol(
         return real_load(name, size, seed=seed, world=world)
 
     monkeypatch.setattr(datasets, "load_dataset", load_and_note)
-    world = ["--world", "surfaces", "--data-seed", "4"]
+    # Two worlds pooled: drawn with seeds 4 and 5, each reported beside the pooled figure.
+    world = ["--world", "surfaces", "--data-seed", "4", "--data-seeds", "2"]
     result = CliRunner().invoke(app, [*args, *world, *own, "--json", str(out)])
     assert result.exit_code == 0, result.output
-    assert json.loads(out.read_text())["data_seed"] == 4 and drawn == [4]
-    details = json.loads(out.read_text())["protocol_details"]
+    record = json.loads(out.read_text())
+    assert record["data_seed"] == 4 and record["data_seeds"] == [4, 5] and drawn == [4, 5]
+    pooled = record["protocol"]
+    assert list(pooled["per_world"]) == ["data_seed=4", "data_seed=5"]
+    assert [s["world"] for s in pooled["per_split"]] == list(pooled["per_world"])
+    assert "data_seed=5" in result.output
+    details = record["protocol_details"]
+    assert details["worlds"] == ["data_seed=4", "data_seed=5"]
     assert details["vm_surface"] == 0
     assert details["config"]["fm_history"] == "own_surface"
     assert details["fm_rows"] == details["config"]["fm_rows"] == "own_tier"
@@ -142,6 +149,8 @@ def test_cli_world_fm_history_and_fm_rows_reach_the_protocol(
     movielens = ["evaluate", "transfer", "--dataset", "movielens", "--data-seed", "1"]
     refused = CliRunner().invoke(app, movielens)
     assert refused.exit_code == 2 and "--data-seed" in refused.output
+    refused = CliRunner().invoke(app, [*movielens[:-2], "--data-seeds", "3"])
+    assert refused.exit_code == 2 and "--data-seeds" in refused.output
 
 
 def test_ne_matches_a_per_row_reference_for_numpy_and_torch_inputs() -> None:

@@ -40,6 +40,7 @@ from solaris_feast.evaluation.transfer_protocol import (
     _World,
     earliest_rows,
     run_protocol,
+    run_protocol_pooled,
     served_z,
     torch_threads,
 )
@@ -337,6 +338,30 @@ def test_protocol_record_has_the_issue_keys(protocol_record: dict[str, Any]) -> 
     assert abs(content - (protocol["tr_served"] - details["tr_zero_z_control"])) < 1e-3
     lo, hi = details["tr_served_over_zero_z_control_ci95"]
     assert lo <= content <= hi
+
+
+def test_pooled_worlds_report_each_world_as_alone_and_the_pool_between_them() -> None:
+    """Two draws of a world pooled: each world's own figure is what the protocol gives on it
+    alone, and the pooled ratio of means (summed gaps over summed FM gaps) lies between them."""
+    worlds = {
+        f"data_seed={s}": generate(
+            SyntheticConfig(num_users=40, num_items=30, num_categories=4, days=2.0, seed=s)
+        )
+        for s in (0, 1)
+    }
+    pooled = run_protocol_pooled(worlds, [0], FAST, ONE_SPLIT)
+    protocol = pooled["protocol"]
+    assert pooled["details"]["worlds"] == list(worlds)
+    assert [s["world"] for s in protocol["per_split"]] == list(worlds)
+    assert [s["split"] for s in protocol["per_split"]] == [0, 1]
+    alone = [run_protocol(ds, [0], FAST, ONE_SPLIT)["protocol"] for ds in worlds.values()]
+    for name, solo in zip(worlds, alone, strict=True):
+        assert protocol["per_world"][name]["tr_served"] == solo["tr_served"]
+        assert protocol["per_world"][name]["tr_kd_served"] == solo["tr_kd_served"]
+    one, two = sorted(solo["tr_served"] for solo in alone)
+    assert one < two, alone  # two worlds that differ, or the bound below says nothing
+    assert one <= protocol["tr_served"] <= two
+    assert "world" not in alone[0]["per_split"][0] and "per_world" not in alone[0]
 
 
 def test_soft_label_weights_are_chosen_on_the_validation_window(

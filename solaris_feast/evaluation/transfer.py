@@ -27,7 +27,7 @@ import logging
 import math
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -187,9 +187,11 @@ def evaluate_transfer(
     config: TransferConfig | None = None,
     progress: Step | None = None,
     protocol: ProtocolConfig | None = None,
+    protocol_worlds: Mapping[str, InteractionDataset] | None = None,
 ) -> TransferReport:
     """Run the whole evaluation once per seed, and the protocol over the same seeds when
-    ``protocol`` is given."""
+    ``protocol`` is given: on ``dataset``, or pooled over ``protocol_worlds`` (name -> log,
+    other draws of the same world, ``dataset`` among them) when given."""
     cfg = config or TransferConfig()
     report = TransferReport(dataset=dataset.name, tasks=dataset.label_columns, config=cfg)
     for seed in seeds:
@@ -197,9 +199,10 @@ def evaluate_transfer(
     if protocol is not None:
         # Imported here: the protocol imports this module's config, and models.chain imports
         # this module too.
-        from solaris_feast.evaluation.transfer_protocol import run_protocol
+        from solaris_feast.evaluation.transfer_protocol import run_protocol_pooled
 
-        report.protocol = run_protocol(dataset, list(seeds), cfg, protocol, progress)
+        worlds = protocol_worlds or {dataset.name: dataset}
+        report.protocol = run_protocol_pooled(worlds, list(seeds), cfg, protocol, progress)
     return report
 
 

@@ -43,7 +43,7 @@ import itertools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Literal
@@ -226,6 +226,8 @@ class _SplitRows:
     users: np.ndarray
     labels: np.ndarray
     warm: np.ndarray
+    world: str | None = None
+    """The world (data draw) of the split when the protocol pools several; else ``None``."""
     probabilities: list[dict[str, np.ndarray]] = field(default_factory=list)
 
 
@@ -251,54 +253,102 @@ def run_protocol(
     progress: Step | None = None,
 ) -> dict[str, object]:
     """Run every split x seed and return the ``protocol`` record and its details."""
+    return run_protocol_pooled({dataset.name: dataset}, seeds, models, config, progress)
+
+
+def run_protocol_pooled(
+    worlds: Mapping[str, InteractionDataset],
+    seeds: Sequence[int],
+    models: TransferConfig | None = None,
+    config: ProtocolConfig | None = None,
+    progress: Step | None = None,
+) -> dict[str, object]:
+    """Run every split x seed of every world (name -> log) and return one ``protocol`` record
+    over all of them, and its details.
+
+    A world is another draw of the data (a synthetic log's seed): its splits join the others
+    as strata of one ratio of means, each split's users redrawn apart in the bootstrap, so the
+    interval covers the user sampling within the worlds run, not the spread between worlds
+    (``per_world`` reports each world's own figure beside it). With one world this is
+    :func:`run_protocol`."""
     mc = models or TransferConfig()
     cfg = config or ProtocolConfig()
     if not seeds:
         raise ValueError("the protocol needs at least one seed")
+    if not worlds:
+        raise ValueError("the protocol needs at least one world")
     started = time.perf_counter()
+    splits: list[_SplitRows] = []
+    total = len(worlds) * len(cfg.train_ends) * len(seeds)
     with torch_threads(cfg.torch_threads):
-        world = _World(dataset, mc, cfg.vm_surface, cfg.fm_history)
-        splits = []
-        for k, end in enumerate(cfg.train_ends):
-            train_rows, test_rows = _split(dataset.interactions, end, cfg.test_span)
-            # The VM's surface only: the test rows, and the events that make a user warm.
-            test_rows = test_rows & world.vm_mask
-            if not test_rows.any():
-                raise ValueError(f"split at {end:.2f} has no test rows on the VM's surface")
-            fraction, val_ne = _choose_prev_fraction(world, train_rows, seeds[0], mc, cfg)
-            weights, val_soft = _choose_soft_label_weights(world, train_rows, seeds[0], mc, cfg)
-            log = dataset.interactions
-            test_log = log.loc[test_rows]
-            users = test_log[USER_ID].to_numpy(np.int64)
-            before = np.bincount(
-                log.loc[train_rows & world.vm_mask, USER_ID].to_numpy(np.int64),
-                minlength=dataset.num_users,
-            )
-            split = _SplitRows(
-                index=k,
-                train_end=str(log.loc[test_rows, EVENT_TIMESTAMP].min()),
-                test_end=str(log.loc[test_rows, EVENT_TIMESTAMP].max()),
-                prev_fm_fraction=fraction,
-                validation_ne=val_ne,
-                kd_weight=weights["kd"],
-                label_smoothing_weight=weights["label_smoothing"],
-                validation_ne_soft=val_soft,
-                users=users,
-                labels=labels_of(test_log, dataset.label_columns).numpy(),
-                warm=before[users] >= cfg.warm_min_events,
-            )
-            for seed in seeds:
-                if progress is not None:
-                    done = k * len(seeds) + len(split.probabilities)
-                    progress("protocol: splits x seeds", done, len(cfg.train_ends) * len(seeds))
-                split.probabilities.append(
-                    _contenders(world, train_rows, test_rows, fraction, weights, seed, mc, cfg)
+        for name, dataset in worlds.items():
+            if dataset.label_columns != next(iter(worlds.values())).label_columns:
+                raise ValueError(
+                    f"world {name!r} has tasks {dataset.label_columns}, the first world "
+                    f"{next(iter(worlds.values())).label_columns}: pooled worlds share tasks"
                 )
-                logger.info("split %s seed %s done", k, seed)
-            splits.append(split)
-    record = _summarise(splits, dataset.label_columns, cfg, seeds)
+            world_label = name if len(worlds) > 1 else None
+            splits.extend(
+                _world_splits(dataset, seeds, mc, cfg, progress, splits, total, world_label)
+            )
+    tasks = next(iter(worlds.values())).label_columns
+    record = _summarise(splits, tasks, cfg, seeds)
     record["details"]["seconds"] = round(time.perf_counter() - started, 1)  # type: ignore[index]
     return record
+
+
+def _world_splits(
+    dataset: InteractionDataset,
+    seeds: Sequence[int],
+    mc: TransferConfig,
+    cfg: ProtocolConfig,
+    progress: Step | None,
+    earlier: list[_SplitRows],
+    total: int,
+    world_label: str | None,
+) -> list[_SplitRows]:
+    """One world's splits, each with every seed's predictions; indices follow ``earlier``."""
+    world = _World(dataset, mc, cfg.vm_surface, cfg.fm_history)
+    splits: list[_SplitRows] = []
+    for k, end in enumerate(cfg.train_ends):
+        train_rows, test_rows = _split(dataset.interactions, end, cfg.test_span)
+        # The VM's surface only: the test rows, and the events that make a user warm.
+        test_rows = test_rows & world.vm_mask
+        if not test_rows.any():
+            raise ValueError(f"split at {end:.2f} has no test rows on the VM's surface")
+        fraction, val_ne = _choose_prev_fraction(world, train_rows, seeds[0], mc, cfg)
+        weights, val_soft = _choose_soft_label_weights(world, train_rows, seeds[0], mc, cfg)
+        log = dataset.interactions
+        test_log = log.loc[test_rows]
+        users = test_log[USER_ID].to_numpy(np.int64)
+        before = np.bincount(
+            log.loc[train_rows & world.vm_mask, USER_ID].to_numpy(np.int64),
+            minlength=dataset.num_users,
+        )
+        split = _SplitRows(
+            index=len(earlier) + k,
+            train_end=str(log.loc[test_rows, EVENT_TIMESTAMP].min()),
+            test_end=str(log.loc[test_rows, EVENT_TIMESTAMP].max()),
+            prev_fm_fraction=fraction,
+            validation_ne=val_ne,
+            kd_weight=weights["kd"],
+            label_smoothing_weight=weights["label_smoothing"],
+            validation_ne_soft=val_soft,
+            users=users,
+            labels=labels_of(test_log, dataset.label_columns).numpy(),
+            warm=before[users] >= cfg.warm_min_events,
+            world=world_label,
+        )
+        for seed in seeds:
+            if progress is not None:
+                done = (len(earlier) + k) * len(seeds) + len(split.probabilities)
+                progress("protocol: splits x seeds", done, total)
+            split.probabilities.append(
+                _contenders(world, train_rows, test_rows, fraction, weights, seed, mc, cfg)
+            )
+            logger.info("world %s split %s seed %s done", world_label or dataset.name, k, seed)
+        splits.append(split)
+    return splits
 
 
 class _World:
@@ -774,6 +824,7 @@ def _summarise(
     protocol["per_split"] = [
         {
             "split": s.index,
+            **({} if s.world is None else {"world": s.world}),
             "test_window": [s.train_end, s.test_end],
             "prev_fm_fraction": s.prev_fm_fraction,
             "kd_weight": s.kd_weight,
@@ -783,6 +834,13 @@ def _summarise(
         }
         for s in splits
     ]
+    worlds = list(dict.fromkeys(s.world for s in splits if s.world is not None))
+    if worlds:
+        # Each world's own figure beside the pooled one: the pooled interval is over users
+        # within the worlds run, so how far the worlds lie apart is read here.
+        protocol["per_world"] = {
+            w: block([s.index for s in splits if s.world == w], 0, everyone) for w in worlds
+        }
     tier_mix_tr, tier_mix_ci = gaps(f"vm_z@{TIER_MIX_MODE}", 0, all_splits, everyone)
     control_tr, control_ci = gaps(ZERO_Z_CONTROL, 0, all_splits, everyone)
     # z's content: what the served VM gains over the same tiers with zero vectors, the share
@@ -836,6 +894,7 @@ def _summarise(
         "validation_ne_soft_label_weights": [s.validation_ne_soft for s in splits],
         "seeds": [int(s) for s in seeds],
         "splits": list(cfg.train_ends),
+        **({"worlds": worlds} if worlds else {}),
         "torch_threads": cfg.torch_threads,
         "vm_surface": cfg.vm_surface,
         "fm_rows": cfg.fm_rows,

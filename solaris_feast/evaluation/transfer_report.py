@@ -71,6 +71,15 @@ def format_protocol_table(
             f"{_tr(row['tr_label_smoothing']):>14}  "
             + "  ".join(f"{s}s:{_tr(v)}" for s, v in stale.items())
         )
+    per_world = protocol.get("per_world")
+    if isinstance(per_world, dict):
+        # Pooled worlds: the rows above are over all of them; each world's main task apart.
+        for world, row in per_world.items():
+            lines.append(
+                f"{'  ' + world:<12}{_tr(row['tr_served'], row['tr_served_ci95']):>26}"
+                f"{_tr(row['tr_kd_served'], row['tr_kd_served_ci95']):>26}"
+                f"{_tr(row['tr_label_smoothing']):>14}"
+            )
     if details is not None and "tr_served_over_zero_z_control" in details:
         control = _tr(details["tr_zero_z_control"], details["tr_zero_z_control_ci95"])
         content = _tr(
