@@ -349,12 +349,14 @@ def test_pooled_worlds_report_each_world_as_alone_and_the_pool_between_them() ->
         )
         for s in (0, 1)
     }
-    pooled = run_protocol_pooled(worlds, [0], FAST, ONE_SPLIT)
+    pooled: dict[str, Any] = run_protocol_pooled(worlds, [0], FAST, ONE_SPLIT)
     protocol = pooled["protocol"]
     assert pooled["details"]["worlds"] == list(worlds)
     assert [s["world"] for s in protocol["per_split"]] == list(worlds)
     assert [s["split"] for s in protocol["per_split"]] == [0, 1]
-    alone = [run_protocol(ds, [0], FAST, ONE_SPLIT)["protocol"] for ds in worlds.values()]
+    alone: list[Any] = [
+        run_protocol(ds, [0], FAST, ONE_SPLIT)["protocol"] for ds in worlds.values()
+    ]
     for name, solo in zip(worlds, alone, strict=True):
         assert protocol["per_world"][name]["tr_served"] == solo["tr_served"]
         assert protocol["per_world"][name]["tr_kd_served"] == solo["tr_kd_served"]
