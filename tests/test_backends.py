@@ -264,6 +264,49 @@ def test_sqlite_repeated_misses_are_not_rewritten_and_wait_for_no_writer(
         backend.close()
 
 
+def test_sqlite_queueing_a_miss_does_not_wait_out_the_timeout_for_a_writers_lock(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """Queueing runs on the request path: under a writer's lock a new miss fails at once, not
+    after the backend's 30 s timeout; the timeout is restored after, so draining the queue
+    (the precompute's side, off the request path) still waits for a lock that is released."""
+    store = applied_store(feast_project, tmp_path / "repo", "sqlite")
+    backend = backend_for(store, 30.0)
+    db = tmp_path / "repo" / "data" / "online.db"
+
+    def record(items: Sequence[int]) -> int:
+        return backend.record_misses(
+            4, items, VERSION, now=1, round_ttl_seconds=60, max_stream_length=100
+        )
+
+    try:
+        assert record([1]) == 1
+        # The timer below releases the lock from its own thread.
+        writer = sqlite3.connect(db, isolation_level=None, check_same_thread=False)
+        writer.execute("BEGIN IMMEDIATE")
+        t0 = time.perf_counter()
+        try:
+            with pytest.raises(sqlite3.OperationalError, match="locked"):
+                record([2])
+        finally:
+            writer.execute("ROLLBACK")
+        assert time.perf_counter() - t0 < 5.0  # not the 30 s timeout
+        assert backend.pending_misses() == 1
+        # A lock held for 0.3 s: the drain waits for it (the timeout is back).
+        writer.execute("BEGIN IMMEDIATE")
+        release = threading.Timer(0.3, lambda: writer.execute("ROLLBACK"))
+        release.start()
+        try:
+            drained = backend.drain_misses(10)
+        finally:
+            release.join()
+            writer.close()
+        assert [(m.user_id, m.item_id) for m in drained] == [(4, 1)]
+        assert record([2]) == 1 and backend.pending_misses() == 1
+    finally:
+        backend.close()
+
+
 def test_sqlite_reads_more_candidates_than_sqlite_binds_in_one_statement(
     tmp_path: Path, feast_project: str
 ) -> None:

@@ -58,6 +58,12 @@ if TYPE_CHECKING:
 
 NANOS_PER_SECOND = 1_000_000_000
 DEFAULT_TIMEOUT_SECONDS = 30.0
+QUEUE_LOCK_WAIT_SECONDS = 0.005
+"""Longest wait for the write lock when :meth:`SqliteBackend.record_misses` queues misses: it
+runs on the request path after the read, and a writer (a precompute batch) holds the lock for
+as long as its transaction lasts, so waiting the backend's timeout held each request up to its
+whole deadline (1 s through the resolved view) for a best-effort write. A locked queue raises
+at once; the caller counts the error and serves what it read."""
 _PROGRESS_STEPS = 1000
 """SQLite VM instructions between two deadline checks (microseconds each)."""
 
@@ -330,15 +336,23 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
         fresh = [item for item in wanted if item not in queued]
         if not fresh:
             return 0
-        with conn:
-            before = conn.total_changes
-            # OR IGNORE still: another process may queue the same pair between the two.
-            conn.executemany(
-                "INSERT OR IGNORE INTO solaris_miss_queue "
-                "(project, user_id, item_id, model_version, missed_at) VALUES (?, ?, ?, ?, ?)",
-                [(self.project, stored_user, item, model_version, now) for item in fresh],
-            )
-            return conn.total_changes - before
+        # The queue write runs on the request path after the read: it must not wait out the
+        # read's whole deadline for a writer's lock (the misses are best effort; a locked
+        # database drops them at once and the caller counts a miss_queue_error).
+        wait_ms = int(min(self.timeout_seconds, QUEUE_LOCK_WAIT_SECONDS) * 1000)
+        conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
+        try:
+            with conn:
+                before = conn.total_changes
+                # OR IGNORE still: another process may queue the same pair between the two.
+                conn.executemany(
+                    "INSERT OR IGNORE INTO solaris_miss_queue "
+                    "(project, user_id, item_id, model_version, missed_at) VALUES (?, ?, ?, ?, ?)",
+                    [(self.project, stored_user, item, model_version, now) for item in fresh],
+                )
+                return conn.total_changes - before
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout_seconds * 1000)}")
 
     def drain_misses(self, max_pairs: int) -> list[QueuedMiss]:
         conn = self._queue()
