@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from solaris_feast.data.log_source import CandidateTableConfig, InteractionLogConfig
 from solaris_feast.errors import ConfigError
@@ -142,6 +142,11 @@ class SchedulesSection(BaseModel):
     training_log_asset: str = ""
     """URI (and name) of the Airflow asset your log's producer marks; set: training also runs
     when it is marked. Empty: training on its schedule only."""
+
+    @field_validator("precompute", "training")
+    @classmethod
+    def _a_schedule_airflow_accepts(cls, value: str) -> str:
+        return checked_schedule(value)
 
 
 class AirflowSection(BaseModel):
@@ -380,6 +385,29 @@ def run_settings(
 
 NO_SCHEDULE = "none"
 """The schedule of a DAG that runs only when triggered (by hand, the API or an asset)."""
+_AIRFLOW_ONLY_PRESETS = frozenset({"@once", "@continuous", "@quarterly"})
+"""Airflow's presets that croniter does not know."""
+
+
+def checked_schedule(value: str, where: str = "") -> str:
+    """``value`` when Airflow accepts it as a schedule (a cron expression, a preset or
+    ``none``); else a ValueError naming ``where`` (the config's validation names its key),
+    instead of the DAG file's import error
+    (``AirflowTimetableInvalid``) that names neither the config key nor the variable."""
+    from croniter import croniter
+
+    chosen = value.strip()
+    if (
+        chosen.lower() == NO_SCHEDULE
+        or chosen in _AIRFLOW_ONLY_PRESETS
+        or croniter.is_valid(chosen)
+    ):
+        return value
+    named = f"{where}: " if where else ""
+    raise ValueError(
+        f"{named}{value!r} is not a schedule Airflow accepts (a cron expression such as "
+        "'0 * * * *', a preset such as @hourly, or none)"
+    )
 
 
 def schedule_of(
@@ -396,7 +424,10 @@ def schedule_of(
     env = os.environ if environ is None else environ
     variable = env.get(f"SOLARIS_{kind.upper()}_SCHEDULE", "").strip()
     if variable:
-        chosen = variable
+        try:
+            chosen = checked_schedule(variable, f"SOLARIS_{kind.upper()}_SCHEDULE")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
     elif env.get(CONFIG_ENV, "").strip():
         schedules = load_config(env[CONFIG_ENV].strip()).schedules
         chosen = schedules.precompute if kind == "precompute" else schedules.training

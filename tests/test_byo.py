@@ -1026,6 +1026,24 @@ def test_the_views_schedule_tag_follows_the_config_the_dag_reads(tmp_path: Path)
     assert versioned_feast_config(tmp_path / "models", env).user_schedule == "@daily"
 
 
+def test_a_schedule_airflow_would_refuse_is_refused_where_it_is_written(tmp_path: Path) -> None:
+    """Not a DAG import error that names neither the key nor the variable: the config's key, or
+    the variable, is named when the schedule is read."""
+    from solaris_feast.config import load_config, schedule_of
+    from solaris_feast.errors import ConfigError
+
+    path = write_config(tmp_path, config_dict(tmp_path, schedules={"precompute": "every hour"}))
+    with pytest.raises(ConfigError, match=r"schedules\.precompute.*'every hour'"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"SOLARIS_TRAINING_SCHEDULE.*'daily'"):
+        schedule_of("training", "@daily", {"SOLARIS_TRAINING_SCHEDULE": "daily"})
+    for accepted in ("none", "@once", "@continuous", "@quarterly", "@hourly", "0 */6 * * *"):
+        env = {"SOLARIS_PRECOMPUTE_SCHEDULE": accepted}
+        assert schedule_of("precompute", "@hourly", env) == (
+            None if accepted == "none" else accepted
+        )
+
+
 @pytest.mark.slow
 def test_exported_torchscript_fm_and_torch_export_verifier_serve_a_round(
     tmp_path: Path, feast_project: str, no_config_env: None
