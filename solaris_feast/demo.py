@@ -144,7 +144,10 @@ def run_demo(
     lines += _score(full, served, bundle)
 
     step("lineage report and plots")
-    lines += _review(out, repo, yaml_name, models_dir, served)
+    # ne_against_coverage.png is the transfer step's, which --no-transfer skips; a file of an
+    # earlier run in the same folder is not this run's.
+    plots = ["ne_against_coverage.png"] if cfg.transfer else []
+    lines += _review(out, repo, yaml_name, models_dir, served, plots)
     lines.append(f"outputs in {out}")
     lines.append(f"done in {time.perf_counter() - started:.0f} s")
     summary = "\n".join(lines)
@@ -375,7 +378,16 @@ def _score(full: InteractionDataset, served: _Served, bundle: Any) -> list[str]:
     return lines
 
 
-def _review(out: Path, repo: Path, yaml_name: str, models_dir: Path, served: _Served) -> list[str]:
+def _review(
+    out: Path,
+    repo: Path,
+    yaml_name: str,
+    models_dir: Path,
+    served: _Served,
+    plots: list[str],
+) -> list[str]:
+    """The lineage report, the tier-mix plot and serving.json; the summary line names them
+    and the earlier steps' ``plots``."""
     from solaris_feast.plots import plot_tier_mix
     from solaris_feast.review.lineage import lineage_command
 
@@ -389,6 +401,7 @@ def _review(out: Path, repo: Path, yaml_name: str, models_dir: Path, served: _Se
         report,
         feature_store_yaml=repo / yaml_name,
         now=datetime.now(UTC),
+        say_written=False,  # the summary's lineage line names it
     )
     by_hour = served.rows.assign(tier=served.tiers).assign(
         hour=lambda f: (f[EVENT_TIMESTAMP] - f[EVENT_TIMESTAMP].min()).dt.total_seconds() // 3600
@@ -412,9 +425,8 @@ def _review(out: Path, repo: Path, yaml_name: str, models_dir: Path, served: _Se
         )
     )
     verdict = "all checks passed" if code == 0 else f"checks failed (exit {code}), see the report"
-    return [
-        f"lineage: {report} ({verdict}); plots: ne_against_coverage.png, tier_mix_over_time.png"
-    ]
+    plots = [*plots, "tier_mix_over_time.png"]
+    return [f"lineage: {report} ({verdict}); plots: {', '.join(plots)}"]
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -43,6 +43,8 @@ def test_demo_runs_the_whole_loop_on_sqlite(
     assert {"transfer_ratio", "ne", "coverage_sweep"} <= set(transfer)
     assert "coverage by tier" in result.output
     assert "lineage:" in result.output
+    assert "plots: ne_against_coverage.png, tier_mix_over_time.png" in result.output
+    assert "lineage report written to" not in result.output  # the summary names it, once
     lineage = (out / "lineage.md").read_text()
     assert "solaris_pair" in lineage and "solaris_similar" in lineage
     assert list((out / "models").glob("*.card.json"))

@@ -25,11 +25,14 @@ def lineage_command(
     coverage_json: Path | None = None,
     feature_store_yaml: Path | None = None,
     now: datetime | None = None,
+    say_written: bool = True,
 ) -> int:
     """Build, render and check the lineage; the return value is the process exit code.
 
     0 when no check failed, 1 when one did (the findings are printed to stderr), 2 when the
-    inputs could not be read at all. The report goes to ``output`` or, without one, to stdout.
+    inputs could not be read at all. The report goes to ``output`` or, without one, to stdout;
+    ``say_written=False`` leaves out the line that names ``output`` (for a caller whose own
+    summary names it).
     """
     if fmt not in FORMATS:
         print(f"solaris lineage: --format must be one of {', '.join(FORMATS)}", file=sys.stderr)
@@ -55,7 +58,8 @@ def lineage_command(
     else:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text, encoding="utf-8")
-        print(f"lineage report written to {output}", file=sys.stderr)
+        if say_written:
+            print(f"lineage report written to {output}", file=sys.stderr)
     for finding in report.findings:
         mark = "FAIL" if finding.severity == "error" else "warn"
         print(f"{mark} [{finding.check}] {finding.subject}: {finding.message}", file=sys.stderr)
