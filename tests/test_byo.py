@@ -303,6 +303,10 @@ def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(
             {"items": {"path": "dup.parquet"}},
             r"items table .*dup.parquet: column 'sku_id' has 1 dup",
         ),
+        (  # an attribute table of int ids for a log of text ids would match no item, unsaid
+            {"columns": {"item": "page"}},
+            r"items table .*items.parquet: column 'sku_id'.* int64 ids, .*'page' holds string",
+        ),
     ],
 )
 def test_bad_input_is_refused_naming_the_file_and_column(
@@ -323,6 +327,40 @@ def test_bad_input_is_refused_naming_the_file_and_column(
     config = load_config(write_config(tmp_path, raw)).log
     with pytest.raises((SchemaError, ConfigError), match=match):
         read_log_window(config, end - timedelta(days=1), end)
+
+
+def test_a_label_named_like_an_id_or_time_column_is_refused(tmp_path: Path) -> None:
+    """The log is read into user_id, item_id and event_timestamp columns: a label of one of those
+    names replaced the ids (every user 0 or 1) and trained without a word."""
+    for name in ("user_id", "item_id", "event_timestamp"):
+        raw = config_dict(tmp_path)
+        raw["log"]["columns"]["labels"] = ["clicked", name]
+        with pytest.raises(ConfigError, match=rf"labels \['{name}'\] are named like"):
+            load_config(write_config(tmp_path, raw))
+
+
+def test_views_keyed_by_other_id_types_than_the_log_are_refused_before_planning(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """Views applied before `solaris train` keep Int64 entities; a log of text ids would have
+    its writes refused only after the FM ran. The round's start names the views and the fix."""
+    from types import SimpleNamespace
+
+    from solaris_feast.pipeline.precompute import _key_type_mismatches
+    from solaris_feast.pipeline.registry_snapshot import take_snapshot
+
+    make_feature_repo(tmp_path / "repo", feast_project)
+    snapshot = take_snapshot(open_store(tmp_path / "repo"))
+    assert {v.key_types["user_id"] for v in snapshot.views.values()} == {"int64"}
+    # Only the log's id columns are read: a stand-in for the round's InteractionDataset.
+    ints = SimpleNamespace(interactions=pd.DataFrame({"user_id": [1, 2], "item_id": [3, 4]}))
+    assert _key_type_mismatches(snapshot, cast(Any, ints)) == []
+    texts = SimpleNamespace(
+        interactions=pd.DataFrame({"user_id": [1, 2], "item_id": ["sku:1", "sku:2"]})
+    )
+    [problem] = _key_type_mismatches(snapshot, cast(Any, texts))
+    assert "key item_id as int64, the log has string ids" in problem
+    assert "feast apply after solaris train" in problem
 
 
 def test_a_bad_candidate_table_is_refused_naming_the_users_own_columns(tmp_path: Path) -> None:
@@ -1013,6 +1051,44 @@ def test_an_own_fm_that_does_not_import_or_answers_wrongly_is_refused_before_any
     assert result.exit_code == 1, result.output
     assert re.search(match, result.output), result.output
     assert not list((tmp_path / "models").glob("*.card.json"))
+
+
+def test_an_own_models_odd_output_or_own_error_names_the_model_and_method(tmp_path: Path) -> None:
+    """A bfloat16 tensor (numpy has no such type), an exported model that answers a tuple, and
+    an exception inside the deployment's own encode: each says which model and method, not a
+    numpy or torch traceback alone; the exception keeps its type."""
+    import torch
+
+    from solaris_feast.errors import ModelOutputError
+    from solaris_feast.models.interface import call_model, checked_representation, load_artifact
+
+    bf16 = torch.ones(2, 4, dtype=torch.bfloat16)
+    with pytest.raises(ModelOutputError, match=r"models.fm x: encode .*bfloat16.*\.float\(\)"):
+        checked_representation(bf16, 2, 4, "models.fm x")
+
+    class Pair(torch.nn.Module):
+        def forward(
+            self,
+            user: torch.Tensor,
+            item: torch.Tensor,
+            hist: torch.Tensor,
+            label: torch.Tensor,
+            age: torch.Tensor,
+            mask: torch.Tensor,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            z = torch.zeros(user.shape[0], 4)
+            return z, z
+
+    torch.jit.script(Pair()).save(str(tmp_path / "pair.pt"))
+    with pytest.raises(ConfigError, match=r"pair.pt: must return one tensor .*got tuple"):
+        load_artifact(tmp_path / "pair.pt", 4, "fm")
+
+    def broken(pairs: Any) -> Any:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="mat1") as raised:
+        call_model(broken, cast(Any, [0, 1, 2]), "models.fm mine", "encode")
+    assert raised.value.__notes__ == ["raised by models.fm mine: encode(pairs) of 3 pairs"]
 
 
 def test_the_views_schedule_tag_follows_the_config_the_dag_reads(tmp_path: Path) -> None:

@@ -61,6 +61,14 @@ class LogColumns(BaseModel):
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"a column is mapped twice: {repeated}")
+        # The log is read into columns of these names; a label of one of them would replace the
+        # ids or times it names (a label 'user_id' made every user 0 or 1, unsaid).
+        reserved = sorted({USER_ID, ITEM_ID, EVENT_TIMESTAMP} & set(self.labels))
+        if reserved:
+            raise ValueError(
+                f"labels {reserved} are named like the columns the log is read into "
+                f"({USER_ID}, {ITEM_ID}, {EVENT_TIMESTAMP}): rename them in the log"
+            )
         return self
 
 
@@ -294,6 +302,7 @@ def read_log_window(
         validate_interactions,
     )
     from solaris_feast.errors import SchemaError
+    from solaris_feast.store.ids import id_type_of
 
     location = log_location(config)
     where = f"log {location}"
@@ -350,6 +359,20 @@ def read_log_window(
 
     users, user_cat, user_dense = _attributes(config.users, USER_ID, "users", config.dense_ids)
     items, item_cat, item_dense = _attributes(config.items, ITEM_ID, "items", config.dense_ids)
+    for attribute_table, attributes, key, column in (
+        (config.users, users, USER_ID, cols.user),
+        (config.items, items, ITEM_ID, cols.item),
+    ):
+        # A table keyed by another id type than the log's matches no row: every attribute
+        # would be missing, unsaid.
+        if attribute_table is not None and len(attributes) and len(interactions):
+            have, log_has = id_type_of(attributes[key]), id_type_of(interactions[key])
+            if have != log_has:
+                raise SchemaError(
+                    f"{'users' if key == USER_ID else 'items'} table {attribute_table.path}",
+                    attribute_table.id_column,
+                    f"holds {have} ids, the log's column {column!r} holds {log_has} ids",
+                )
     if config.dense_ids:
         num_users = _id_space(config.num_users, interactions[USER_ID], users[USER_ID])
         num_items = _id_space(config.num_items, interactions[ITEM_ID], items[ITEM_ID])

@@ -47,6 +47,7 @@ from solaris_feast.models.interface import (
     OwnModel,
     PairsAsOf,
     build_model,
+    call_model,
     checked_representation,
     checked_scores,
     describe,
@@ -272,7 +273,8 @@ def register_foundation(spec: OwnModel, data: TrainingData, models_dir: Path) ->
     probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
     where = spec_name(spec, "fm")
     dim = int(encoder.representation_dim)
-    checked_representation(encoder.encode(probe), len(probe), dim, where)
+    out = call_model(encoder.encode, probe, where, "encode")
+    checked_representation(out, len(probe), dim, where)
     return register_interface_model(
         spec, "fm", models_dir, extra_config={"representation_dim": dim}, **data.card_fields()
     )
@@ -285,7 +287,7 @@ def register_verifier(
     verifier = build_model(spec, "verifier")
     probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
     where = spec_name(spec, "verifier")
-    checked_scores(verifier.score(probe), len(probe), where)
+    checked_scores(call_model(verifier.score, probe, where, "score"), len(probe), where)
     return register_interface_model(
         spec, "vm", models_dir, parents=(compressor_card.version,), **data.card_fields()
     )

@@ -144,10 +144,27 @@ class Verifier(Protocol):
         ...
 
 
-def _as_numpy(out: Any) -> np.ndarray:
+def _as_numpy(out: Any, where: str = "model", method: str = "forward") -> np.ndarray:
     if hasattr(out, "detach"):  # a torch tensor, on any device
-        out = out.detach().cpu().numpy()
+        tensor = out.detach().cpu()
+        try:
+            out = tensor.numpy()
+        except TypeError as exc:  # bfloat16 and other dtypes numpy has no type for
+            raise ModelOutputError(
+                f"{where}: {method} returned a tensor of dtype {tensor.dtype}, which numpy cannot "
+                "hold (return float32: .float())"
+            ) from exc
     return np.asarray(out)
+
+
+def call_model(call: Callable[[Any], Any], pairs: PairsAsOf, where: str, method: str) -> Any:
+    """``call(pairs)``; an exception of the deployment's own code keeps its type (retryable or
+    final as it is) and gains a note naming the model and method that raised it."""
+    try:
+        return call(pairs)
+    except Exception as exc:
+        exc.add_note(f"raised by {where}: {method}(pairs) of {len(pairs)} pairs")
+        raise
 
 
 def checked_representation(out: Any, n: int, dim: int, where: str) -> np.ndarray:
@@ -156,7 +173,7 @@ def checked_representation(out: Any, n: int, dim: int, where: str) -> np.ndarray
     Raises:
         ModelOutputError: naming ``where`` (the model) and what is wrong.
     """
-    array = _as_numpy(out)
+    array = _as_numpy(out, where, "encode")
     if array.shape != (n, dim):
         raise ModelOutputError(
             f"{where}: encode returned shape {array.shape}, expected ({n}, {dim})"
@@ -175,7 +192,7 @@ def checked_scores(out: Any, n: int, where: str) -> np.ndarray:
     Raises:
         ModelOutputError: naming ``where`` and what is wrong.
     """
-    array = _as_numpy(out)
+    array = _as_numpy(out, where, "score")
     if array.shape != (n,):
         raise ModelOutputError(f"{where}: score returned shape {array.shape}, expected ({n},)")
     if not np.issubdtype(array.dtype, np.floating):
@@ -242,7 +259,8 @@ def encode_in_chunks(
     out = np.empty((len(pairs), dim), dtype=np.float32)
     for lo in range(0, len(pairs), chunk):
         hi = min(lo + chunk, len(pairs))
-        out[lo:hi] = checked_representation(encoder.encode(pairs.part(lo, hi)), hi - lo, dim, where)
+        raw = call_model(encoder.encode, pairs.part(lo, hi), where, "encode")
+        out[lo:hi] = checked_representation(raw, hi - lo, dim, where)
     return out
 
 
@@ -253,7 +271,8 @@ def score_in_chunks(
     out = np.empty(len(pairs), dtype=np.float64)
     for lo in range(0, len(pairs), chunk):
         hi = min(lo + chunk, len(pairs))
-        out[lo:hi] = checked_scores(verifier.score(pairs.part(lo, hi)), hi - lo, where)
+        raw = call_model(verifier.score, pairs.part(lo, hi), where, "score")
+        out[lo:hi] = checked_scores(raw, hi - lo, where)
     return out
 
 
@@ -474,6 +493,11 @@ def load_artifact(path: Path, history_len: int, what: Literal["fm", "verifier"])
         raise
     except Exception as exc:  # torch raises many kinds for a bad file or a bad signature
         raise ConfigError(f"{where} does not load or run on {ARTIFACT_INPUTS}: {exc!r}") from exc
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(
+            f"{where}: must return one tensor ({'(B, D) float32' if what == 'fm' else '(B,)'}), "
+            f"got {type(out).__name__} for two pairs"
+        )
     shape = tuple(out.shape)
     if what == "fm" and (len(shape) != 2 or shape[0] != 2):
         raise ConfigError(f"{where}: an FM must return (B, D), got {shape} for two pairs")

@@ -154,6 +154,7 @@ def start_precompute(
     )
     if dim_problem is not None:
         problems.append(dim_problem)
+    problems += _key_type_mismatches(snapshot, dataset)
     view_codec = pair_tags.get(TAG_EMBEDDING_CODEC, "float32")
     if view_codec != cfg.embedding_codec:
         raise ConfigError(
@@ -478,6 +479,34 @@ def snapshot_rows(
     return read_offline_folder(
         Path(facts.offline_root), start, end, columns, facts.columns, first_round=first_round
     )
+
+
+def _key_type_mismatches(snapshot: RegistrySnapshot, dataset: InteractionDataset) -> list[str]:
+    """Join keys the registry types otherwise than the log's ids (views applied before
+    ``solaris train`` built the vocabulary keep Int64 entities): the round's writes would be
+    refused only after the FM ran."""
+    from solaris_feast.store.ids import id_type_of
+
+    log = dataset.interactions
+    if not len(log):
+        return []
+    problems = []
+    for key in (USER_ID, ITEM_ID):
+        have = id_type_of(log[key])
+        # A snapshot written before key types were recorded has none: not checked.
+        views = {
+            name: snapshot.view(name).key_types[key]
+            for name in snapshot.names_by_tier().values()
+            if snapshot.view(name).key_types.get(key, have) != have
+        }
+        if views:
+            typed = ", ".join(sorted(set(views.values())))
+            problems.append(
+                f"the feature views {sorted(views)} key {key} as {typed}, the log has {have} "
+                "ids (run feast apply after solaris train, so the entities take the "
+                "vocabulary's id types)"
+            )
+    return problems
 
 
 def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:

@@ -53,6 +53,9 @@ class ViewSnapshot(BaseModel):
     """Join keys, then features: the columns of its offline rows."""
     offline_root: str
     """Folder of its parquet log (:func:`solaris_feast.store.offline.offline_view_root`)."""
+    key_types: dict[str, str] = {}
+    """Id type (``int64`` or ``string``) of each join key, as the registry types its entity;
+    empty in a snapshot written before key types were recorded (not checked then)."""
 
 
 class RegistrySnapshot(BaseModel):
@@ -95,6 +98,7 @@ def take_snapshot(store: FeatureStore) -> RegistrySnapshot:
     """The snapshot of the SOLARIS views in ``store``, under the names its registry has them
     (found by their tier tags, :func:`~solaris_feast.store.definitions.applied_view_names`)."""
     from solaris_feast.store.definitions import applied_view_names
+    from solaris_feast.store.ids import join_key_types
     from solaris_feast.store.offline import offline_view_root
 
     applied = applied_view_names(store)
@@ -110,6 +114,7 @@ def take_snapshot(store: FeatureStore) -> RegistrySnapshot:
             tags=dict(view.tags),
             columns=[*view.join_keys, *(f.name for f in view.features)],
             offline_root=str(offline_view_root(store, view)),
+            key_types=dict(join_key_types(view)),
         )
     resolved_tags = next(
         (dict(v.tags) for v in store.list_on_demand_feature_views() if v.name == resolved), None
