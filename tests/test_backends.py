@@ -307,6 +307,57 @@ def test_sqlite_queueing_a_miss_does_not_wait_out_the_timeout_for_a_writers_lock
         backend.close()
 
 
+def test_sqlite_consumer_groups_keep_taken_misses_until_acknowledged(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """As the Redis stream's group: a round's read marks its rows taken, not gone; its retry gets
+    them back, another round only once they are idle; only the ack deletes them. A queue
+    table from before the groups gets their columns, its rows untaken."""
+    store = applied_store(feast_project, tmp_path / "repo", "sqlite")
+    db = tmp_path / "repo" / "data" / "online.db"
+    old = sqlite3.connect(db)
+    old.execute(
+        "CREATE TABLE solaris_miss_queue (project TEXT NOT NULL, user_id INTEGER NOT NULL, "
+        "item_id INTEGER NOT NULL, model_version TEXT NOT NULL, missed_at INTEGER NOT NULL, "
+        "PRIMARY KEY (project, user_id, item_id))"
+    )
+    old.executemany(
+        "INSERT INTO solaris_miss_queue VALUES (?, 3, ?, ?, ?)",
+        [(feast_project, item, VERSION, item) for item in range(2)],
+    )
+    old.commit()
+    old.close()
+
+    def queue() -> MissQueue:
+        return MissQueue(feast_project, backend=backend_for(store, 5.0))
+
+    def pairs_of(frame: pd.DataFrame) -> list[tuple[int, int]]:
+        return list(zip(frame.user_id.tolist(), frame.item_id.tolist(), strict=True))
+
+    serving = queue()
+    assert serving.record(3, list(range(8)), VERSION) == 6  # 0 and 1 were queued before
+    first_try = queue()
+    taken = first_try.read_group("precompute", "round-10h", max_pairs=5, min_idle_ms=600_000)
+    assert pairs_of(taken) == [(3, i) for i in range(5)]
+    assert serving.record(3, list(range(8)), VERSION) == 0  # taken pairs are still queued
+    retry = queue()
+    again = retry.read_group("precompute", "round-10h", max_pairs=100, min_idle_ms=600_000)
+    assert pairs_of(again)[:5] == pairs_of(taken) and len(again) == 8  # its 5, then the 3 left
+    other = queue()
+    assert other.read_group("precompute", "round-11h", max_pairs=100, min_idle_ms=600_000).empty
+    assert not retry.retire("precompute", "round-10h")  # it holds rows
+    # round-10h died: once its rows are idle long enough, another round claims them.
+    claimed = other.read_group("precompute", "round-11h", max_pairs=3, min_idle_ms=0)
+    assert len(claimed) == 3 and retry.pending() == 8
+    assert other.ack("precompute", claimed) == 3
+    assert other.ack("precompute", claimed) == 0  # acknowledging twice is harmless
+    assert retry.ack("precompute", again) == 5
+    assert retry.retire("precompute", "round-10h") and retry.pending() == 0
+    assert serving.record(3, [0], VERSION) == 1  # acknowledged pairs are queued anew
+    for q in (serving, first_try, retry, other):
+        q.close()
+
+
 def test_sqlite_reads_more_candidates_than_sqlite_binds_in_one_statement(
     tmp_path: Path, feast_project: str
 ) -> None:

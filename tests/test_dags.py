@@ -914,14 +914,17 @@ def test_a_promotion_marks_the_serving_chain_asset_and_queues_a_precompute_round
     assert len(_serving_chain_events()[before:]) == 2
 
 
-@pytest.mark.redis
-def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
+@pytest.mark.parametrize("online", ["sqlite", pytest.param("redis", marks=pytest.mark.redis)])
+def test_queued_misses_go_first_and_leave_the_queue_after_the_run(
     trained: Trained,
     feast_project: str,
-    redis_url: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    online: str,
 ) -> None:
+    """Read through the queue's consumer group, acknowledged after the writes: on SQLite as on
+    Redis (SQLite used to delete them when drained, so a round that failed lost them)."""
     from solaris_feast.models.registry import load_bundle
     from solaris_feast.serving.miss_queue import MissQueue
     from solaris_feast.serving.retriever import SolarisRetriever
@@ -929,10 +932,13 @@ def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
     from solaris_feast.tiers import Tier
 
     models = own_models(trained, tmp_path)
-    monkeypatch.setenv("SOLARIS_REDIS_CONNECTION", redis_connection_string(redis_url))
-    repo = make_feature_repo(tmp_path / "repo", feast_project, redis=True)
+    redis = online == "redis"
+    if redis:
+        redis_url = request.getfixturevalue("redis_url")
+        monkeypatch.setenv("SOLARIS_REDIS_CONNECTION", redis_connection_string(redis_url))
+    repo = make_feature_repo(tmp_path / "repo", feast_project, redis=redis)
     bundle = load_bundle(models)
-    store = open_store(repo, redis=True)
+    store = open_store(repo, redis=redis)
     retriever = SolarisRetriever(store, bundle.embedding_version, deadline_ms=5000)
     user, items = 7, [3, 11, 19, 42]
     assert retriever.fetch(user, items).tiers.tolist() == [Tier.ZERO] * len(items)
@@ -943,7 +949,7 @@ def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
     conf = precompute_conf(
         repo,
         models,
-        feature_store_yaml=yaml_name(redis=True),
+        feature_store_yaml=yaml_name(redis=redis),
         min_miss_score=0.0,
         budget_pairs=100,
         user_balanced_plan=True,
@@ -951,6 +957,8 @@ def test_queued_misses_go_first_and_leave_the_redis_queue_after_the_run(
     run_dag("solaris_precompute", last_hour(), conf)
     [run_dir] = run_dirs(repo)
     assert coverage_of(run_dir)["plan"]["from_misses"] == len(items)
+    # Read through the group (entry ids to acknowledge), not drained off the queue.
+    assert "entry_id" in pd.read_parquet(run_dir / "misses.parquet").columns
     assert queue.pending() == 0  # acknowledged once the run's writes were done
     reader = SolarisRetriever(
         store, bundle.embedding_version, record_misses=False, deadline_ms=5000

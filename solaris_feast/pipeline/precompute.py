@@ -512,16 +512,14 @@ def _key_type_mismatches(snapshot: RegistrySnapshot, dataset: InteractionDataset
 def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     """Take the queued misses once per run and save them; a retry re-reads the saved ones.
 
-    On Redis the pairs are read through the consumer group ``solaris_precompute`` (consumer: the
-    run's interval) and acknowledged only by
+    The pairs are read through the consumer group ``solaris_precompute`` (consumer: the run's
+    interval; a Redis stream's group, or SQLite's taken rows) and acknowledged only by
     :func:`~solaris_feast.pipeline.coverage.publish_coverage`, after the run's writes: a run that
-    dies in between leaves them to be claimed by a later run. SQLite has no groups: its pairs
-    leave the queue when drained, and are on disk a moment later.
+    dies in between leaves them to its retry, or to be claimed by a later run once idle.
     """
     import pandas as pd
 
     from solaris_feast.serving.miss_queue import MissQueue
-    from solaris_feast.store.backends import online_kind
 
     spec = PrecomputeRun.model_validate(dict(run))
     path = Path(spec.run_dir) / "misses.parquet"
@@ -532,7 +530,7 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     online = run_online_facts(spec.settings)
     queue = MissQueue.for_store(online)
     limit = spec.settings.max_drained_misses
-    grouped = online_kind(online) == "redis" and limit > 0
+    grouped = queue.backend.consumer_groups and limit > 0
     if grouped:
         misses = queue.read_group(MISS_QUEUE_GROUP, spec.interval_key, max_pairs=limit)
     else:

@@ -163,9 +163,10 @@ class MissQueue:
     ) -> pd.DataFrame:
         """Take up to ``max_pairs`` pairs for ``consumer`` of ``group`` without removing them.
 
-        At-least-once delivery for precompute workers (Redis only): pairs another consumer took
-        and has not acknowledged for ``min_idle_ms`` (it died, or hangs) are claimed first
-        (``XAUTOCLAIM``), then pairs nobody took yet (``XREADGROUP``). Taken pairs stay queued,
+        At-least-once delivery for precompute workers: the consumer's own unacknowledged pairs
+        first, then pairs another consumer took and has not acknowledged for ``min_idle_ms``
+        (it died, or hangs; ``XAUTOCLAIM`` on Redis), then pairs nobody took yet
+        (``XREADGROUP``). SQLite marks rows taken (one group at a time). Taken pairs stay queued,
         so serving does not queue them again, until :meth:`ack` after their embeddings are
         written.
 
@@ -173,7 +174,9 @@ class MissQueue:
             the columns of :meth:`drain` plus ``entry_id`` (str), which :meth:`ack` needs.
         """
         if not self.backend.consumer_groups:
-            raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+            raise ValueError(
+                f"the {self.backend.kind} miss queue has no consumer groups; use drain()"
+            )
         if max_pairs <= 0 or min_idle_ms < 0:
             raise ValueError(
                 f"max_pairs must be positive and min_idle_ms non-negative, got {max_pairs}, "
@@ -185,7 +188,9 @@ class MissQueue:
     def ack(self, group: str, taken: pd.DataFrame) -> int:
         """Mark pairs from :meth:`read_group` done: they leave the queue; return how many."""
         if not self.backend.consumer_groups:
-            raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+            raise ValueError(
+                f"the {self.backend.kind} miss queue has no consumer groups; use drain()"
+            )
         if taken.empty:
             return 0
         misses = [
@@ -200,7 +205,9 @@ class MissQueue:
         """Remove a consumer that holds nothing any more (a round whose misses are
         acknowledged) from ``group``; one holding entries stays, for a later claim."""
         if not self.backend.consumer_groups:
-            raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+            raise ValueError(
+                f"the {self.backend.kind} miss queue has no consumer groups; use drain()"
+            )
         return self.backend.retire_consumer(group, consumer)
 
     def pending(self) -> int:

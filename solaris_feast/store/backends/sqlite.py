@@ -11,6 +11,11 @@ unconditionally, so an older late write would win there; here newest wins, ties 
 
 Miss queue: one table ``solaris_miss_queue`` beside Feast's, primary key
 ``(project, user_id, item_id)``; ``INSERT OR IGNORE`` is the dedupe and draining deletes the rows.
+A consumer-group read (a precompute round) marks its rows taken (``taken_group``,
+``taken_by``, ``taken_at_ms``) instead of deleting them, and the round acknowledges (deletes)
+them after its writes, as the Redis stream's group does: a round that dies between the two
+leaves its pairs queued for its own retry, or for a later round once they have been idle for
+``min_idle_ms``. One group at a time: a row taken in one group is taken for every group.
 A read that misses pairs already queued (the same user scrolling on within a round) finds them
 with a ``SELECT`` on the key and opens no write transaction: a commit costs an fsync (about 2 ms
 on this machine's disk, far more under load) and takes the database's write lock, which every
@@ -73,6 +78,10 @@ def sqlite_path(store: FeatureStore | OnlineFacts) -> str:
     return online_facts(store).sqlite_path
 
 
+_TAKEN_COLUMNS = (("taken_group", "TEXT"), ("taken_by", "TEXT"), ("taken_at_ms", "INTEGER"))
+"""The miss queue's consumer-group columns: NULL while a row is untaken."""
+
+
 def _queue_value(value: EntityId) -> int | str:
     # Int ids are stored as integers (as before); string ids in their JSON text form, which
     # never looks numeric, so the columns' INTEGER affinity cannot turn "007" into 7.
@@ -100,7 +109,7 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
 
     kind: BackendKind = "sqlite"
     reads_miss_round = False
-    consumer_groups = False
+    consumer_groups = True
 
     def __init__(
         self,
@@ -301,8 +310,14 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
                 "CREATE TABLE IF NOT EXISTS solaris_miss_queue ("
                 "project TEXT NOT NULL, user_id INTEGER NOT NULL, item_id INTEGER NOT NULL, "
                 "model_version TEXT NOT NULL, missed_at INTEGER NOT NULL, "
+                "taken_group TEXT, taken_by TEXT, taken_at_ms INTEGER, "
                 "PRIMARY KEY (project, user_id, item_id))"
             )
+            # A queue made before consumer groups: its rows are untaken; add the columns.
+            have = {row[1] for row in conn.execute("PRAGMA table_info(solaris_miss_queue)")}
+            for column, kind in _TAKEN_COLUMNS:
+                if column not in have:
+                    conn.execute(f"ALTER TABLE solaris_miss_queue ADD COLUMN {column} {kind}")
             conn.commit()
             self._queue_ready = True
         return conn
@@ -390,13 +405,84 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
     def read_miss_group(
         self, group: str, consumer: str, max_pairs: int, min_idle_ms: int
     ) -> list[QueuedMiss]:
-        raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+        """As Redis's group read: the consumer's own taken rows first (a retried round gets
+        back what its failed try took), then rows another consumer has held for at least
+        ``min_idle_ms``, then untaken rows, oldest first; each marked taken by ``consumer``.
+        ``entry_id`` is the row's rowid."""
+        conn = self._queue()
+        now_ms = int(time.time() * 1000)
+        columns = "rowid, user_id, item_id, model_version, missed_at"
+        with conn:
+            # BEGIN IMMEDIATE: two rounds reading at once must not take the same rows.
+            conn.execute("BEGIN IMMEDIATE")
+            rows = conn.execute(
+                f"SELECT {columns} FROM solaris_miss_queue WHERE project = ? AND "
+                "taken_group = ? AND taken_by = ? ORDER BY missed_at, rowid LIMIT ?",
+                (self.project, group, consumer, max_pairs),
+            ).fetchall()
+            if len(rows) < max_pairs:
+                rows += conn.execute(
+                    f"SELECT {columns} FROM solaris_miss_queue WHERE project = ? AND "
+                    "taken_by IS NOT NULL AND NOT (taken_group = ? AND taken_by = ?) AND "
+                    "taken_at_ms <= ? ORDER BY missed_at, rowid LIMIT ?",
+                    (self.project, group, consumer, now_ms - min_idle_ms, max_pairs - len(rows)),
+                ).fetchall()
+            if len(rows) < max_pairs:
+                rows += conn.execute(
+                    f"SELECT {columns} FROM solaris_miss_queue WHERE project = ? AND "
+                    "taken_by IS NULL ORDER BY missed_at, rowid LIMIT ?",
+                    (self.project, max_pairs - len(rows)),
+                ).fetchall()
+            conn.executemany(
+                "UPDATE solaris_miss_queue SET taken_group = ?, taken_by = ?, taken_at_ms = ? "
+                "WHERE rowid = ?",
+                [(group, consumer, now_ms, r[0]) for r in rows],
+            )
+        return [
+            QueuedMiss(_queue_id(r[1]), _queue_id(r[2]), str(r[3]), int(r[4]), str(r[0]))
+            for r in rows
+        ]
 
     def retire_consumer(self, group: str, consumer: str) -> bool:
-        raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+        """True when ``consumer`` holds no rows (there is no consumer list to leave)."""
+        row = (
+            self._queue()
+            .execute(
+                "SELECT COUNT(*) FROM solaris_miss_queue WHERE project = ? AND "
+                "taken_group = ? AND taken_by = ?",
+                (self.project, group, consumer),
+            )
+            .fetchone()
+        )
+        return int(row[0]) == 0
 
     def ack_misses(self, group: str, taken: Sequence[QueuedMiss]) -> int:
-        raise ValueError("consumer groups need the Redis miss queue; use drain() on SQLite")
+        # The pair as well as the rowid: SQLite may hand a deleted rowid to a new row, and a
+        # pair queued again after its ack is untaken, so neither is deleted by mistake.
+        keys = []
+        for miss in taken:
+            if miss.entry_id is None:
+                raise ValueError("ack needs the entry_id of each pair, as read_group returns it")
+            keys.append(
+                (
+                    int(miss.entry_id),
+                    self.project,
+                    _queue_value(miss.user_id),
+                    _queue_value(miss.item_id),
+                    group,
+                )
+            )
+        if not keys:
+            return 0
+        conn = self._queue()
+        with conn:
+            before = conn.total_changes
+            conn.executemany(
+                "DELETE FROM solaris_miss_queue WHERE rowid = ? AND project = ? AND user_id = ? "
+                "AND item_id = ? AND taken_group = ?",
+                keys,
+            )
+            return conn.total_changes - before
 
     # -- status -------------------------------------------------------------------------------
 
