@@ -243,7 +243,7 @@ def test_a_round_reads_only_its_window_of_the_log(tmp_path: Path) -> None:
 
 
 def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(
-    tmp_path: Path,
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from solaris_feast.data.log_source import read_log_window
 
@@ -284,6 +284,13 @@ def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(
     unpruned = config.model_copy(update={"partition_column": ""})
     with pytest.raises(ConfigError, match="seen_day=2025-01-01"):
         read_log_window(unpruned, end - timedelta(days=2), end)
+    # A misnamed partition column prunes nothing either: said, with the folders' own name.
+    assert not [r for r in caplog.records if "partition_column" in r.getMessage()]
+    misnamed = config.model_copy(update={"partition_column": "dt"})
+    with pytest.raises(ConfigError, match="seen_day=2025-01-01"):
+        read_log_window(misnamed, end - timedelta(days=2), end)
+    [warned] = [r.getMessage() for r in caplog.records if "partition_column" in r.getMessage()]
+    assert "'dt': no dt=<day> folder" in warned and "['seen_day']" in warned
 
 
 @pytest.mark.parametrize(

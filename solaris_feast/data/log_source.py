@@ -18,6 +18,7 @@ while Airflow parses the DAG files) hold them; pyarrow and pandas are imported b
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from solaris_feast.data.schema import InteractionDataset
 
 _CONFIG = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+logger = logging.getLogger(__name__)
 
 DEFAULT_HISTORY_SECONDS = 7 * 86_400
 """A round reads a week of the log before its time unless told otherwise."""
@@ -207,12 +209,28 @@ def _files_of_days(filesystem: Any, root: str, column: str, first: str, last: st
 
     prefix = f"{column}="
     chosen: list[str] = []
+    partitioned = 0
+    other_folders: set[str] = set()
     for entry in filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
         if entry.type != pafs.FileType.File or Path(entry.path).name.startswith((".", "_")):
             continue
-        parts = [p[len(prefix) :] for p in Path(entry.path).parts if p.startswith(prefix)]
+        folders = Path(entry.path).parts[:-1]
+        parts = [p[len(prefix) :] for p in folders if p.startswith(prefix)]
+        partitioned += bool(parts)
+        other_folders.update(p.split("=")[0] for p in folders if "=" in p)
         if not parts or first <= parts[-1] <= last:
             chosen.append(entry.path)
+    if chosen and not partitioned:
+        # Correct rows either way, but every file is opened each round: most likely a
+        # misnamed column, which nothing else would say.
+        seen = f" (its folders are partitioned by {sorted(other_folders)})" if other_folders else ""
+        logger.warning(
+            "log.partition_column %r: no %s<day> folder under %s%s, so every file is read",
+            column,
+            prefix,
+            root,
+            seen,
+        )
     return sorted(chosen)
 
 
