@@ -307,6 +307,29 @@ def test_sqlite_queueing_a_miss_does_not_wait_out_the_timeout_for_a_writers_lock
         backend.close()
 
 
+def test_a_locked_sqlite_queue_fails_each_requests_misses_counted_and_logged_once(
+    tmp_path: Path, feast_project: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under a writer's lock every request's queue write fails: each is counted, the requests
+    are served, and the log gets one line with the count, not one per request."""
+    store = applied_store(feast_project, tmp_path / "repo", "sqlite")
+    retriever = SolarisRetriever(store, VERSION, deadline_ms=2_000, record_misses=True)
+    retriever.fetch(1, np.arange(2))  # the queue table exists before the lock is taken
+    writer = sqlite3.connect(tmp_path / "repo" / "data" / "online.db", isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        with caplog.at_level(logging.WARNING, logger="solaris_feast.serving.retriever"):
+            served = [retriever.fetch(user, np.arange(5)) for user in (2, 3, 4)]
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert not any(result.error for result in served)
+    assert retriever.stats.miss_queue_errors == 3
+    lines = [r.getMessage() for r in caplog.records if "miss queue write failed" in r.getMessage()]
+    assert len(lines) == 1 and "(1 failed writes since the last such line)" in lines[0]
+    retriever.close()
+
+
 def test_sqlite_consumer_groups_keep_taken_misses_until_acknowledged(
     tmp_path: Path, feast_project: str
 ) -> None:

@@ -377,7 +377,11 @@ class SolarisRetriever:
             )
         except Exception as exc:  # a full or down queue must not fail the request
             self.stats.miss_queue_errors += 1
-            logger.warning("miss queue write failed: %r", exc)
+            self._warn_limited(
+                f"miss queue {type(exc).__name__}",
+                "miss queue write failed: %r (%d failed writes since the last such line)",
+                exc,
+            )
             return
         if self.backend.reads_miss_round:
             self._queued.update((user, item) for item in fresh)
@@ -505,6 +509,20 @@ class SolarisRetriever:
             computed_at_s=computed,
         )
 
+    def _warn_limited(self, key: str, message: str, *args: object) -> None:
+        """``message % (*args, count)`` at WARNING once per ``key`` per
+        :data:`FAILURE_LOG_INTERVAL_SECONDS`, ``count`` the lines left out since plus this one:
+        a serving loop during an outage fails hundreds of fetches a second (an audit counted
+        2,027 identical lines in 2 s from one client), and a SQLite queue under a writer's lock
+        fails each request's queue write; RetrieverStats counts every one."""
+        now = time.monotonic()
+        if now - self._last_warned.get(key, -math.inf) >= FAILURE_LOG_INTERVAL_SECONDS:
+            logger.warning(message, *args, self._unlogged_failures.get(key, 0) + 1)
+            self._last_warned[key] = now
+            self._unlogged_failures[key] = 0
+        else:
+            self._unlogged_failures[key] = self._unlogged_failures.get(key, 0) + 1
+
     def _fail(self, n: int, reason: str, exc: BaseException) -> FetchResult:
         """ZERO for all with ``error=True``; in strict mode raise, by the error's class."""
         self.stats.errors += 1
@@ -517,25 +535,16 @@ class SolarisRetriever:
             if isinstance(exc, RetryableStoreError):
                 raise exc
             raise RetryableStoreError(reason) from exc
-        # One line per error kind and interval, with the count since the last one: a serving
-        # loop during an outage fails hundreds of fetches a second (an audit counted 2,027
-        # identical lines in 2 s from one client); RetrieverStats counts every one.
-        now = time.monotonic()
         kind = type(exc).__name__
-        if now - self._last_warned.get(kind, -math.inf) >= FAILURE_LOG_INTERVAL_SECONDS:
-            logger.warning(
-                "serving ZERO for %d items: %s error %s: %s (%d failed fetches since the last "
-                "such line)",
-                n,
-                "retryable" if retryable else "final",
-                kind,
-                reason,
-                self._unlogged_failures.get(kind, 0) + 1,
-            )
-            self._last_warned[kind] = now
-            self._unlogged_failures[kind] = 0
-        else:
-            self._unlogged_failures[kind] = self._unlogged_failures.get(kind, 0) + 1
+        self._warn_limited(
+            kind,
+            "serving ZERO for %d items: %s error %s: %s (%d failed fetches since the last "
+            "such line)",
+            n,
+            "retryable" if retryable else "final",
+            kind,
+            reason,
+        )
         self.stats.tier_counts[Tier.ZERO] += n
         return FetchResult(
             embeddings=np.zeros((n, self.dim), dtype=np.float32),
