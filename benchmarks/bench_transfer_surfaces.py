@@ -85,7 +85,8 @@ def main() -> None:
         type=int,
         default=1,
         help="pool this many worlds, drawn with seeds --data-seed onwards, into each arm's one "
-        "figure and interval (per_world beside it)",
+        "figure (its interval covers users within the worlds, not the spread between them; "
+        "per_world beside it)",
     )
     parser.add_argument(
         "--staleness",

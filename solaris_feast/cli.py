@@ -141,8 +141,9 @@ def evaluate_transfer_command(
             "--data-seeds",
             min=1,
             help="Synthetic only: pool this many worlds, drawn with seeds --data-seed onwards, "
-            "into the protocol's one figure and interval (each world's own figure beside it, "
-            "as per_world); the first evaluation runs on the first world.",
+            "into the protocol's one figure (its interval covers the users within the worlds, "
+            "not the spread between them: each world's own figure is beside it, as "
+            "per_world); the first evaluation runs on the first world.",
         ),
     ] = 1,
     json_path: Annotated[

@@ -390,7 +390,7 @@ _AIRFLOW_ONLY_PRESETS = frozenset({"@once", "@continuous", "@quarterly"})
 
 
 def checked_schedule(value: str, where: str = "") -> str:
-    """``value`` when Airflow accepts it as a schedule (a cron expression, a preset or
+    """``value``, stripped, when Airflow accepts it as a schedule (a cron expression, a preset or
     ``none``); else a ValueError naming ``where`` (the config's validation names its key),
     instead of the DAG file's import error
     (``AirflowTimetableInvalid``) that names neither the config key nor the variable."""
@@ -402,7 +402,7 @@ def checked_schedule(value: str, where: str = "") -> str:
         or chosen in _AIRFLOW_ONLY_PRESETS
         or croniter.is_valid(chosen)
     ):
-        return value
+        return chosen  # what was checked is what Airflow gets (it refuses ' @hourly ')
     named = f"{where}: " if where else ""
     raise ValueError(
         f"{named}{value!r} is not a schedule Airflow accepts (a cron expression such as "

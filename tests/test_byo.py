@@ -1125,6 +1125,9 @@ def test_a_schedule_airflow_would_refuse_is_refused_where_it_is_written(tmp_path
         assert schedule_of("precompute", "@hourly", env) == (
             None if accepted == "none" else accepted
         )
+    # Checked stripped, handed on stripped: Airflow itself refuses ' @hourly '.
+    path = write_config(tmp_path, config_dict(tmp_path, schedules={"precompute": " @hourly "}))
+    assert load_config(path).schedules.precompute == "@hourly"
 
 
 @pytest.mark.slow

@@ -214,7 +214,9 @@ def _files_of_days(filesystem: Any, root: str, column: str, first: str, last: st
     for entry in filesystem.get_file_info(pafs.FileSelector(root, recursive=True)):
         if entry.type != pafs.FileType.File or Path(entry.path).name.startswith((".", "_")):
             continue
-        folders = Path(entry.path).parts[:-1]
+        # Below the root only: a root such as s3://b/env=prod/log is not partitioned by env.
+        below = entry.path[len(root) :] if entry.path.startswith(root) else entry.path
+        folders = Path(below).parts[:-1]
         parts = [p[len(prefix) :] for p in folders if p.startswith(prefix)]
         partitioned += bool(parts)
         other_folders.update(p.split("=")[0] for p in folders if "=" in p)

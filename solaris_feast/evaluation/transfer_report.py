@@ -74,6 +74,10 @@ def format_protocol_table(
     per_world = protocol.get("per_world")
     if isinstance(per_world, dict):
         # Pooled worlds: the rows above are over all of them; each world's main task apart.
+        lines.append(
+            "per world (the pooled interval covers users within the worlds, not the spread "
+            "between them):"
+        )
         for world, row in per_world.items():
             lines.append(
                 f"{'  ' + world:<12}{_tr(row['tr_served'], row['tr_served_ci95']):>26}"

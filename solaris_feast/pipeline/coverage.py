@@ -163,7 +163,7 @@ def _retag_views(snapshot: RegistrySnapshot, spec: PrecomputeRun) -> list[str]:
 
 def _acknowledge_and_retire(spec: PrecomputeRun, misses: pd.DataFrame) -> int:
     """Acknowledge the round's misses, after its writes (a round that died earlier leaves its
-    group-read misses, Redis, to be claimed by a later round), and retire its consumer (its
+    group-read misses to its retry, or to be claimed by a later round), and retire its consumer (its
     interval), instead of one consumer per round piling up in the group. Acknowledging again
     is harmless: a retry of this task does it once more."""
     from solaris_feast.pipeline.precompute import MISS_QUEUE_GROUP, run_online_facts

@@ -538,8 +538,8 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     if not write_parquet_once(misses, path):
         # Another process of this round (a double-triggered run, a task still running beside
         # its retry) saved its misses first: every step of the round reads that one file. Ours
-        # stay unacknowledged in the group, so a later round claims them; drained ones (SQLite)
-        # go back to the queue.
+        # stay unacknowledged in the group, so a later round claims them; drained ones (a
+        # backend without groups, or max_drained_misses 0) go back to the queue.
         logger.warning("another process of this round saved its misses first: using %s", path)
         if not grouped:
             for (user, version), rows in misses.groupby([USER_ID, MODEL_VERSION], sort=False):

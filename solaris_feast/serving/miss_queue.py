@@ -20,10 +20,8 @@ slot):
 - ``solaris:{project}:miss_round``: a counter that every drain bumps. The retriever reads it in
   the same round trip as the embeddings and skips re-sending pairs it already queued this round.
 
-SQLite layout: one table ``solaris_miss_queue`` in the online store's database file, primary key
-``(project, user_id, item_id)``; ``INSERT OR IGNORE`` is the dedupe and draining deletes the rows.
-Int64 ids are stored as integers, String ids in their JSON text form (never numeric-looking, so
-the columns' INTEGER affinity keeps them text).
+SQLite layout: one table ``solaris_miss_queue`` in the online store's database file, described
+with its consumer groups in ``store/backends/sqlite.py``.
 
 The storage operations live in the backends (``store/backends/redis.py``, ``sqlite.py``); this
 module holds the queue's policy (round TTL, stream bound) and its frames.

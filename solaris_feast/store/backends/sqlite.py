@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -174,15 +175,16 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
         limit = conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         step = max((limit - 1) // 2, 1)
         # A writer's lock is waited for at most until the deadline; a statement that runs past
-        # it is interrupted. The busy timeout is restored for writes and queue operations.
-        conn.execute(f"PRAGMA busy_timeout = {max(int(deadline_ms), 1)}")
+        # it is interrupted.
         conn.set_progress_handler(lambda: int(time.perf_counter() > deadline_s), _PROGRESS_STEPS)
         rows: list[Any] = []
         try:
-            for start in range(0, len(pair_keys), step):
-                rows += self._read_statement(conn, pair_keys[start : start + step], user_key, views)
-                if time.perf_counter() > deadline_s:
-                    raise DeadlineExceededError("SQLite read", deadline_ms)
+            with self._busy_wait(conn, deadline_ms / 1000.0):
+                for start in range(0, len(pair_keys), step):
+                    part = pair_keys[start : start + step]
+                    rows += self._read_statement(conn, part, user_key, views)
+                    if time.perf_counter() > deadline_s:
+                        raise DeadlineExceededError("SQLite read", deadline_ms)
         except sqlite3.OperationalError as exc:
             if _no_such_table(exc):
                 raise self._missing_views(exc, [views[t] for t in SEARCH_ORDER]) from exc
@@ -193,7 +195,6 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
             raise
         finally:
             conn.set_progress_handler(None, _PROGRESS_STEPS)
-            conn.execute(f"PRAGMA busy_timeout = {int(self.timeout_seconds * 1000)}")
         position = {key: i for i, key in enumerate(pair_keys)}
         n = len(items)
         columns: dict[Tier, dict[str, list[bytes | None]]] = {
@@ -317,7 +318,12 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
             have = {row[1] for row in conn.execute("PRAGMA table_info(solaris_miss_queue)")}
             for column, kind in _TAKEN_COLUMNS:
                 if column not in have:
-                    conn.execute(f"ALTER TABLE solaris_miss_queue ADD COLUMN {column} {kind}")
+                    try:
+                        conn.execute(f"ALTER TABLE solaris_miss_queue ADD COLUMN {column} {kind}")
+                    except sqlite3.OperationalError as exc:
+                        # Another process opening the old queue added it between the two.
+                        if "duplicate column name" not in str(exc):
+                            raise
             conn.commit()
             self._queue_ready = True
         return conn
@@ -335,28 +341,26 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
         conn = self._queue()
         stored_user = _queue_value(user)
         wanted = list(dict.fromkeys(_queue_value(item) for item in items))
-        # Pairs already queued are found by a read, so a repeated miss writes nothing.
-        queued: set[int | str] = set()
-        step = max(conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - 2, 1)
-        for start in range(0, len(wanted), step):
-            part = wanted[start : start + step]
-            queued.update(
-                row[0]
-                for row in conn.execute(
-                    "SELECT item_id FROM solaris_miss_queue WHERE project = ? AND user_id = ? "
-                    f"AND item_id IN ({','.join('?' * len(part))})",
-                    [self.project, stored_user, *part],
+        # The queue's reads and write run on the request path after the read: they must not
+        # wait out the read's whole deadline for a writer's lock (the misses are best effort; a
+        # locked database drops them at once and the caller counts a miss_queue_error).
+        with self._busy_wait(conn, min(self.timeout_seconds, QUEUE_LOCK_WAIT_SECONDS)):
+            # Pairs already queued are found by a read, so a repeated miss writes nothing.
+            queued: set[int | str] = set()
+            step = max(conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) - 2, 1)
+            for start in range(0, len(wanted), step):
+                part = wanted[start : start + step]
+                queued.update(
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT item_id FROM solaris_miss_queue WHERE project = ? AND "
+                        f"user_id = ? AND item_id IN ({','.join('?' * len(part))})",
+                        [self.project, stored_user, *part],
+                    )
                 )
-            )
-        fresh = [item for item in wanted if item not in queued]
-        if not fresh:
-            return 0
-        # The queue write runs on the request path after the read: it must not wait out the
-        # read's whole deadline for a writer's lock (the misses are best effort; a locked
-        # database drops them at once and the caller counts a miss_queue_error).
-        wait_ms = int(min(self.timeout_seconds, QUEUE_LOCK_WAIT_SECONDS) * 1000)
-        conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
-        try:
+            fresh = [item for item in wanted if item not in queued]
+            if not fresh:
+                return 0
             with conn:
                 before = conn.total_changes
                 # OR IGNORE still: another process may queue the same pair between the two.
@@ -366,6 +370,14 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
                     [(self.project, stored_user, item, model_version, now) for item in fresh],
                 )
                 return conn.total_changes - before
+
+    @contextmanager
+    def _busy_wait(self, conn: sqlite3.Connection, seconds: float) -> Iterator[None]:
+        """A lock is waited for at most ``seconds`` inside the block; the backend's own
+        timeout (writes, the queue's group reads) is restored after it, on every path."""
+        conn.execute(f"PRAGMA busy_timeout = {max(int(seconds * 1000), 1)}")
+        try:
+            yield
         finally:
             conn.execute(f"PRAGMA busy_timeout = {int(self.timeout_seconds * 1000)}")
 
