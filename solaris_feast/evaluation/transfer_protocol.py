@@ -280,18 +280,18 @@ def run_protocol_pooled(
     started = time.perf_counter()
     splits: list[_SplitRows] = []
     total = len(worlds) * len(cfg.train_ends) * len(seeds)
+    tasks = next(iter(worlds.values())).label_columns
     with torch_threads(cfg.torch_threads):
         for name, dataset in worlds.items():
-            if dataset.label_columns != next(iter(worlds.values())).label_columns:
+            if dataset.label_columns != tasks:
                 raise ValueError(
                     f"world {name!r} has tasks {dataset.label_columns}, the first world "
-                    f"{next(iter(worlds.values())).label_columns}: pooled worlds share tasks"
+                    f"{tasks}: pooled worlds share tasks"
                 )
             world_label = name if len(worlds) > 1 else None
             splits.extend(
-                _world_splits(dataset, seeds, mc, cfg, progress, splits, total, world_label)
+                _world_splits(dataset, seeds, mc, cfg, progress, len(splits), total, world_label)
             )
-    tasks = next(iter(worlds.values())).label_columns
     record = _summarise(splits, tasks, cfg, seeds)
     record["details"]["seconds"] = round(time.perf_counter() - started, 1)  # type: ignore[index]
     return record
@@ -303,11 +303,11 @@ def _world_splits(
     mc: TransferConfig,
     cfg: ProtocolConfig,
     progress: Step | None,
-    earlier: list[_SplitRows],
+    offset: int,
     total: int,
     world_label: str | None,
 ) -> list[_SplitRows]:
-    """One world's splits, each with every seed's predictions; indices follow ``earlier``."""
+    """One world's splits, each with every seed's predictions; indices from ``offset`` on."""
     world = _World(dataset, mc, cfg.vm_surface, cfg.fm_history)
     splits: list[_SplitRows] = []
     for k, end in enumerate(cfg.train_ends):
@@ -326,7 +326,7 @@ def _world_splits(
             minlength=dataset.num_users,
         )
         split = _SplitRows(
-            index=len(earlier) + k,
+            index=offset + k,
             train_end=str(log.loc[test_rows, EVENT_TIMESTAMP].min()),
             test_end=str(log.loc[test_rows, EVENT_TIMESTAMP].max()),
             prev_fm_fraction=fraction,
@@ -341,7 +341,7 @@ def _world_splits(
         )
         for seed in seeds:
             if progress is not None:
-                done = (len(earlier) + k) * len(seeds) + len(split.probabilities)
+                done = (offset + k) * len(seeds) + len(split.probabilities)
                 progress("protocol: splits x seeds", done, total)
             split.probabilities.append(
                 _contenders(world, train_rows, test_rows, fraction, weights, seed, mc, cfg)

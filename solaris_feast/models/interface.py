@@ -144,7 +144,7 @@ class Verifier(Protocol):
         ...
 
 
-def _as_numpy(out: Any, where: str = "model", method: str = "forward") -> np.ndarray:
+def _as_numpy(out: Any, where: str, method: str) -> np.ndarray:
     if hasattr(out, "detach"):  # a torch tensor, on any device
         tensor = out.detach().cpu()
         try:

@@ -530,20 +530,17 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     online = run_online_facts(spec.settings)
     queue = MissQueue.for_store(online)
     limit = spec.settings.max_drained_misses
-    grouped = queue.backend.consumer_groups and limit > 0
-    if grouped:
-        misses = queue.read_group(MISS_QUEUE_GROUP, spec.interval_key, max_pairs=limit)
-    else:
-        misses = queue.drain(limit)
+    # max_drained_misses 0 takes none: drain(0) is the queue's empty frame.
+    misses = (
+        queue.read_group(MISS_QUEUE_GROUP, spec.interval_key, max_pairs=limit)
+        if limit > 0
+        else queue.drain(0)
+    )
     if not write_parquet_once(misses, path):
         # Another process of this round (a double-triggered run, a task still running beside
         # its retry) saved its misses first: every step of the round reads that one file. Ours
-        # stay unacknowledged in the group, so a later round claims them; drained ones (a
-        # backend without groups, or max_drained_misses 0) go back to the queue.
+        # stay unacknowledged in the group, so a later round claims them.
         logger.warning("another process of this round saved its misses first: using %s", path)
-        if not grouped:
-            for (user, version), rows in misses.groupby([USER_ID, MODEL_VERSION], sort=False):
-                queue.record(user, rows[ITEM_ID].tolist(), str(version))
         return {"misses": len(pd.read_parquet(path)), "reused": True}
     logger.info("took %d queued misses", len(misses))
     return {"misses": len(misses), "reused": False}

@@ -171,10 +171,6 @@ class MissQueue:
         Returns:
             the columns of :meth:`drain` plus ``entry_id`` (str), which :meth:`ack` needs.
         """
-        if not self.backend.consumer_groups:
-            raise ValueError(
-                f"the {self.backend.kind} miss queue has no consumer groups; use drain()"
-            )
         if max_pairs <= 0 or min_idle_ms < 0:
             raise ValueError(
                 f"max_pairs must be positive and min_idle_ms non-negative, got {max_pairs}, "
@@ -185,10 +181,6 @@ class MissQueue:
 
     def ack(self, group: str, taken: pd.DataFrame) -> int:
         """Mark pairs from :meth:`read_group` done: they leave the queue; return how many."""
-        if not self.backend.consumer_groups:
-            raise ValueError(
-                f"the {self.backend.kind} miss queue has no consumer groups; use drain()"
-            )
         if taken.empty:
             return 0
         misses = [
@@ -202,10 +194,6 @@ class MissQueue:
     def retire(self, group: str, consumer: str) -> bool:
         """Remove a consumer that holds nothing any more (a round whose misses are
         acknowledged) from ``group``; one holding entries stays, for a later claim."""
-        if not self.backend.consumer_groups:
-            raise ValueError(
-                f"the {self.backend.kind} miss queue has no consumer groups; use drain()"
-            )
         return self.backend.retire_consumer(group, consumer)
 
     def pending(self) -> int:

@@ -148,13 +148,11 @@ class OnlineBackend(Protocol):
         project: the Feast project; it namespaces every key and table.
         reads_miss_round: True when :meth:`read_tiers` returns the miss queue's round counter,
             so a reader can skip re-queuing pairs it queued this round.
-        consumer_groups: True when the miss queue supports at-least-once consumer groups.
     """
 
     kind: BackendKind
     project: str
     reads_miss_round: bool
-    consumer_groups: bool
 
     def read_tiers(
         self, user: EntityId, items: np.ndarray, views: Mapping[Tier, str], deadline_s: float

@@ -427,7 +427,6 @@ class RedisBackend(SolarisKeyLayouts):
 
     kind: BackendKind = "redis"
     reads_miss_round = True
-    consumer_groups = True
 
     def __init__(
         self, client: Any, project: str, serialization_version: int = 3, *, packed: bool = True

@@ -110,7 +110,6 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
 
     kind: BackendKind = "sqlite"
     reads_miss_round = False
-    consumer_groups = True
 
     def __init__(
         self,
