@@ -238,6 +238,31 @@ def test_untrained_chain_registers_matching_widths_and_refuses_a_mismatch(
         register_untrained_chain(tmp_path / "bad", schema, ("click",), fm_cfg, CompressorConfig())
 
 
+def test_bundle_and_serving_version_follow_the_promoted_chain_not_the_newest(
+    dataset: InteractionDataset, tmp_path: Path
+) -> None:
+    """A training run registers a chain before anyone promotes it; until then the store holds
+    the promoted compressor's vectors, so serving code must ask for that version (a newest-VM
+    rule served every request ZERO, each vector rejected as another version)."""
+    from solaris_feast.models.cards import serving_embedding_version
+    from solaris_feast.models.registry import register_untrained_chain
+    from solaris_feast.pipeline.promotion import promote
+
+    schema = PairFeaturizer(dataset, history_len=8).schema
+    promoted = register_untrained_chain(tmp_path, schema, ("click", "conversion"))
+    promote(tmp_path, promoted.vm_card.version)
+    # Registered later and never promoted: what the daily training DAG leaves behind.
+    newer = register_untrained_chain(tmp_path, schema, ("click", "conversion"))
+    assert newer.embedding_version != promoted.embedding_version
+
+    assert load_bundle(tmp_path).vm_card.version == promoted.vm_card.version
+    assert serving_embedding_version(tmp_path) == promoted.embedding_version
+    assert load_bundle(tmp_path, newer.vm_card.version).embedding_version == newer.embedding_version
+    promote(tmp_path, newer.vm_card.version)
+    assert load_bundle(tmp_path).vm_card.version == newer.vm_card.version
+    assert serving_embedding_version(tmp_path) == newer.embedding_version
+
+
 def test_devices_resolve_and_a_device_this_process_cannot_see_is_refused() -> None:
     from solaris_feast.errors import ConfigError
     from solaris_feast.models.training import resolve_device

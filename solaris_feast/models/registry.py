@@ -26,7 +26,7 @@ from solaris_feast.models.cards import (
     parent_card,
     read_card,
     register_artifact,
-    select_chain,
+    serving_chain,
     sha256_of,
     verify_weights,
 )
@@ -117,7 +117,8 @@ def load_model(card: ModelCard, models_dir: Path) -> nn.Module:
     if INTERFACE_CONFIG in card.config:
         raise ConfigError(
             f"model card {card.version} is a model of the deployment's own (an entry point), "
-            "not trained weights: load it with models.interface.load_chain_models"
+            "not trained weights: load it with models.interface.load_chain_models (serving code "
+            "needs only the chain's version: models.cards.serving_embedding_version)"
         )
     model = _dict(card.config, "model")
     module: nn.Module
@@ -135,10 +136,14 @@ def load_model(card: ModelCard, models_dir: Path) -> nn.Module:
 
 
 def load_bundle(models_dir: Path, vm_version: str | None = None) -> ModelBundle:
-    """Load the newest VM (or ``vm_version``) with the compressor and FM it was trained on,
-    and the FM's id vocabulary when one was saved beside its card (checked against the FM's
-    table sizes)."""
-    chain = select_chain(list_cards(models_dir), vm_version)
+    """Load the serving VM (``vm_version``, else the promoted one, else the newest: the rule of
+    :func:`~solaris_feast.models.cards.serving_chain`) with the compressor and FM it was trained
+    on, and the FM's id vocabulary when one was saved beside its card (checked against the FM's
+    table sizes). The reference models only; a chain with a deployment's own model loads with
+    :func:`~solaris_feast.models.interface.load_chain_models`."""
+    # The promoted chain, not the newest: a training run registers a chain before anyone
+    # promotes it, and the store holds the promoted compressor's vectors until then.
+    chain = serving_chain(models_dir, vm_version)
     if chain is None or chain.vm is None:
         raise ConfigError(
             f"no VM model card in {models_dir}: train the models first (solaris train)"
