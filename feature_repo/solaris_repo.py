@@ -2,8 +2,9 @@
 
 ``feast apply`` registers every object bound at module level below. The lineage tags
 (``solaris.fm_version``, ``solaris.compressor_version``, ``solaris.verifier_version``) and the
-embedding dimension come from the newest VM's model chain in ``SOLARIS_MODELS_DIR`` (default
-``<repo>/../models``), read by the torch-free ``solaris_feast.models.cards``; without cards they
+embedding dimension come from the serving chain (promoted, else the newest VM's) in the
+``models.dir`` of the config ``SOLARIS_CONFIG`` names, else ``SOLARIS_MODELS_DIR``, else
+``<repo>/../models``, read by the torch-free ``solaris_feast.models.cards``; without cards they
 are ``unversioned``. The user and item entities are Int64, or what the chain's id vocabulary
 holds (a log with String item ids gives String item keys). TTLs can be set with
 ``SOLARIS_PAIR_TTL_SECONDS``, ``SOLARIS_USER_TTL_SECONDS`` and ``SOLARIS_SIMILAR_TTL_SECONDS``,

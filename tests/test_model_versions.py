@@ -160,6 +160,23 @@ def test_environment_sets_ttls_schedule_and_models_folder(tmp_path: Path) -> Non
     assert models_dir_for_repo(tmp_path, environ={MODELS_DIR_ENV: "/x/m"}) == Path("/x/m")
 
 
+def test_feast_apply_reads_the_models_folder_of_the_solaris_config(tmp_path: Path) -> None:
+    """solaris train, promote and the DAGs keep the chain in the config's models.dir; an apply
+    that looked beside the repo instead tagged the views with another chain, and every round
+    then refused them with an error whose remedy (re-apply) changed nothing."""
+    config = tmp_path / "deploy" / "solaris.yaml"
+    config.parent.mkdir()
+    config.write_text(
+        "feast: {repo: repo}\n"
+        "models: {dir: shared/models}\n"
+        "log: {path: log, columns: {user: u, item: i, timestamp: ts, labels: [click]}}\n"
+    )
+    env = {"SOLARIS_CONFIG": str(config), MODELS_DIR_ENV: "/x/m"}
+    assert models_dir_for_repo(tmp_path / "repo", environ=env) == (
+        tmp_path / "deploy" / "shared" / "models"
+    )
+
+
 def test_feast_apply_tags_views_with_the_model_chain(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

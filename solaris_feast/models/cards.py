@@ -525,9 +525,25 @@ def versioned_feast_config(
     return SolarisFeastConfig(**settings)
 
 
+APPLY_MODELS_DIR = (
+    "feast apply reads the cards in models.dir of the solaris.yaml $SOLARIS_CONFIG names, "
+    "else in $SOLARIS_MODELS_DIR, else in the models folder beside the repo"
+)
+"""Where :func:`models_dir_for_repo` looks, said in the errors a mismatched apply causes."""
+
+
 def models_dir_for_repo(repo_dir: Path, environ: Mapping[str, str] | None = None) -> Path:
-    """``SOLARIS_MODELS_DIR`` when set, else ``<repo>/../models`` (the project's layout)."""
+    """The registry a repo's views take their chain from (:data:`APPLY_MODELS_DIR`): the
+    ``models.dir`` of the config ``SOLARIS_CONFIG`` names, as ``solaris train``, ``promote``,
+    ``status`` and the DAGs read it, else ``SOLARIS_MODELS_DIR``, else ``<repo>/../models``
+    (the project's layout). Without the config's folder an apply beside a config that keeps its
+    models elsewhere tagged the views with another chain (or none), and every round refused them.
+    """
     env = os.environ if environ is None else environ
+    if env.get("SOLARIS_CONFIG", "").strip():
+        from solaris_feast.config import load_config
+
+        return Path(load_config(env["SOLARIS_CONFIG"]).models.dir)
     configured = env.get(MODELS_DIR_ENV, "").strip()
     return Path(configured) if configured else repo_dir.resolve().parent / "models"
 

@@ -485,6 +485,7 @@ def _key_type_mismatches(snapshot: RegistrySnapshot, dataset: InteractionDataset
     """Join keys the registry types otherwise than the log's ids (views applied before
     ``solaris train`` built the vocabulary keep Int64 entities): the round's writes would be
     refused only after the FM ran."""
+    from solaris_feast.models.cards import APPLY_MODELS_DIR
     from solaris_feast.store.ids import id_type_of
 
     log = dataset.interactions
@@ -504,7 +505,7 @@ def _key_type_mismatches(snapshot: RegistrySnapshot, dataset: InteractionDataset
             problems.append(
                 f"the feature views {sorted(views)} key {key} as {typed}, the log has {have} "
                 "ids (run feast apply after solaris train, so the entities take the "
-                "vocabulary's id types)"
+                f"vocabulary's id types; {APPLY_MODELS_DIR})"
             )
     return problems
 

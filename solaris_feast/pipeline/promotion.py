@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from solaris_feast.errors import ConfigError
 from solaris_feast.models.cards import (
+    APPLY_MODELS_DIR,
     SERVING_ALIAS_FILE,
     ModelChain,
     ServingAlias,
@@ -181,7 +182,7 @@ def embedding_dim_mismatch(chain: ModelChain, view_dim: int | None, view: str) -
         return None
     return (
         f"compressor {chain.compressor.version} writes {chain.code_dim}-dim vectors, the feature "
-        f"view {view} stores {view_dim} (re-apply the repo with the new chain)"
+        f"view {view} stores {view_dim} (re-apply the repo with the new chain; {APPLY_MODELS_DIR})"
     )
 
 
