@@ -117,6 +117,64 @@ def test_strict_retriever_raises_retryable_error_when_redis_is_killed(
         retriever.close()
 
 
+def test_reads_after_a_redis_restart_reconnect_without_failing_a_request(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """Kept read connections that a restart closed while idle: the next read must find a new
+    connection by itself (as Feast's own Redis read does), not fail once per kept connection."""
+    from solaris_feast.store.backends.redis import DeadlineConnections
+
+    items = np.arange(8, dtype=np.int64)
+    vectors = np.ones((8, DIM), dtype=np.float32)
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis", durable=True) as server:
+        store = open_store(feast_project, tmp_path / "repo", online="redis", redis_url=server.url)
+        store.apply(solaris_definitions().all())
+        writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+        writer.write(pair_frame(7, items, vectors))
+        writer.close()
+        retriever = SolarisRetriever(store, VERSION, deadline_ms=1000, strict=True)
+        assert (retriever.fetch(7, items).tiers == Tier.EXACT).all()
+
+        # Three kept connections: three reads that each hold theirs for 0.3 s at once.
+        client = redis.Redis.from_url(server.url)
+        reads = DeadlineConnections(client)
+        blpop = b"*3\r\n$5\r\nBLPOP\r\n$12\r\nsolaris-none\r\n$3\r\n0.3\r\n"
+        threads = [
+            threading.Thread(
+                target=reads.round_trip, args=(blpop, 1, time.perf_counter() + 5, 5000.0)
+            )
+            for _ in range(3)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(reads._idle) == 3
+
+        server.stop()  # a clean shutdown: the server closes every client's socket
+        server.start()
+        assert wait_until(lambda: _answers(client), timeout_s=10.0)
+
+        # Strict: a failed read raises instead of answering ZERO.
+        after = retriever.fetch(7, items)
+        assert (after.tiers == Tier.EXACT).all()
+        np.testing.assert_array_equal(after.embeddings, vectors)
+        ping = b"*1\r\n$4\r\nPING\r\n"
+        for _ in range(3):
+            assert reads.round_trip(ping, 1, time.perf_counter() + 5, 5000.0) == [b"PONG"]
+        assert len(reads._idle) == 1  # the closed ones dropped, the new one kept
+        reads.close()
+        client.close()
+        retriever.close()
+
+
+def _answers(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
 def _fetch_ok(retriever: SolarisRetriever) -> bool:
     try:
         return not retriever.fetch(1, [1, 2]).error

@@ -379,9 +379,29 @@ class DeadlineConnections:
     ) -> list[Any]:
         import redis
 
-        what = "Redis read"
         with self._lock:
             conn = self._idle.pop() if self._idle else None
+        if conn is not None:
+            try:
+                return self._exchange(conn, payload, replies, deadline_s, deadline_ms)
+            except redis.ConnectionError:
+                # A kept connection the server closed while it was idle (a restart, a failover,
+                # its idle timeout): the others kept from before it are as likely gone, so they
+                # go too, and the read, which changes nothing, is sent once more on a new
+                # connection within what is left of the deadline. Without this every kept
+                # connection failed one request after a restart (redis-py's pool checks a
+                # connection before lending it; these are not lent by the pool).
+                self.close()
+        return self._exchange(None, payload, replies, deadline_s, deadline_ms)
+
+    def _exchange(
+        self, conn: Any, payload: bytes, replies: int, deadline_s: float, deadline_ms: float
+    ) -> list[Any]:
+        """One send and its replies on ``conn`` (a new connection when None); the connection is
+        kept for the next read when every reply came, dropped otherwise."""
+        import redis
+
+        what = "Redis read"
         try:
             if conn is None:
                 left = _remaining(deadline_s, deadline_ms, what)
