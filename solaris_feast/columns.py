@@ -16,6 +16,10 @@ WRITTEN_AT = "written_at"
 """Offline column that breaks ties between rows with the same event time: the later write wins."""
 EMBEDDING = "embedding"
 """The stored vector ``z`` of a tier, ``(D,)`` float32."""
+FLOAT_EMBEDDING = "embedding_float32"
+"""Offline column of a view with a quantized codec: the float32 vector, which training reads.
+The ``embedding`` column beside it holds the codec's bytes, the feature's declared type, so
+Feast's own offline reads and ``feast materialize`` see what the online store holds."""
 MODEL_VERSION = "model_version"
 """Embedding version (the compressor's version) that made a stored vector."""
 COMPUTED_AT = "computed_at"

@@ -210,6 +210,45 @@ def test_quantized_pairs_round_trip_through_the_retriever_and_feasts_resolved_vi
     retriever.close()
 
 
+@pytest.mark.parametrize("codec", ["float16", "int8"])
+def test_feast_materialize_of_a_quantized_view_stores_what_the_writer_stores(
+    codec: str, feast_project: str, tmp_path: Path, redis_url: str
+) -> None:
+    """The offline log of a quantized view holds the codec's bytes under ``embedding`` (the
+    feature's Feast type) and the float32 beside them: ``feast materialize`` (a backfill after
+    the online store lost its data) stored null embeddings from the float lists before, and
+    said nothing. Feast's point-in-time read returns the same bytes; training reads float32."""
+    from solaris_feast.store.offline import read_offline_rows
+
+    store = quantized_store("sqlite", codec, feast_project, tmp_path, redis_url)
+    vectors = np.random.default_rng(7).standard_normal((4, DIM)).astype(np.float32) * 2
+    frame = pair_frame(vectors)
+    EmbeddingWriter(store, "solaris_pair", online=False).write(frame)
+    rows = [{USER_ID: 1, ITEM_ID: i} for i in range(4)]
+    assert resolved_view(store, 1, list(range(4)))["tiers"] == [Tier.ZERO] * 4
+
+    at = frame[COMPUTED_AT].iloc[0]
+    store.materialize(at - pd.Timedelta(hours=1), at + pd.Timedelta(minutes=1), ["solaris_pair"])
+    stored = store.get_online_features(features=["solaris_pair:embedding"], entity_rows=rows)
+    expected = embedding_codec(codec, DIM).payloads(vectors)
+    assert stored.to_dict()[EMBEDDING] == expected
+    viewed = resolved_view(store, 1, list(range(4)))
+    assert viewed["tiers"] == [Tier.EXACT] * 4
+    np.testing.assert_allclose(
+        viewed["vectors"], reference_round_trip(codec, vectors), rtol=0, atol=1e-6
+    )
+
+    entity_df = pd.DataFrame(rows).assign(event_timestamp=at + pd.Timedelta(seconds=1))
+    history = store.get_historical_features(
+        entity_df=entity_df, features=["solaris_pair:embedding"]
+    ).to_df()
+    assert sorted(history[EMBEDDING].tolist()) == sorted(expected)
+    logged = read_offline_rows(
+        store, "solaris_pair", at - pd.Timedelta(hours=1), at, [ITEM_ID, EMBEDDING]
+    ).sort_values(ITEM_ID)
+    np.testing.assert_array_equal(np.stack(logged[EMBEDDING].to_list()), vectors)
+
+
 def write_raw(store: FeatureStore, view: str, key: bytes, value: bytes) -> None:
     """Overwrite one stored embedding with bytes the writer would never produce."""
     project = store.config.project

@@ -29,9 +29,10 @@ with ``float16`` or ``int8`` it is Feast ``Bytes`` holding the quantized vector 
 38 bytes at D = 32 instead of 135, see :mod:`solaris_feast.store.layout`), every view is tagged
 ``solaris.embedding_codec`` so readers know how to decode it, and the resolved view decodes it
 with the text of :func:`solaris_feast.store.layout.dequantize_payloads` (a value of the wrong
-size is a miss, served ZERO when no other tier has it). The offline parquet log keeps the
-float32 vectors either way (training reads them at full precision), so ``feast materialize``
-of a quantized view is not supported: the writer writes online itself. Online, ``model_version``
+size is a miss, served ZERO when no other tier has it). The offline parquet log of a quantized
+view holds the same bytes under ``embedding`` (so ``feast materialize`` and Feast's
+point-in-time reads see the feature's type) and the float32 vectors under ``embedding_float32``,
+which training reads at full precision. Online, ``model_version``
 holds the version's 8-character tag (:func:`solaris_feast.store.layout.stored_model_version`);
 the resolved view accepts the tag or the full version, so a client asks with the full one.
 """

@@ -13,11 +13,12 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from solaris_feast.columns import COMPUTED_AT, WRITTEN_AT
+from solaris_feast.columns import COMPUTED_AT, EMBEDDING, FLOAT_EMBEDDING, WRITTEN_AT
 from solaris_feast.errors import ConfigError
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
     from feast import FeatureStore, FeatureView
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def read_offline_folder(
     tables = []
     for f in files:
         try:
-            tables.append(pq.read_table(f, columns=wanted))
+            tables.append(_read_offline_file(f, wanted))
         except (pa.ArrowInvalid, OSError) as exc:
             raise ConfigError(
                 f"offline log file {f} is not readable parquet ({exc}): a write that died "
@@ -107,6 +108,21 @@ def read_offline_folder(
     at = pd.to_datetime(frame[COMPUTED_AT], utc=True)
     frame = frame.loc[(at > start) & (at <= end)].reset_index(drop=True)
     return frame if columns is None else frame[columns]
+
+
+def _read_offline_file(path: Path, columns: list[str] | None) -> pa.Table:
+    """One file of a view's log with its float32 vectors under ``embedding``: a quantized view's
+    file keeps them in :data:`~solaris_feast.columns.FLOAT_EMBEDDING`, its ``embedding`` being
+    the codec's bytes (files written before that hold the floats under ``embedding``)."""
+    import pyarrow.parquet as pq
+
+    parquet = pq.ParquetFile(path)
+    names = parquet.schema_arrow.names
+    if FLOAT_EMBEDDING not in names:
+        return parquet.read(columns=columns)
+    kept = [c for c in (columns or names) if c != FLOAT_EMBEDDING]
+    table = parquet.read(columns=[FLOAT_EMBEDDING if c == EMBEDDING else c for c in kept])
+    return table.rename_columns(kept)
 
 
 def in_write_order(frame: pd.DataFrame) -> pd.DataFrame:

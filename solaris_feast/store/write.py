@@ -50,7 +50,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pandas as pd
 
-from solaris_feast.columns import COMPUTED_AT, EMBEDDING, EVENT_TIMESTAMP, MODEL_VERSION, WRITTEN_AT
+from solaris_feast.columns import (
+    COMPUTED_AT,
+    EMBEDDING,
+    EVENT_TIMESTAMP,
+    MODEL_VERSION,
+    FLOAT_EMBEDDING,
+    WRITTEN_AT,
+)
 from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.keys import duplicated_rows
 from solaris_feast.serving.resolve import repo_clock_skew
@@ -61,6 +68,7 @@ from solaris_feast.store.layout import (
     DEFAULT_TRANSACTIONS_IN_FLIGHT,
     ByteColumn,
     EntityKeyLayout,
+    QuantizedCodec,
     embedding_codec,
     float_value_column,
     stored_model_version,
@@ -561,9 +569,17 @@ class EmbeddingWriter:
                     )
             columns: dict[str, Any] = {k: pa.array(batch.keys[k][order]) for k in self.join_keys}
             emb = batch.embeddings[order]
-            columns[EMBEDDING] = pa.FixedSizeListArray.from_arrays(
+            floats = pa.FixedSizeListArray.from_arrays(
                 pa.array(emb.reshape(-1), type=pa.float32()), self.dim
             ).cast(pa.list_(pa.float32()))
+            if isinstance(self.codec, QuantizedCodec):
+                # The feature is Feast Bytes: `feast materialize` copies this column online, so
+                # it holds the bytes this writer stores online (float lists there became null
+                # embeddings, silently); training reads the float32 beside it.
+                columns[EMBEDDING] = pa.array(self.codec.payloads(emb), type=pa.binary())
+                columns[FLOAT_EMBEDDING] = floats
+            else:
+                columns[EMBEDDING] = floats
             for name, values in batch.features.items():
                 kind = self.feature_kinds[name]
                 if kind == "timestamp":
