@@ -230,7 +230,7 @@ def test_feast_materialize_of_a_quantized_view_stores_what_the_writer_stores(
     at = frame[COMPUTED_AT].iloc[0]
     store.materialize(at - pd.Timedelta(hours=1), at + pd.Timedelta(minutes=1), ["solaris_pair"])
     stored = store.get_online_features(features=["solaris_pair:embedding"], entity_rows=rows)
-    expected = embedding_codec(codec, DIM).payloads(vectors)
+    expected = QuantizedCodec(codec, DIM).payloads(vectors)
     assert stored.to_dict()[EMBEDDING] == expected
     viewed = resolved_view(store, 1, list(range(4)))
     assert viewed["tiers"] == [Tier.EXACT] * 4

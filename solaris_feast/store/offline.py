@@ -71,7 +71,6 @@ def read_offline_folder(
     a missing folder is expected (said at INFO, not as a warning)."""
     import pandas as pd
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     if not root.is_dir() and root not in _SAID_MISSING:
         # A first round has no log yet; a worker without the shared storage mounted sees the

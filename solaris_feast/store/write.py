@@ -54,8 +54,8 @@ from solaris_feast.columns import (
     COMPUTED_AT,
     EMBEDDING,
     EVENT_TIMESTAMP,
-    MODEL_VERSION,
     FLOAT_EMBEDDING,
+    MODEL_VERSION,
     WRITTEN_AT,
 )
 from solaris_feast.errors import ConfigError, WriteBatchError
