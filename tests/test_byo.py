@@ -336,6 +336,38 @@ def test_bad_input_is_refused_naming_the_file_and_column(
         read_log_window(config, end - timedelta(days=1), end)
 
 
+def test_nulls_in_a_boolean_label_or_an_attribute_code_are_refused_naming_the_column(
+    tmp_path: Path,
+) -> None:
+    """A nullable boolean label and a nullable categorical code each raised pandas's own
+    ValueError (no file, no column) before the checks that name them could run."""
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    folder = write_own_log(tmp_path / "log", 20, 15, end)
+    write_item_table(tmp_path / "items.parquet", 15)
+    config = load_config(write_config(tmp_path, config_dict(tmp_path))).log
+    assert len(read_log_window(config, end - timedelta(days=1), end).interactions)
+
+    for file in sorted(folder.glob("*.parquet")):
+        part = pq.read_table(file).to_pandas()
+        part["clicked"] = part["clicked"].astype("boolean")
+        part.loc[part.index[:2], "clicked"] = pd.NA
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), file)
+    with pytest.raises(SchemaError, match=r"log .*: column 'clicked' has \d+ NaN labels"):
+        read_log_window(config, end - timedelta(days=1), end)
+
+    write_own_log(folder, 20, 15, end)
+    items = pd.read_parquet(tmp_path / "items.parquet")
+    items["department"] = items["department"].astype("Int64")
+    items.loc[3, "department"] = pd.NA
+    items.to_parquet(tmp_path / "items.parquet", index=False)
+    with pytest.raises(
+        SchemaError, match=r"items table .*items.parquet: column 'department' has 1 missing codes"
+    ):
+        read_log_window(config, end - timedelta(days=1), end)
+
+
 def test_a_label_named_like_an_id_or_time_column_is_refused(tmp_path: Path) -> None:
     """The log is read into user_id, item_id and event_timestamp columns: a label of one of those
     names replaced the ids (every user 0 or 1) and trained without a word."""

@@ -366,7 +366,10 @@ def read_log_window(
     for name in cols.labels:
         values = frame[name]
         if pat.is_boolean(table.schema.field(name).type):
-            values = values.astype(np.int64)
+            # A null stays missing (NaN), for the check below to count and name; a cast to
+            # int64 raised pandas's "cannot convert NA to integer" without a column.
+            floats = values.astype("Float64").to_numpy(np.float64, na_value=np.nan)
+            values = floats if np.isnan(floats).any() else floats.astype(np.int64)
         interactions[name] = values
     try:
         validate_interactions(interactions, tuple(cols.labels), config.dense_ids)
@@ -493,6 +496,9 @@ def _attributes(
     if len(ids) and ids.dtype != object and ids.min() < 0:
         raise SchemaError(where, table.id_column, "has negative ids")
     for column in table.categorical:
+        missing = int(frame[column].isna().sum())
+        if missing:
+            raise SchemaError(where, column, f"has {missing} missing codes")
         if len(frame) and frame[column].min() < 0:
             raise SchemaError(where, column, "must hold non-negative integer codes")
     for column in table.dense:
