@@ -336,7 +336,7 @@ def test_bad_input_is_refused_naming_the_file_and_column(
         read_log_window(config, end - timedelta(days=1), end)
 
 
-def test_nulls_in_a_boolean_label_or_an_attribute_code_are_refused_naming_the_column(
+def test_nulls_in_a_label_or_attribute_code_and_ids_past_int64_are_refused_naming_the_column(
     tmp_path: Path,
 ) -> None:
     """A nullable boolean label and a nullable categorical code each raised pandas's own
@@ -365,6 +365,15 @@ def test_nulls_in_a_boolean_label_or_an_attribute_code_are_refused_naming_the_co
     with pytest.raises(
         SchemaError, match=r"items table .*items.parquet: column 'department' has 1 missing codes"
     ):
+        read_log_window(config, end - timedelta(days=1), end)
+
+    # Unsigned ids past int64 were cast into negative ones and refused as "negative".
+    write_item_table(tmp_path / "items.parquet", 15)
+    for file in sorted(folder.glob("*.parquet")):
+        part = pq.read_table(file).to_pandas()
+        part["sku"] = part["sku"].astype(np.uint64) + np.uint64(2**63)
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), file)
+    with pytest.raises(SchemaError, match=r"log .*: column 'sku' holds unsigned ids up to 9223"):
         read_log_window(config, end - timedelta(days=1), end)
 
 

@@ -358,8 +358,8 @@ def read_log_window(
     ts = ts.dt.tz_localize("UTC") if ts.dt.tz is None else ts.dt.tz_convert("UTC")
     interactions = pd.DataFrame(
         {
-            USER_ID: _ids(frame[cols.user]),
-            ITEM_ID: _ids(frame[cols.item]),
+            USER_ID: _ids(frame[cols.user], where),
+            ITEM_ID: _ids(frame[cols.item], where),
             EVENT_TIMESTAMP: ts.astype("datetime64[ns, UTC]"),
         }
     )
@@ -439,11 +439,27 @@ def _check_dense_ids(
             )
 
 
-def _ids(column: pd.Series) -> Any:
-    """A column of ids as the schema holds them: int64, or object of str."""
+def _ids(column: pd.Series, where: str) -> Any:
+    """A column of ids as the schema holds them: int64, or object of str.
+
+    Raises:
+        SchemaError: unsigned ids beyond int64 (``where`` names the file), which a cast would
+            wrap into negative ones and the schema check would then call negative.
+    """
     import numpy as np
     import pandas as pd
 
+    from solaris_feast.errors import SchemaError
+
+    if pd.api.types.is_unsigned_integer_dtype(column) and len(column):
+        largest = int(column.max())
+        if largest > np.iinfo(np.int64).max:
+            raise SchemaError(
+                where,
+                str(column.name),
+                f"holds unsigned ids up to {largest}, beyond int64, the widest integer key "
+                "Feast stores: store them as strings",
+            )
     if pd.api.types.is_integer_dtype(column) and not column.hasnans:
         return column.to_numpy(np.int64)
     # A nullable Int64 column with nulls stays object, its nulls None: the schema check then
@@ -492,7 +508,7 @@ def _attributes(
             table.id_column,
             f"has {int(duplicated.sum())} duplicate ids, for instance {first}",
         )
-    ids = _ids(frame[table.id_column])
+    ids = _ids(frame[table.id_column], where)
     if len(ids) and ids.dtype != object and ids.min() < 0:
         raise SchemaError(where, table.id_column, "has negative ids")
     for column in table.categorical:
