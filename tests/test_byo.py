@@ -1082,19 +1082,39 @@ def test_own_fm_and_verifier_on_sparse_int64_users_and_string_items_via_the_comm
 
 
 @pytest.mark.parametrize(
-    ("entry_point", "match"),
+    ("models", "match"),
     [
-        ("byo_models:nan_fm", r"models.fm entry point 'byo_models:nan_fm'.*NaN"),
-        ("byo_models:wrong_width_fm", r"shape \(64, 9\), expected \(64, 8\)"),
-        ("byo_models:missing", r"byo_models has no attribute 'missing'"),
-        ("no_such_module.x:make", r"module 'no_such_module.x' does not import"),
+        (
+            {"fm": {"entry_point": "byo_models:nan_fm"}},
+            r"models.fm entry point 'byo_models:nan_fm'.*NaN",
+        ),
+        (
+            {"fm": {"entry_point": "byo_models:wrong_width_fm"}},
+            r"shape \(64, 9\), expected \(64, 8\)",
+        ),
+        ({"fm": {"entry_point": "byo_models:missing"}}, r"byo_models has no attribute 'missing'"),
+        (
+            {"fm": {"entry_point": "no_such_module.x:make"}},
+            r"module 'no_such_module.x' does not import",
+        ),
+        # Each of these was found only at its own stage, after the FM card (and, for the
+        # verifier, the compressor's) had been registered.
+        (
+            {"fm": {"entry_point": "byo_models:two_tower_fm", "options": {"dim": 4}}},
+            r"gives 4-dim representations, narrower than the compressor's code_dim 32",
+        ),
+        (
+            {"verifier": {"entry_point": "byo_models:missing"}},
+            r"byo_models has no attribute 'missing'",
+        ),
     ],
+    ids=["nan-fm", "wrong-width-fm", "missing-fm", "fm-module", "narrow-fm", "missing-verifier"],
 )
-def test_an_own_fm_that_does_not_import_or_answers_wrongly_is_refused_before_anything_is_written(
-    tmp_path: Path, feast_project: str, no_config_env: None, entry_point: str, match: str
+def test_an_own_model_that_does_not_import_or_answers_wrongly_is_refused_before_anything_is_written(
+    tmp_path: Path, feast_project: str, no_config_env: None, models: dict[str, Any], match: str
 ) -> None:
     own_deployment(tmp_path, feast_project)
-    raw = config_dict(tmp_path, models={"dir": "models", "fm": {"entry_point": entry_point}})
+    raw = config_dict(tmp_path, models={"dir": "models", **models})
     result = CliRunner().invoke(app, ["train", "--config", str(write_config(tmp_path, raw))])
     assert result.exit_code == 1, result.output
     assert re.search(match, result.output), result.output

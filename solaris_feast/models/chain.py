@@ -252,7 +252,10 @@ def fit_foundation(
     data: TrainingData, models_dir: Path, config: TrainingConfig, progress: Progress = None
 ) -> ModelCard:
     """Train the reference FM on ``data`` and register it, or register the deployment's own
-    (``config.fm``); the vocabulary of ``data``, if any, is saved beside the card."""
+    (``config.fm``); the vocabulary of ``data``, if any, is saved beside the card. The first
+    stage of every chain: the deployment's own models are tried first (:func:`check_own_models`).
+    """
+    check_own_models(data, config)
     if not isinstance(config.fm, str):
         card = register_foundation(config.fm, data, models_dir)
     else:
@@ -266,15 +269,57 @@ PROBE_PAIRS = 64
 """Rows a model of the deployment's own is tried on before it is registered."""
 
 
-def register_foundation(spec: OwnModel, data: TrainingData, models_dir: Path) -> ModelCard:
-    """Register the deployment's FM after trying it on the window's first rows: its width is
-    recorded, and a wrong shape, dtype or a NaN is refused before anything is written."""
+def check_own_models(data: TrainingData, config: TrainingConfig) -> None:
+    """Try the deployment's own verifier on the window's first rows, and the width of its own
+    FM against the compressor's code, before anything is trained or written: each was checked
+    only at its own stage, after the FM and compressor cards were registered (and the reference
+    FM trained), leaving cards of a chain that could never complete.
+
+    Raises:
+        ConfigError: naming the model and what is wrong with it.
+    """
+    if not isinstance(config.fm, str):
+        width = _probe_foundation(config.fm, data)
+        _check_code_width(width, config, spec_name(config.fm, "fm"))
+    if not isinstance(config.verifier, str):
+        _probe_verifier(config.verifier, data)
+
+
+def _check_code_width(width: int, config: TrainingConfig, fm: str) -> None:
+    code_dim = config.models.compressor.code_dim
+    if width < code_dim:
+        raise ConfigError(
+            f"{fm} gives {width}-dim representations, narrower than the compressor's code_dim "
+            f"{code_dim}: set training.code_dim (and the views' embedding_dim) to at most the "
+            "FM's width"
+        )
+
+
+def _probe_foundation(spec: OwnModel, data: TrainingData) -> int:
+    """Build the deployment's FM, check its representations of the window's first rows, and
+    return their width."""
     encoder = build_model(spec, "fm")
     probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
     where = spec_name(spec, "fm")
     dim = int(encoder.representation_dim)
-    out = call_model(encoder.encode, probe, where, "encode")
-    checked_representation(out, len(probe), dim, where)
+    checked_representation(
+        call_model(encoder.encode, probe, where, "encode"), len(probe), dim, where
+    )
+    return dim
+
+
+def _probe_verifier(spec: OwnModel, data: TrainingData) -> None:
+    """Build the deployment's verifier and check its scores on the window's first rows."""
+    verifier = build_model(spec, "verifier")
+    probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
+    where = spec_name(spec, "verifier")
+    checked_scores(call_model(verifier.score, probe, where, "score"), len(probe), where)
+
+
+def register_foundation(spec: OwnModel, data: TrainingData, models_dir: Path) -> ModelCard:
+    """Register the deployment's FM after trying it on the window's first rows: its width is
+    recorded, and a wrong shape, dtype or a NaN is refused before anything is written."""
+    dim = _probe_foundation(spec, data)
     return register_interface_model(
         spec, "fm", models_dir, extra_config={"representation_dim": dim}, **data.card_fields()
     )
@@ -284,10 +329,7 @@ def register_verifier(
     spec: OwnModel, data: TrainingData, models_dir: Path, compressor_card: ModelCard
 ) -> ModelCard:
     """Register the deployment's verifier as the compressor's child, after trying it."""
-    verifier = build_model(spec, "verifier")
-    probe = data.pairs(np.arange(len(data.log)) < PROBE_PAIRS)
-    where = spec_name(spec, "verifier")
-    checked_scores(call_model(verifier.score, probe, where, "score"), len(probe), where)
+    _probe_verifier(spec, data)
     return register_interface_model(
         spec, "vm", models_dir, parents=(compressor_card.version,), **data.card_fields()
     )
@@ -342,12 +384,7 @@ def fit_compressor(
     mc = config.models
     encoder = _encoder(data, fm_card, models_dir, config)
     h = torch.from_numpy(encode_in_chunks(encoder, data.pairs(data.fm_rows), describe(fm_card)))
-    if h.shape[1] < mc.compressor.code_dim:
-        raise ConfigError(
-            f"{describe(fm_card)} gives {h.shape[1]}-dim representations, narrower than the "
-            f"compressor's code_dim {mc.compressor.code_dim}: set training.code_dim (and the "
-            "views' embedding_dim) to at most the FM's width"
-        )
+    _check_code_width(h.shape[1], config, describe(fm_card))
     pca = PCA(h, mc.compressor.code_dim)
     comp_cfg = mc.compressor.model_copy(update={"input_dim": h.shape[1]})
     with seeded_torch(config.seed):
