@@ -121,7 +121,18 @@ def interval_of(context: Mapping[str, Any]) -> dict[str, Any]:
         "logical_date": context.get("logical_date"),
         "run_after": getattr(context["dag_run"], "run_after", None),
         "run_id": context["run_id"],
+        "run_type": _run_type(context["dag_run"]),
     }
+
+
+INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
+"""Airflow run types whose data interval is the time they work for. A manual run's interval is
+inferred from when it was triggered (Airflow 3's ``trigger_dag``), not from its logical date."""
+
+
+def _run_type(dag_run: Any) -> str | None:
+    run_type = getattr(dag_run, "run_type", None)
+    return None if run_type is None else str(getattr(run_type, "value", run_type))
 
 
 def run_time(
@@ -130,22 +141,31 @@ def run_time(
     logical_date: datetime | None,
     run_after: datetime | None,
     run_id: str,
+    run_type: str | None = None,
 ) -> tuple[datetime, str]:
     """The time a run works for and a file-name-safe key of it.
 
-    Scheduled runs use their data interval's end, so a re-run of an interval plans for the same
-    moment and reuses its files. Manual and asset-triggered runs can have no interval: they use
-    the logical date, else the time the run was queued for, and are keyed by their run id.
+    Scheduled (and backfill) runs use their data interval's end, so a re-run of an interval
+    plans for the same moment and reuses its files. Other runs (manual, asset-triggered) with a
+    logical date work for it, keyed as the interval that starts and ends there (a re-run for
+    the same moment reuses its files too): Airflow gives a manual run triggered for a logical
+    date an interval of the trigger's time, and reading that interval planned a run triggered
+    for 06:00 at the time of the trigger. Runs without either use the time they were queued
+    for, keyed by their run id. ``run_type`` None (a command's own round): the interval when
+    there is one.
     """
     import pandas as pd
 
-    if data_interval_end is not None:
+    by_interval = run_type is None or run_type in INTERVAL_RUN_TYPES
+    if data_interval_end is not None and by_interval:
         now = pd.Timestamp(data_interval_end)
         start = pd.Timestamp(data_interval_start or data_interval_end)
         key = f"{_stamp(start)}_{_stamp(now)}"
+    elif logical_date is not None:
+        now = pd.Timestamp(logical_date)
+        key = f"{_stamp(now)}_{_stamp(now)}"
     else:
-        chosen = logical_date or run_after
-        now = pd.Timestamp(chosen) if chosen is not None else pd.Timestamp.now(tz="UTC")
+        now = pd.Timestamp(run_after) if run_after is not None else pd.Timestamp.now(tz="UTC")
         key = "run_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id).strip("_")
     if now.tzinfo is None:
         now = now.tz_localize("UTC")
