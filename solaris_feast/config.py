@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
@@ -219,6 +219,22 @@ def load_config(path: str | Path | None = None) -> SolarisConfig:
         ConfigError: no path, a missing or unreadable file, or invalid contents (naming the file
             and each bad key, with unknown keys refused).
     """
+    file, raw = _read_yaml(path)
+    try:
+        config = SolarisConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"config file {file}: {_problems(exc)}") from exc
+    return _anchor_paths(config, file.resolve().parent)
+
+
+def _problems(exc: ValidationError, prefix: str = "") -> str:
+    return "; ".join(
+        f"{prefix}{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def _read_yaml(path: str | Path | None) -> tuple[Path, dict[str, Any]]:
+    """The config file's path and its mapping, not yet validated."""
     import yaml
 
     file = config_path(path)
@@ -235,14 +251,33 @@ def load_config(path: str | Path | None = None) -> SolarisConfig:
         raise ConfigError(f"config file {file} is not valid YAML{where}: {problem}") from exc
     if not isinstance(raw, dict):
         raise ConfigError(f"config file {file} must hold a mapping, got {type(raw).__name__}")
+    return file, raw
+
+
+SectionT = TypeVar("SectionT", bound=BaseModel)
+
+
+def _parse_time_section(
+    name: str, model: type[SectionT], environ: Mapping[str, str] | None = None
+) -> SectionT:
+    """The config's section ``name`` when ``$SOLARIS_CONFIG`` is set, else its defaults: what the
+    DAG files read while they are parsed. Only that section is checked there: a bad value in
+    any other fails the ``start`` task that reads the whole file at run time, naming it. Checked
+    whole at parse time, it failed the import of every DAG file, Airflow marked the DAGs stale,
+    and a queued run's ``start`` waited for a DAG that was gone, failing nothing.
+
+    Raises:
+        ConfigError: the file is missing or not YAML, or this section is invalid.
+    """
+    env = os.environ if environ is None else environ
+    path = env.get(CONFIG_ENV, "").strip()
+    if not path:
+        return model()
+    file, raw = _read_yaml(path)
     try:
-        config = SolarisConfig.model_validate(raw)
+        return model.model_validate(raw.get(name) or {})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<top>'}: {e['msg']}" for e in exc.errors()
-        )
-        raise ConfigError(f"config file {file}: {problems}") from exc
-    return _anchor_paths(config, file.resolve().parent)
+        raise ConfigError(f"config file {file}: {_problems(exc, f'{name}.')}") from exc
 
 
 def _anchor_paths(config: SolarisConfig, base: Path) -> SolarisConfig:
@@ -429,7 +464,7 @@ def schedule_of(
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     elif env.get(CONFIG_ENV, "").strip():
-        schedules = load_config(env[CONFIG_ENV].strip()).schedules
+        schedules = _parse_time_section("schedules", SchedulesSection, env)
         chosen = schedules.precompute if kind == "precompute" else schedules.training
     else:
         chosen = default
@@ -439,12 +474,12 @@ def schedule_of(
 def schedules_section() -> SchedulesSection:
     """The config's ``schedules`` section when ``$SOLARIS_CONFIG`` is set, else the defaults
     (read while the DAG files are parsed; the cron strings through :func:`schedule_of`)."""
-    return load_config().schedules if os.environ.get(CONFIG_ENV, "").strip() else SchedulesSection()
+    return _parse_time_section("schedules", SchedulesSection)
 
 
 def _airflow_section() -> AirflowSection:
     """The config's ``airflow`` section when ``$SOLARIS_CONFIG`` is set, else the defaults."""
-    return load_config().airflow if os.environ.get(CONFIG_ENV, "").strip() else AirflowSection()
+    return _parse_time_section("airflow", AirflowSection)
 
 
 def precompute_task_policy() -> PrecomputeTaskPolicy:

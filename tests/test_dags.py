@@ -313,6 +313,32 @@ def test_task_time_limits_and_retries_come_from_the_config_file(
     with pytest.raises(ConfigError, match=r"airflow\.precompute\.task_timeout"):
         load_config(write_config(tmp_path, raw))
 
+    # A bad value outside the two sections the DAG files read leaves every DAG parsed; the
+    # start task, which reads the whole file at run time, refuses it naming the key. (Checked
+    # whole at parse time it failed every DAG file's import; Airflow marked the DAGs stale and
+    # a queued run's start never ran.)
+    del raw["airflow"]["precompute"]["task_timeout"]
+    raw["precompute"]["budget_pairs"] = -5
+    env["SOLARIS_CONFIG"] = str(write_config(tmp_path, raw))
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    bad_elsewhere = _result(proc)
+    assert bad_elsewhere["errors"] == {}
+    assert set(bad_elsewhere["dags"]) == set(result["dags"])
+    assert bad_elsewhere["dags"]["solaris_precompute"]["timeouts"]["rank_shard"] == 600
+    from solaris_feast.config import run_settings
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SOLARIS_CONFIG", env["SOLARIS_CONFIG"])
+        with pytest.raises(ConfigError, match=r"precompute\.budget_pairs"):
+            run_settings("precompute", {}, None, {})
+
 
 def test_a_task_past_its_execution_timeout_is_killed_and_retried(
     airflow_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -976,9 +1002,33 @@ def test_manual_run_without_data_interval_uses_its_run_time_and_id() -> None:
     assert key == "run_manual__2026-11-30T03_07_12_00_00"
     start = datetime(2026, 11, 30, 2, tzinfo=UTC)
     end = datetime(2026, 11, 30, 3, tzinfo=UTC)
-    now, key = run_time(start, end, start, queued, "scheduled__x")
+    now, key = run_time(start, end, start, queued, "scheduled__x", "scheduled")
     assert now == end
     assert key == "20261130T020000Z_20261130T030000Z"
+    # Airflow 3 gives a manual run triggered for a logical date the interval of the trigger's
+    # time: the run works for its logical date (it planned for the trigger's time before).
+    triggered = datetime(2026, 11, 30, 16, 30, tzinfo=UTC)
+    now, key = run_time(
+        triggered, triggered, start, triggered, "manual__2026-11-30T02:00:00+00:00", "manual"
+    )
+    assert now == start
+    assert key == "20261130T020000Z_20261130T020000Z"
+    # The task context's run type (Airflow's enum) reaches run_time as its plain value.
+    from types import SimpleNamespace
+
+    from airflow.utils.types import DagRunType
+
+    from solaris_feast.pipeline.runs import interval_of
+
+    context = {
+        "data_interval_start": triggered,
+        "data_interval_end": triggered,
+        "logical_date": start,
+        "dag_run": SimpleNamespace(run_after=triggered, run_type=DagRunType.MANUAL),
+        "run_id": "manual__2026-11-30T02:00:00+00:00",
+    }
+    assert interval_of(context)["run_type"] == "manual"
+    assert run_time(**interval_of(context))[0] == start
 
 
 def test_a_round_counts_the_ticks_skipped_since_the_previous_round_and_a_late_start(
