@@ -265,6 +265,31 @@ def test_exact_misses_are_queued_for_the_planner_unless_turned_off(store: Featur
     queue.close()
 
 
+def test_feast_teardown_removes_the_projects_miss_queue(store: FeatureStore) -> None:
+    """Feast's teardown removes the views' rows; the miss queue is the plugin's own and stayed
+    (a Redis stream without expiry, with its round markers), so a project applied again under
+    the same name drained misses recorded before the teardown."""
+    serving = solaris_store_of(store)
+    answer(serving, RESOLVED, rows(1, [40, 41, 42]))
+    queue = MissQueue(store.config.project, backend=backend_for(store, timeout_seconds=5.0))
+    assert queue.pending() == 3
+    queue.close()
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    project_keys = f"solaris:{{{store.config.project}}}:*"
+    if online_kind(store) == "redis":
+        assert list(redis.Redis.from_url(redis_url).scan_iter(match=project_keys))
+
+    # What `feast teardown` calls (FeatureStore.teardown also deletes the fixture's registry).
+    views = serving.list_feature_views()
+    online_store(serving).teardown(serving.config, views, serving.list_entities())
+
+    queue = MissQueue(store.config.project, backend=backend_for(store, timeout_seconds=5.0))
+    assert queue.pending() == 0
+    queue.close()
+    if online_kind(store) == "redis":
+        assert not list(redis.Redis.from_url(redis_url).scan_iter(match=project_keys))
+
+
 def test_a_store_that_is_down_raises_a_retryable_error(
     feast_project: str, tmp_path: Path, redis_url: str
 ) -> None:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -59,7 +59,7 @@ from solaris_feast.store.tags import TAG_CLOCK_SKEW_SECONDS, TAG_TIER
 from solaris_feast.tiers import Tier
 
 if TYPE_CHECKING:
-    from feast import FeatureView, OnDemandFeatureView
+    from feast import Entity, FeatureView, OnDemandFeatureView
     from feast.infra.registry.base_registry import BaseRegistry
     from feast.online_response import OnlineResponse
     from feast.repo_config import RepoConfig
@@ -75,6 +75,8 @@ MAX_RETRIEVERS_PER_THREAD = 16
 """Retrievers (one per embedding version and set of views) a serving thread keeps. A request
 with more versions than this goes to Feast's own read: the versions come from the client, and a
 retriever (a connection, the views' decoding) per version would thrash the cache."""
+TEARDOWN_TIMEOUT_S = 10.0
+"""The longest one store command of a teardown may wait (a large queue's SCAN and DEL)."""
 RESOLVED_OUTPUTS = ("resolved_embedding", "resolved_tier", "resolved_age_seconds")
 _TIER_BY_NAME = {tier.name: tier for tier in Tier}
 
@@ -402,6 +404,21 @@ class ResolvedViewReads(_StoreBase):
             )
         utils._drop_unneeded_columns(response, requested_names)
         return OnlineResponse(response, feature_types=self._build_feature_types(grouped_refs))
+
+    def teardown(
+        self, config: RepoConfig, tables: Sequence[FeatureView], entities: Sequence[Entity]
+    ) -> None:
+        """Feast's teardown, and the project's miss queue with it: the queue is the plugin's
+        own, beside Feast's rows, and Feast's teardown left it (a Redis stream without expiry),
+        so a project applied again under the same name drained misses from before."""
+        super().teardown(config, tables, entities)
+        from solaris_feast.store.backends import OnlineFacts, backend_for
+
+        backend = backend_for(OnlineFacts.of_store(_RequestViews(config, {})), TEARDOWN_TIMEOUT_S)
+        try:
+            backend.clear_miss_queue()
+        finally:
+            backend.close()
 
     def get_online_features(
         self,

@@ -223,6 +223,11 @@ class OnlineBackend(Protocol):
         per round would otherwise pile up in the group). True when it was removed."""
         ...
 
+    def clear_miss_queue(self) -> int:
+        """Delete the project's miss queue, its consumer groups and round markers (the project
+        is torn down); return how many keys or rows went."""
+        ...
+
     def scan(self, views: Mapping[Tier, str], max_keys: int, scan_count: int) -> StoredScan:
         """Up to ``max_keys`` stored keys of the views, with their version and timestamp."""
         ...

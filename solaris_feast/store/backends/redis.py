@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
@@ -340,6 +341,11 @@ def redis_client(store: FeatureStore | OnlineFacts, timeout_seconds: float | Non
         retry=Retry(NoBackoff(), 0),
         **kwargs,
     )
+
+
+def _glob_escaped(text: str) -> str:
+    """``text`` matched literally by a ``SCAN MATCH`` pattern."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", text)
 
 
 def _is_nogroup(exc: BaseException) -> bool:
@@ -897,6 +903,16 @@ class RedisBackend(SolarisKeyLayouts):
             if not _is_nogroup(exc):
                 raise
             return True  # the group, and the consumer with it, went with the store's data
+
+    def clear_miss_queue(self) -> int:
+        # Every key of the queue carries the project's hash tag: one slot, one node in a cluster.
+        pattern = _glob_escaped(self._marker_prefix) + "*"
+        markers = self.client.scan_iter(match=pattern, count=1000)
+        keys = [self._stream_key, self._round_key, *markers]
+        deleted = 0
+        for start in range(0, len(keys), 1000):
+            deleted += int(self.client.delete(*keys[start : start + 1000]))
+        return deleted
 
     # -- status -------------------------------------------------------------------------------
 

@@ -413,6 +413,21 @@ class SqliteBackend(ReadsOneRequestAtATime, SolarisKeyLayouts):
             raise
         return int(row[0])
 
+    def clear_miss_queue(self) -> int:
+        if self._conn is None and not Path(self.path).is_file():
+            return 0
+        conn = self._connection()
+        try:
+            deleted = conn.execute(
+                "DELETE FROM solaris_miss_queue WHERE project = ?", (self.project,)
+            ).rowcount
+            conn.commit()
+        except sqlite3.OperationalError as exc:
+            if _no_such_table(exc):
+                return 0
+            raise
+        return int(deleted)
+
     def read_miss_group(
         self, group: str, consumer: str, max_pairs: int, min_idle_ms: int
     ) -> list[QueuedMiss]:
