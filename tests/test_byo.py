@@ -377,6 +377,30 @@ def test_nulls_in_a_label_or_attribute_code_and_ids_past_int64_are_refused_namin
         read_log_window(config, end - timedelta(days=1), end)
 
 
+@pytest.mark.parametrize("as_text", [True, False], ids=["string-categories", "int-categories"])
+def test_ids_stored_as_a_pandas_category_are_read_as_their_values(
+    tmp_path: Path, as_text: bool
+) -> None:
+    """pandas writes a category column dictionary-encoded; its values are the ids (it was
+    refused as "must be id, got dictionary<...>")."""
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    folder = write_own_log(tmp_path / "log", 20, 15, end)
+    write_item_table(tmp_path / "items.parquet", 15)
+    expected = []
+    for file in sorted(folder.glob("*.parquet")):
+        part = pq.read_table(file).to_pandas()
+        member = part["member"].map(lambda m: f"m-{m}") if as_text else part["member"]
+        part["member"] = member.astype("category")
+        expected.append(member)
+        pq.write_table(pa.Table.from_pandas(part, preserve_index=False), file)
+    config = load_config(write_config(tmp_path, config_dict(tmp_path))).log
+    users = read_log_window(config, None, end).interactions["user_id"]
+    assert sorted(users.tolist()) == sorted(pd.concat(expected).tolist())
+    assert all(isinstance(u, str) for u in users) if as_text else users.dtype == np.int64
+
+
 def test_a_label_named_like_an_id_or_time_column_is_refused(tmp_path: Path) -> None:
     """The log is read into user_id, item_id and event_timestamp columns: a label of one of those
     names replaced the ids (every user 0 or 1) and trained without a word."""

@@ -249,9 +249,15 @@ def _require_columns(
 
     from solaris_feast.errors import SchemaError
 
+    def is_id(t: pa.DataType) -> bool:
+        # A pandas category column is stored dictionary-encoded: its values are the ids.
+        if pat.is_dictionary(t):
+            t = t.value_type
+        return pat.is_integer(t) or pat.is_string(t) or pat.is_large_string(t)
+
     kinds = {
         "integer": pat.is_integer,
-        "id": lambda t: pat.is_integer(t) or pat.is_string(t) or pat.is_large_string(t),
+        "id": is_id,
         "timestamp": pat.is_timestamp,
         "label": lambda t: pat.is_integer(t) or pat.is_boolean(t) or pat.is_floating(t),
         "float": lambda t: pat.is_integer(t) or pat.is_floating(t),
@@ -451,6 +457,9 @@ def _ids(column: pd.Series, where: str) -> Any:
 
     from solaris_feast.errors import SchemaError
 
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        # Dictionary-encoded in the file (a pandas category column): its values are the ids.
+        column = column.astype(object if column.hasnans else column.cat.categories.dtype)
     if pd.api.types.is_unsigned_integer_dtype(column) and len(column):
         largest = int(column.max())
         if largest > np.iinfo(np.int64).max:
