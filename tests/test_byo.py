@@ -401,6 +401,19 @@ def test_ids_stored_as_a_pandas_category_are_read_as_their_values(
     assert all(isinstance(u, str) for u in users) if as_text else users.dtype == np.int64
 
 
+def test_an_empty_training_window_names_the_logs_own_time_column(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    own_deployment(tmp_path, feast_project)
+    config = write_config(tmp_path, config_dict(tmp_path))
+    result = CliRunner().invoke(
+        app, ["train", "--config", str(config), "--at", "2020-01-01T00:00:00"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "column 'seen_at' has no interactions in the training window" in result.output
+    assert not list((tmp_path / "models").glob("*.card.json"))
+
+
 def test_a_label_named_like_an_id_or_time_column_is_refused(tmp_path: Path) -> None:
     """The log is read into user_id, item_id and event_timestamp columns: a label of one of those
     names replaced the ids (every user 0 or 1) and trained without a word."""

@@ -288,6 +288,15 @@ def _as_scalar(moment: datetime, arrow_type: pa.DataType) -> pa.Scalar:
     return pa.scalar(stamp, type=arrow_type)
 
 
+def own_column(config: InteractionLogConfig, column: str) -> str:
+    """The log's own name of a schema column (``user_id`` -> the column mapped as user), for an
+    error about the log to name the column its owner knows."""
+    cols = config.columns
+    return {USER_ID: cols.user, ITEM_ID: cols.item, EVENT_TIMESTAMP: cols.timestamp}.get(
+        column, column
+    )
+
+
 def log_location(config: InteractionLogConfig) -> str:
     """Where the log is read from (the FileSource's path is resolved by the config first)."""
     from solaris_feast.errors import ConfigError
@@ -380,10 +389,7 @@ def read_log_window(
     try:
         validate_interactions(interactions, tuple(cols.labels), config.dense_ids)
     except SchemaError as exc:
-        mapped = {USER_ID: cols.user, ITEM_ID: cols.item, EVENT_TIMESTAMP: cols.timestamp}.get(
-            exc.column, exc.column
-        )
-        raise SchemaError(where, mapped, exc.problem) from exc
+        raise SchemaError(where, own_column(config, exc.column), exc.problem) from exc
     interactions = interactions.sort_values(EVENT_TIMESTAMP, kind="stable").reset_index(drop=True)
 
     users, user_cat, user_dense = _attributes(config.users, USER_ID, "users", config.dense_ids)

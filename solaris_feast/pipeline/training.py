@@ -73,6 +73,8 @@ def _training_inputs(
     models; after the FM stage, through the vocabulary saved beside ``fm_version``'s card."""
     import pandas as pd
 
+    from solaris_feast.data.log_source import own_column
+    from solaris_feast.errors import SchemaError
     from solaris_feast.models.chain import TrainingConfig, TrainingData
     from solaris_feast.models.vocabulary import Vocabulary
 
@@ -94,13 +96,19 @@ def _training_inputs(
     )
     config = base.model_copy(update={"models": models})
     now = pd.Timestamp(spec.now)
-    data = TrainingData.build(
-        load_log(cfg, spec.now, window_seconds=cfg.train_window_hours * 3600),
-        config.models.history_len,
-        window_start=now - pd.Timedelta(hours=cfg.train_window_hours),
-        window_end=now,
-        vocabulary=None if fm_version is None else Vocabulary.load(models_dir, fm_version),
-    )
+    try:
+        data = TrainingData.build(
+            load_log(cfg, spec.now, window_seconds=cfg.train_window_hours * 3600),
+            config.models.history_len,
+            window_start=now - pd.Timedelta(hours=cfg.train_window_hours),
+            window_end=now,
+            vocabulary=None if fm_version is None else Vocabulary.load(models_dir, fm_version),
+        )
+    except SchemaError as exc:
+        if cfg.log is None:
+            raise
+        # The window's checks speak of the schema's columns; a user's log names its own.
+        raise SchemaError(exc.table, own_column(cfg.log, exc.column), exc.problem) from exc
     return data, config
 
 
