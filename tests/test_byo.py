@@ -414,6 +414,27 @@ def test_an_empty_training_window_names_the_logs_own_time_column(
     assert not list((tmp_path / "models").glob("*.card.json"))
 
 
+def test_the_evaluations_say_they_do_not_evaluate_the_configs_own_models(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`evaluate transfer --config` and `simulate --config` train reference models on the log;
+    a config naming its own FM or verifier got the same figures with nothing said."""
+    from solaris_feast.data.datasets import load_configured_log
+
+    end = datetime.now(UTC).replace(microsecond=0)
+    write_own_log(tmp_path / "log", 20, 15, end)
+    write_item_table(tmp_path / "items.parquet", 15)
+    reference = write_config(tmp_path, config_dict(tmp_path))
+    with caplog.at_level("WARNING", logger="solaris_feast.data.datasets"):
+        load_configured_log(reference)
+    assert not caplog.records
+    own = config_dict(tmp_path, models={"dir": "models", "fm": {"entry_point": "byo_models:x"}})
+    with caplog.at_level("WARNING", logger="solaris_feast.data.datasets"):
+        load_configured_log(write_config(tmp_path, own))
+    [said] = [r.getMessage() for r in caplog.records]
+    assert "models.fm not evaluated" in said
+
+
 def test_a_label_named_like_an_id_or_time_column_is_refused(tmp_path: Path) -> None:
     """The log is read into user_id, item_id and event_timestamp columns: a label of one of those
     names replaced the ids (every user 0 or 1) and trained without a word."""

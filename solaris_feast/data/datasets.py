@@ -3,12 +3,15 @@ a world) and ``movielens``."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Literal
 
 from solaris_feast.data.schema import InteractionDataset
 from solaris_feast.data.synthetic import WORLD_STRUCTURES, SyntheticConfig, generate
 from solaris_feast.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 DatasetName = Literal["synthetic", "movielens"]
 SyntheticSize = Literal["tiny", "demo", "default", "large"]
@@ -67,7 +70,18 @@ def load_configured_log(config_file: Path) -> InteractionDataset:
     from solaris_feast.data.log_source import read_log_window
     from solaris_feast.data.schema import with_dense_codes
 
-    log = resolved_log(load_config(config_file))  # a Feast FileSource resolves to its path
+    config = load_config(config_file)
+    own = [name for name in ("fm", "verifier") if getattr(config.models, name) != "reference"]
+    if own:
+        # Said, since the config names them: these evaluations measure the method on the log
+        # with models they train, not the deployment's own models.
+        logger.warning(
+            "%s: models.%s not evaluated: the evaluation trains its own reference FM and VM "
+            "on the log and reads only the config's log section",
+            config_file,
+            " and models.".join(own),
+        )
+    log = resolved_log(config)  # a Feast FileSource resolves to its path
     # The evaluations train their own models, which index tables by id: Int64 or String ids of
     # the user's systems are numbered first (the reports give shares and NE, never ids).
     return with_dense_codes(read_log_window(log, None, pd.Timestamp.now(tz="UTC").to_pydatetime()))
