@@ -135,7 +135,8 @@ class CuttingProxy:
             self._threads.append(thread)
 
     def _pump(self, client: socket.socket, server: socket.socket) -> None:
-        with contextlib.suppress(OSError):
+        # sever() closes the sockets under this thread: select then sees fd -1 (ValueError).
+        with contextlib.suppress(OSError, ValueError):
             while not self._stop.is_set():
                 ready, _, _ = select.select([client, server], [], [], 0.05)
                 for sock in ready:
