@@ -749,6 +749,27 @@ def _wipe_online(repo: Path, project: str, redis_url: str | None) -> None:
             conn.execute(f'DELETE FROM "{table}"')
 
 
+def test_a_log_with_one_label_trains_and_precomputes_through_the_commands(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    """One click column is the most common impressions log: the reference FM once refused it
+    ("the FM is multi-task: num_tasks must be >= 2") with a traceback from solaris train."""
+    from solaris_feast.models.cards import list_cards
+
+    config = own_deployment(tmp_path, feast_project)
+    raw = yaml.safe_load(config.read_text())
+    raw["log"]["columns"]["labels"] = ["clicked"]
+    write_config(tmp_path, raw)
+    run_cli("train", "--config", str(config))
+    [vm] = [c for c in list_cards(tmp_path / "models") if c.kind == "vm"]
+    [fm] = [c for c in list_cards(tmp_path / "models") if c.kind == "fm"]
+    assert vm.tasks == ("clicked",) and fm.tasks == ("clicked",)
+    run_cli("promote", "--config", str(config), "--vm", vm.version)
+    at = datetime.now(UTC).replace(microsecond=0)
+    out = run_cli("precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}")
+    assert "plan        300 pairs" in out, out
+
+
 def test_views_registered_under_a_repos_own_names_are_precomputed_served_and_reviewed(
     tmp_path: Path, feast_project: str, no_config_env: None
 ) -> None:
@@ -911,6 +932,25 @@ def test_a_vocabulary_chain_takes_new_users_but_refuses_a_log_of_strangers(
         precompute_settings(load_config(big)).model_dump(mode="json"), _interval(None, "pre")
     )
     assert run["vm_version"] == _vm(tmp_path)
+    # Misses the round drained: a known user (0), a new user with events in the window (40)
+    # and a stranger (no event at all): the stranger's pair is left to the fallback tiers, the
+    # FM would see only its OOV row and an empty history.
+    from solaris_feast.pipeline.runs import shard_ranked_dir
+    from solaris_feast.precompute.plan import QUEUED_MISS, read_plan
+
+    stranger = 10**15
+    pd.DataFrame({"user_id": [0, 40, stranger], "item_id": [3, 3, 3]}).to_parquet(
+        Path(run["run_dir"]) / "misses.parquet"
+    )
+    shards = range(run["settings"]["shards"])
+    reports = [precompute.rank_shard(run, shard) for shard in shards]
+    assert sum(report["stranger_misses"] for report in reports) == 1
+    ranked = pd.concat(
+        [read_plan(shard_ranked_dir(Path(run["run_dir"]), shard)).pairs for shard in shards]
+    )
+    queued = ranked.loc[ranked[QUEUED_MISS]]
+    assert sorted(zip(queued["user_id"], queued["item_id"], strict=True)) == [(0, 3), (40, 3)]
+    assert stranger not in set(ranked["user_id"])
     # A round dated ahead of the clock (a local time read as UTC) is refused before any folder.
     from solaris_feast.errors import ConfigError
 

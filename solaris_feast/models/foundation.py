@@ -82,7 +82,7 @@ class HistoryEncoding:
 
 
 class FoundationModel(nn.Module):
-    """Multi-task FM over ``T`` tasks. Output logits ``(B, T)``; ``h(u, i)`` is ``(B, D)``."""
+    """FM over ``T >= 1`` tasks. Output logits ``(B, T)``; ``h(u, i)`` is ``(B, D)``."""
 
     def __init__(
         self, schema: FeatureSchema, num_tasks: int, config: FoundationConfig | None = None
@@ -93,8 +93,10 @@ class FoundationModel(nn.Module):
             raise ValueError(
                 f"embed_dim {cfg.embed_dim} is not divisible by num_heads {cfg.num_heads}"
             )
-        if num_tasks < 2:
-            raise ValueError(f"the FM is multi-task: num_tasks must be >= 2, got {num_tasks}")
+        # One label is the common impressions log (a click); the FM is multi-task when the log
+        # has more (main task first), never because it must be.
+        if num_tasks < 1:
+            raise ValueError(f"the FM needs at least one task, got {num_tasks}")
         self.config = cfg
         self.schema = schema
         self.num_tasks = num_tasks
