@@ -812,6 +812,17 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         ),
         return_weight_exponent=cfg.return_weight_exponent,
     )
+    strangers = 0
+    if chain is not None and chain.vocabulary is not None and len(misses):
+        cold = chain.vocabulary.strangers(misses[USER_ID], dataset.interactions[USER_ID])
+        strangers = int(np.count_nonzero(cold))
+        if strangers:
+            logger.info(
+                "%d queued misses of users the FM never saw and with no event in the log "
+                "window are left to the fallback tiers (the FM would read only its OOV row)",
+                strangers,
+            )
+            misses = misses.loc[~cold]
     scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
     ranking = ranked(scored_candidates, scored_misses, log=True)
     _publish_plan(ranking, shard_ranked_dir(run_dir, shard_index))
@@ -824,6 +835,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         "eligible": facts.eligible,
         "candidates": len(candidates),
         "misses": len(misses),
+        "stranger_misses": strangers,
         "scored": int(np.count_nonzero(to_score)) + len(misses),
         "skipped_fresh": ranking.stats.skipped_fresh,
         "lost_online": lost,
