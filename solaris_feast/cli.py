@@ -457,6 +457,9 @@ def promote_command(
         models_dir = Path(loaded.models.dir)
         alias = promote_checked(loaded, models_dir, vm, _utc(at), check)
     typer.echo(f"serving {alias.vm} <- {alias.compressor} <- {alias.fm} ({models_dir})")
+    # Clients of the resolved view send the embedding version; the VM's (printed by train and
+    # the line above) matches no stored vector and resolves every pair to ZERO.
+    typer.echo(f"clients ask with solaris_model_version={alias.compressor}")
     if airflow is False or (airflow is None and not airflow_configured()):
         return
     if announce_promotion(alias, models_dir):

@@ -637,6 +637,8 @@ def test_own_log_and_candidate_table_train_precompute_and_serve_exact_vectors_vi
     assert not (tmp_path / "models" / SERVING_ALIAS_FILE).exists()
     out = run_cli("promote", "--config", str(config), "--vm", vm.version)
     assert (tmp_path / "models" / SERVING_ALIAS_FILE).is_file()
+    # The version a client of the resolved view sends is the compressor's, not the VM's.
+    assert f"clients ask with solaris_model_version={vm.parents[0]}" in out
     out = run_cli("precompute", "--config", str(config), "--at", f"{at:%Y-%m-%dT%H:%M:%S}")
     assert "candidates  720 pairs" in out and "plan        300 pairs" in out
     [run_dir] = sorted((tmp_path / "runs").glob("*/*"))
