@@ -148,6 +148,15 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, _retryable_types())
 
 
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` of an error, for a message that carries it on. Not ``repr``: redis-py 8
+    gives its errors a repr of their category alone (``network:ConnectionError``), so a store
+    error quoted with ``!r`` lost the address and the cause (``Error 111 connecting to
+    127.0.0.1:6391. Connection refused.``)."""
+    message = str(exc)
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
 class ChainMismatchError(ConfigError):
     """The serving chain (FM, compressor, VM) does not fit the log a round reads: another label
     set, ids beyond the models' embedding tables, other attribute sizes. No retry can fix it;

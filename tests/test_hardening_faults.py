@@ -82,6 +82,11 @@ def test_redis_killed_while_serving_answers_zero_within_deadline_and_recovers(
             assert np.isnan(down.age_seconds).all()
             assert elapsed_ms < DEADLINE_MS + SLACK_MS, elapsed_ms
         assert retriever.stats.errors == 6
+        # What a Feast client or `feast serve` shows of the failure names the server and the
+        # cause, not redis-py's repr of the error's category (network:ConnectionError).
+        strict = SolarisRetriever(store, VERSION, deadline_ms=DEADLINE_MS, strict=True)
+        with pytest.raises(RetryableStoreError, match=rf":{server.port}\. Connection refused"):
+            strict.fetch(7, items)
 
         # Same retriever object, no reconnect call: the next fetches must heal by themselves.
         server.start()

@@ -43,6 +43,7 @@ from solaris_feast.errors import (
     DeadlineExceededError,
     RetryableStoreError,
     ViewsNotAppliedError,
+    describe_error,
     is_retryable,
 )
 from solaris_feast.serving.miss_queue import MissQueue
@@ -330,7 +331,7 @@ class SolarisRetriever:
         try:
             reads = self._read(checked, started + self.deadline_ms / 1000.0)
         except Exception as exc:  # the store's own errors vary by backend and client
-            return self._fail_each(sizes, f"online store read failed: {exc!r}", exc)
+            return self._fail_each(sizes, f"online store read failed: {describe_error(exc)}", exc)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
         if elapsed_ms > self.deadline_ms:
             self.stats.deadline_exceeded += 1

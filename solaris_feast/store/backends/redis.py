@@ -41,6 +41,7 @@ from solaris_feast.errors import (
     ConfigError,
     DeadlineExceededError,
     RetryableStoreError,
+    describe_error,
     is_retryable,
 )
 from solaris_feast.store.backends import (
@@ -267,7 +268,7 @@ def _interrupted(
     are stored, each transaction of rows ``unsure_lo..unsure_hi`` whole or not at all."""
     return RetryableStoreError(
         f"{view_name}: Redis failed while writing rows {unsure_lo}-{unsure_hi - 1} of {n} "
-        f"({exc!r}); rows before {unsure_lo} are stored, each transaction of rows "
+        f"({describe_error(exc)}); rows before {unsure_lo} are stored, each transaction of rows "
         f"{unsure_lo}-{unsure_hi - 1} whole or not at all; write the batch again (rewrites "
         "are idempotent)"
     )

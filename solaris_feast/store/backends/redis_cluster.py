@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from solaris_feast.errors import RetryableStoreError, is_retryable
+from solaris_feast.errors import RetryableStoreError, describe_error, is_retryable
 from solaris_feast.store.backends import (
     BackendKind,
     OnlineBatch,
@@ -245,7 +245,7 @@ class RedisClusterBackend(ReadsOneRequestAtATime, RedisBackend):
                     raise
                 self._refresh_slot_map()
                 raise RetryableStoreError(
-                    f"{where}: the node failed ({exc!r}); write the batch again "
+                    f"{where}: the node failed ({describe_error(exc)}); write the batch again "
                     "(rewrites are idempotent)"
                 ) from exc
             for answer in answers:
