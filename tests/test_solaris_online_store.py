@@ -60,6 +60,8 @@ from solaris_feast.tiers import Tier
 
 WITH_EMBEDDING = [*RESOLVED, f"{CFG.resolved_view_name}:resolved_embedding"]
 PAIR_FEATURES = [f"{CFG.pair_view_name}:{f}" for f in ("embedding", "model_version")]
+VM_VERSION = "vm-20261205T231417-92e1c80e"
+"""A VM card's version, what solaris train and promote print first."""
 
 
 store = parity_store
@@ -265,6 +267,25 @@ def test_exact_misses_are_queued_for_the_planner_unless_turned_off(store: Featur
     queue.close()
 
 
+def test_a_vm_version_in_a_request_is_refused_naming_the_version_to_send(
+    store: FeatureStore,
+) -> None:
+    """The VM's version (what solaris train and promote print first) matches no stored vector:
+    it once answered ZERO for every pair and queued misses under it, with nothing said."""
+    from solaris_feast.errors import ConfigError
+
+    write_grid(store, CFG.pair_view_name, 1, {"fresh": grid()["fresh"]})
+    queue = MissQueue(store.config.project, backend=backend_for(store, timeout_seconds=5.0))
+    with pytest.raises(ConfigError, match=rf"'{VM_VERSION}' is the VM's.*compressor's"):
+        answer(solaris_store_of(store), RESOLVED, rows(1, [40, 41], version=VM_VERSION))
+    assert queue.pending() == 0
+    queue.close()
+    from solaris_feast.serving.retriever import SolarisRetriever
+
+    with pytest.raises(ConfigError, match=rf"'{VM_VERSION}' is the VM's"):
+        SolarisRetriever(store, VM_VERSION)
+
+
 def test_feast_teardown_removes_the_projects_miss_queue(store: FeatureStore) -> None:
     """Feast's teardown removes the views' rows; the miss queue is the plugin's own and stayed
     (a Redis stream without expiry, with its round markers), so a project applied again under
@@ -372,15 +393,12 @@ def test_feast_serve_answers_the_resolved_view_through_the_solaris_store(
     items = write_grid(stock, CFG.pair_view_name, 1, {"fresh": (60.0, VERSION, np.ones(DIM), True)})
     write_user_aggregate(stock, 1)
     ids = [*items, 9]
-    body = {
-        "features": WITH_EMBEDDING,
-        "entities": {
-            "user_id": [1] * len(ids),
-            "item_id": ids,
-            MODEL_VERSION_REQUEST_FIELD: [VERSION] * len(ids),
-        },
-        "full_feature_names": True,
+    entities: dict[str, list[Any]] = {
+        "user_id": [1] * len(ids),
+        "item_id": ids,
+        MODEL_VERSION_REQUEST_FIELD: [VERSION] * len(ids),
     }
+    body = {"features": WITH_EMBEDDING, "entities": entities, "full_feature_names": True}
 
     with feast_server(tmp_path, free_port()) as url:
         status, served = post(url, body)
@@ -389,8 +407,13 @@ def test_feast_serve_answers_the_resolved_view_through_the_solaris_store(
         )
         # Short names are the client's mistake: a 422 naming the fix, not a 500.
         short_status, short = post(url, {**body, "full_feature_names": False})
+        # So is the VM's version: no vector is stored under it.
+        vm_entities = {**entities, MODEL_VERSION_REQUEST_FIELD: [VM_VERSION] * len(ids)}
+        vm_status, vm_answer = post(url, {**body, "entities": vm_entities})
 
     assert short_status == 422 and "full_feature_names=True" in str(short), short
+    refusal = str(vm_answer)
+    assert vm_status == 422 and VM_VERSION in refusal and "is the VM" in refusal, vm_answer
     assert status == 200, served
     names = served["metadata"]["feature_names"]
     tiers = served["results"][names.index(f"{CFG.resolved_view_name}__resolved_tier")]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -114,6 +115,31 @@ class ModelCard(BaseModel):
         if isinstance(dim, int) and not isinstance(dim, bool) and dim > 0:
             return dim
         return None
+
+
+def check_embedding_version(version: str) -> None:
+    """Refuse the version of an FM or a VM card where an embedding version is asked for.
+
+    Stored vectors carry their chain's compressor version (:func:`register_artifact` names every
+    card ``<kind>-<UTC time>-<8 hex>``); a client that asks with the VM's version, the one
+    ``solaris train`` and ``promote`` print first, matched no stored vector and got ZERO for
+    every pair with nothing said. Versions of other shapes (a deployment's own) pass.
+
+    Raises:
+        ConfigError: naming the version, its kind and where the right one is printed.
+    """
+    kind = version.split("-", 1)[0]
+    if kind in ("fm", "vm") and _CARD_VERSION.fullmatch(version):
+        raise ConfigError(
+            f"model version {version!r} is the {kind.upper()}'s; stored vectors carry the "
+            "chain's embedding version, its compressor's (compressor-...: printed by solaris "
+            "promote as 'clients ask with', by solaris status as 'expected model version', and "
+            "returned by models.cards.serving_embedding_version)"
+        )
+
+
+_CARD_VERSION = re.compile(r"(fm|compressor|vm)-\d{8}T\d{6}-[0-9a-f]{8}")
+"""The shape :func:`register_artifact` gives every card's version."""
 
 
 def card_path(models_dir: Path, version: str) -> Path:

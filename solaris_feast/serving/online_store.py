@@ -45,12 +45,15 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from feast.errors import FeastError
 from feast.infra.online_stores.redis import RedisOnlineStore, RedisOnlineStoreConfig
 from feast.infra.online_stores.sqlite import SqliteOnlineStore, SqliteOnlineStoreConfig
 from feast.repo_config import FeastConfigBaseModel
 from pydantic import Field
 
 from solaris_feast.columns import ITEM_ID, USER_ID
+from solaris_feast.errors import ConfigError
+from solaris_feast.models.cards import check_embedding_version
 from solaris_feast.serving.resolve import clock_skew_of
 from solaris_feast.serving.retriever import RetrieverStats, SolarisRetriever, validate_request
 from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD, SolarisFeastConfig
@@ -67,6 +70,16 @@ if TYPE_CHECKING:
     _StoreBase = RedisOnlineStore
 else:
     _StoreBase = object
+
+
+class ModelVersionRefused(FeastError, ConfigError):
+    """A request's ``solaris_model_version`` no stored vector carries (an FM's or a VM's card
+    version): the client's mistake, so ``feast serve`` answers 422, not a 500 that reads as an
+    outage; a ``ConfigError`` for SDK callers."""
+
+    def http_status_code(self) -> int:
+        return 422
+
 
 DEFAULT_STORE_DEADLINE_MS = 1000.0
 """A Feast client has no deadline of its own; a read slower than this raises instead of waiting
@@ -323,6 +336,10 @@ class ResolvedViewReads(_StoreBase):
             )
         planned = []
         for version, reads in by_version.items():
+            try:
+                check_embedding_version(version)
+            except ConfigError as exc:
+                raise ModelVersionRefused(str(exc)) from None
             retriever = self._retriever(config, request, version)
             try:
                 checked = [

@@ -46,6 +46,7 @@ from solaris_feast.errors import (
     describe_error,
     is_retryable,
 )
+from solaris_feast.models.cards import check_embedding_version
 from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.serving.resolve import (
     REJECTION_REASONS,
@@ -205,6 +206,7 @@ class SolarisRetriever:
 
         if not isinstance(expected_model_version, str) or not expected_model_version:
             raise ValueError("expected_model_version must be a non-empty string")
+        check_embedding_version(expected_model_version)
         if deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {deadline_ms}")
         if views is not None:
