@@ -46,9 +46,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 CRON = schedule_of("precompute", "@hourly")
 # A promoted serving chain (solaris promote, the solaris_promote DAG) starts a round at once.
 SERVING_CHAIN = Asset(name=assets.SERVING_CHAIN_ASSET, uri=assets.SERVING_CHAIN_URI)
-SCHEDULE = assets.cron_or_assets(
-    CRON, [SERVING_CHAIN] if schedules_section().precompute_on_promotion else []
-)
+ON_PROMOTION = schedules_section("precompute_on_promotion").precompute_on_promotion
+SCHEDULE = assets.cron_or_assets(CRON, [SERVING_CHAIN] if ON_PROMOTION else [])
 # execution_timeout and retries of every task (the config's airflow.precompute section).
 TASK_POLICY = precompute_task_policy()
 

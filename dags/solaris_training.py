@@ -31,7 +31,7 @@ from solaris_feast.pipeline.settings import airflow_task_args, training_dag_para
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CRON = schedule_of("training", "@daily")
 # The user's log asset (schedules.training_log_asset): when set, a marked log trains too.
-LOG_ASSET = schedules_section().training_log_asset
+LOG_ASSET = schedules_section("training_log_asset").training_log_asset
 SCHEDULE = cron_or_assets(CRON, [Asset(LOG_ASSET)] if LOG_ASSET else [])
 # execution_timeout and retries of every stage (the config's airflow.training section).
 TASK_POLICY = training_task_policy()

@@ -258,24 +258,32 @@ SectionT = TypeVar("SectionT", bound=BaseModel)
 
 
 def _parse_time_section(
-    name: str, model: type[SectionT], environ: Mapping[str, str] | None = None
+    name: str,
+    model: type[SectionT],
+    environ: Mapping[str, str] | None = None,
+    only: tuple[str, ...] = (),
 ) -> SectionT:
     """The config's section ``name`` when ``$SOLARIS_CONFIG`` is set, else its defaults: what the
-    DAG files read while they are parsed. Only that section is checked there: a bad value in
-    any other fails the ``start`` task that reads the whole file at run time, naming it. Checked
-    whole at parse time, it failed the import of every DAG file, Airflow marked the DAGs stale,
-    and a queued run's ``start`` waited for a DAG that was gone, failing nothing.
+    DAG files read while they are parsed. Only the keys ``only`` of that section (all of it
+    when empty) are checked there, the others keep their defaults: a bad value in any other key
+    fails the ``start`` task that reads the whole file at run time, naming it, or the import of
+    the one DAG that reads it. Checked whole at parse time, a bad key failed the import of every
+    DAG file (a precompute retry count unloaded the training DAG), Airflow marked the DAGs
+    stale, and a queued run's ``start`` waited for a DAG that was gone, failing nothing.
 
     Raises:
-        ConfigError: the file is missing or not YAML, or this section is invalid.
+        ConfigError: the file is missing or not YAML, or a checked key is invalid.
     """
     env = os.environ if environ is None else environ
     path = env.get(CONFIG_ENV, "").strip()
     if not path:
         return model()
     file, raw = _read_yaml(path)
+    section = raw.get(name) or {}
+    if only and isinstance(section, dict):
+        section = {key: section[key] for key in only if key in section}
     try:
-        return model.model_validate(raw.get(name) or {})
+        return model.model_validate(section)
     except ValidationError as exc:
         raise ConfigError(f"config file {file}: {_problems(exc, f'{name}.')}") from exc
 
@@ -464,32 +472,30 @@ def schedule_of(
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
     elif env.get(CONFIG_ENV, "").strip():
-        schedules = _parse_time_section("schedules", SchedulesSection, env)
+        schedules = _parse_time_section("schedules", SchedulesSection, env, only=(kind,))
         chosen = schedules.precompute if kind == "precompute" else schedules.training
     else:
         chosen = default
     return None if chosen.strip().lower() == NO_SCHEDULE else chosen
 
 
-def schedules_section() -> SchedulesSection:
+def schedules_section(*only: str) -> SchedulesSection:
     """The config's ``schedules`` section when ``$SOLARIS_CONFIG`` is set, else the defaults
-    (read while the DAG files are parsed; the cron strings through :func:`schedule_of`)."""
-    return _parse_time_section("schedules", SchedulesSection)
-
-
-def _airflow_section() -> AirflowSection:
-    """The config's ``airflow`` section when ``$SOLARIS_CONFIG`` is set, else the defaults."""
-    return _parse_time_section("airflow", AirflowSection)
+    (read while the DAG files are parsed; the cron strings through :func:`schedule_of`). With
+    key names, only those keys are read and checked: what one DAG file uses."""
+    return _parse_time_section("schedules", SchedulesSection, only=only)
 
 
 def precompute_task_policy() -> PrecomputeTaskPolicy:
-    """Time limits and retries of the precompute DAG's tasks (read while it is parsed)."""
-    return _airflow_section().precompute
+    """Time limits and retries of the precompute DAG's tasks (read while it is parsed; only
+    ``airflow.precompute`` is checked)."""
+    return _parse_time_section("airflow", AirflowSection, only=("precompute",)).precompute
 
 
 def training_task_policy() -> TrainingTaskPolicy:
-    """Time limits and retries of the training DAG's stages (read while it is parsed)."""
-    return _airflow_section().training
+    """Time limits and retries of the training DAG's stages (read while it is parsed; only
+    ``airflow.training`` is checked)."""
+    return _parse_time_section("airflow", AirflowSection, only=("training",)).training
 
 
 def config_reference_rows(

@@ -10,6 +10,7 @@ environment (no other test module does).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -338,6 +339,34 @@ def test_task_time_limits_and_retries_come_from_the_config_file(
         patch.setenv("SOLARIS_CONFIG", env["SOLARIS_CONFIG"])
         with pytest.raises(ConfigError, match=r"precompute\.budget_pairs"):
             run_settings("precompute", {}, None, {})
+
+    # Within the two sections, a bad key fails only the DAG files that read it: a precompute
+    # retry count fails precompute and promote (which takes the precompute policy), a
+    # precompute schedule the precompute DAG alone; training stays parsed (it was unloaded
+    # with them, its queued runs hanging with every task unstarted).
+    raw["precompute"]["budget_pairs"] = 300
+    for key, value, broken in [
+        (("airflow", "precompute", "retries"), -1, {"solaris_precompute.py", "solaris_promote.py"}),
+        (("schedules", "precompute"), "every twenty minutes", {"solaris_precompute.py"}),
+    ]:
+        bad = copy.deepcopy(raw)
+        section = bad.setdefault(key[0], {})
+        for part in key[1:-1]:
+            section = section.setdefault(part, {})
+        section[key[-1]] = value
+        env["SOLARIS_CONFIG"] = str(write_config(tmp_path, bad))
+        proc = subprocess.run(
+            [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        one_bad = _result(proc)
+        assert {Path(name).name for name in one_bad["errors"]} == broken, one_bad["errors"]
+        assert all(".".join(key) in error for error in one_bad["errors"].values())
+        assert "solaris_training" in one_bad["dags"]
 
 
 def test_a_task_past_its_execution_timeout_is_killed_and_retried(
