@@ -150,6 +150,10 @@ class MissQueue:
             ids), ``model_version`` str,
             ``missed_at`` datetime64[ns, UTC]. The drained pairs can be queued again.
         """
+        if max_pairs <= 0:
+            # No round trip: Redis's XRANGE COUNT 0 answers nil, which the drain script could
+            # not iterate (a round with max_drained_misses 0 failed its drain on Redis).
+            return _frame([], with_entry_ids=False)
         return _frame(self.backend.drain_misses(max_pairs), with_entry_ids=False)
 
     def read_group(
