@@ -990,6 +990,58 @@ def test_a_vocabulary_chain_takes_new_users_but_refuses_a_log_of_strangers(
         )
 
 
+def test_a_backfill_or_a_round_for_the_past_leaves_the_miss_queue_to_the_live_rounds(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    """The queue holds pairs served now; a round for an earlier moment computed them from the
+    log as it was then and stored them as fresh, so the live rounds never computed them again
+    (a backfill under a real scheduler took every miss served since)."""
+    from solaris_feast.config import precompute_settings
+    from solaris_feast.pipeline import precompute
+    from solaris_feast.pipeline.commands import _interval
+    from solaris_feast.pipeline.runs import LIVE_ROUND_LAG_SECONDS, takes_live_misses
+    from solaris_feast.serving.miss_queue import MissQueue
+
+    config = own_deployment(tmp_path, feast_project)
+    run_cli("train", "--config", str(config))
+    settings = precompute_settings(load_config(config))
+    queue = MissQueue.for_store(precompute.run_online_facts(settings))
+    queue.record(3, [5, 6, 7], "compressor-x")
+    now = datetime.now(UTC).replace(microsecond=0)
+    hour_ago = now - timedelta(hours=1)
+
+    def drained(interval: dict[str, Any]) -> int:
+        run = precompute.start_precompute(settings.model_dump(mode="json"), interval)
+        return int(precompute.drain_miss_queue(run)["misses"])
+
+    backfill = {
+        **_interval(hour_ago, "bf"),
+        "data_interval_start": hour_ago - timedelta(hours=1),
+        "data_interval_end": hour_ago,
+        "run_id": "backfill__x",
+        "run_type": "backfill",
+    }
+    assert drained(backfill) == 0
+    # A manual trigger (or --at) an hour back: the same.
+    assert drained({**_interval(hour_ago, "past"), "run_type": "manual"}) == 0
+    assert queue.pending() == 3
+    # A scheduled round, however late it starts, is the latest tick (no catchup): it takes them.
+    late = now - timedelta(minutes=40)
+    scheduled = {
+        **backfill,
+        "data_interval_start": late - timedelta(hours=1),
+        "data_interval_end": late,
+        "run_id": "scheduled__x",
+        "run_type": "scheduled",
+    }
+    assert drained(scheduled) == 3
+    # A manual round or a command's --at: live within the lag, not past it.
+    lag = timedelta(seconds=LIVE_ROUND_LAG_SECONDS)
+    assert takes_live_misses(now - lag, "manual", now)
+    assert not takes_live_misses(now - lag - timedelta(seconds=1), None, now)
+    queue.close()
+
+
 def _vm(root: Path) -> str:
     from solaris_feast.models.cards import list_cards
 

@@ -38,7 +38,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,6 +68,7 @@ from solaris_feast.pipeline.runs import (
     shard_ranking_path,
     shard_report_path,
     staging_folder,
+    takes_live_misses,
     write_atomic,
     write_once,
     write_parquet_atomic,
@@ -180,6 +181,7 @@ def start_precompute(
         fm_version=chain.fm.version,
         embedding_version=chain.embedding_version,
         ticks=dict(ticks) if ticks is not None else None,
+        takes_misses=takes_live_misses(now, interval.get("run_type"), datetime.now(UTC)),
         first_round=not earlier_round_published(cfg, run_dir),
     )
     write_once(run_dir / "manifest.json", spec.model_dump_json(indent=2))
@@ -531,10 +533,16 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     online = run_online_facts(spec.settings)
     queue = MissQueue.for_store(online)
     limit = spec.settings.max_drained_misses
+    if not spec.takes_misses:
+        logger.info(
+            "a round for %s (a backfill, or well before its start) leaves the miss queue to "
+            "the live rounds: its vectors would be as old as its log window",
+            spec.now.isoformat(),
+        )
     # max_drained_misses 0 takes none: drain(0) is the queue's empty frame.
     misses = (
         queue.read_group(MISS_QUEUE_GROUP, spec.interval_key, max_pairs=limit)
-        if limit > 0
+        if limit > 0 and spec.takes_misses
         else queue.drain(0)
     )
     if not write_parquet_once(misses, path):

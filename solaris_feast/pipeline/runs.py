@@ -130,6 +130,30 @@ INTERVAL_RUN_TYPES = frozenset({"scheduled", "backfill"})
 inferred from when it was triggered (Airflow 3's ``trigger_dag``), not from its logical date."""
 
 
+LIVE_ROUND_LAG_SECONDS = 900
+"""How far behind the clock a manual round (or a command's ``--at``) may work and still answer
+the miss queue. The queue holds pairs served *now*; a round for an earlier moment computes them
+from the log as it was then, and their vectors, stored as fresh for a pair TTL, kept the live
+rounds from computing them again (measured under a real scheduler: a backfill of 22:20 run at
+23:43 took the 37 misses served at 23:43 and stored 22:20 vectors for them, fresh until 04:20).
+15 minutes covers a trigger's own delay and a command run for "now" by hand."""
+
+
+def takes_live_misses(now: datetime, run_type: str | None, started: datetime) -> bool:
+    """Whether a round working for ``now``, started at ``started``, takes the miss queue.
+
+    A backfill never does; a scheduled round (the DAG runs without catchup, so it is the latest
+    tick, however late it starts) and an asset-triggered one always do; any other round does
+    when ``now`` is at most :data:`LIVE_ROUND_LAG_SECONDS` before ``started``. A round that
+    does not take them plans from its candidates alone and leaves the queue to the live rounds.
+    """
+    if run_type == "backfill":
+        return False
+    if run_type in ("scheduled", "asset_triggered"):
+        return True
+    return (started - now).total_seconds() <= LIVE_ROUND_LAG_SECONDS
+
+
 def _run_type(dag_run: Any) -> str | None:
     run_type = getattr(dag_run, "run_type", None)
     return None if run_type is None else str(getattr(run_type, "value", run_type))

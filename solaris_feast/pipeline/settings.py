@@ -231,6 +231,9 @@ class PrecomputeRun(BaseModel):
     ticks: dict[str, Any] | None = None
     """A scheduled round's place on its cron (skipped ticks, late start), from
     :func:`solaris_feast.pipeline.runs.round_ticks`; None for a manual or asset-triggered one."""
+    takes_misses: bool = True
+    """The round answers the miss queue (:func:`solaris_feast.pipeline.runs.takes_live_misses`:
+    False for a backfill or a round for a moment well before its start)."""
     first_round: bool = False
     """No earlier round of these settings' runs folder had published its coverage when this one
     started (:func:`solaris_feast.pipeline.runs.earlier_round_published`): the offline logs
