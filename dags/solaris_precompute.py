@@ -51,10 +51,11 @@ SCHEDULE = assets.cron_or_assets(CRON, [SERVING_CHAIN] if ON_PROMOTION else [])
 # execution_timeout and retries of every task (the config's airflow.precompute section).
 TASK_POLICY = precompute_task_policy()
 
-# One asset per feature view this DAG writes; the names are the views' names.
-PAIR_EMBEDDINGS = Asset(name="solaris_pair", uri="feast://solaris/solaris_pair")
-USER_AGGREGATES = Asset(name="solaris_user", uri="feast://solaris/solaris_user")
-SIMILAR_EMBEDDINGS = Asset(name="solaris_similar", uri="feast://solaris/solaris_similar")
+# One asset per feature view this DAG writes, under the view's role name (the default view
+# name, whatever the repo calls it); each event's extra names the project and view written.
+PAIR_EMBEDDINGS = Asset(*assets.view_asset("EXACT"))
+USER_AGGREGATES = Asset(*assets.view_asset("USER_AGG"))
+SIMILAR_EMBEDDINGS = Asset(*assets.view_asset("SIMILAR"))
 # Once per round, after coverage.json: what consumers of the cache schedule on.
 PUBLISHED = Asset(name=assets.PUBLISHED_ASSET, uri=assets.PUBLISHED_URI)
 
@@ -135,7 +136,7 @@ def solaris_precompute() -> None:
         from solaris_feast.pipeline import precompute
 
         report = precompute.precompute_shard(run, shard_index)
-        _outlet_extra(PAIR_EMBEDDINGS, {"model_version": run["embedding_version"], **report})
+        _outlet_extra(PAIR_EMBEDDINGS, {**precompute.view_extra(run, "EXACT"), **report})
         return report
 
     @task(outlets=[USER_AGGREGATES])
@@ -144,7 +145,7 @@ def solaris_precompute() -> None:
         from solaris_feast.pipeline import precompute
 
         report = precompute.aggregate_users(run)
-        _outlet_extra(USER_AGGREGATES, {"model_version": run["embedding_version"], **report})
+        _outlet_extra(USER_AGGREGATES, {**precompute.view_extra(run, "USER_AGG"), **report})
         return report
 
     @task(outlets=[SIMILAR_EMBEDDINGS])
@@ -153,20 +154,20 @@ def solaris_precompute() -> None:
         from solaris_feast.pipeline import precompute
 
         report = precompute.fill_similar(run)
-        _outlet_extra(SIMILAR_EMBEDDINGS, {"model_version": run["embedding_version"], **report})
+        _outlet_extra(SIMILAR_EMBEDDINGS, {**precompute.view_extra(run, "SIMILAR"), **report})
         return report
 
     @task(outlets=[PUBLISHED])
     @fail_fast_on_final_errors
     def publish_coverage(run: dict[str, Any], filled: dict[str, Any]) -> dict[str, Any]:
-        from solaris_feast.pipeline import coverage
+        from solaris_feast.pipeline import coverage, precompute
 
         report = coverage.publish_coverage(run)
         _outlet_extra(
             PUBLISHED,
             {
+                **precompute.view_extra(run, "RESOLVED"),
                 "interval": run["interval_key"],
-                "model_version": run["embedding_version"],
                 "vm_version": run["vm_version"],
                 "coverage": report["coverage"],
             },

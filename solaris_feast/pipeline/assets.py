@@ -6,6 +6,9 @@ files):
 - ``solaris_serving_chain``: a serving chain was promoted (``solaris promote`` or the
   ``solaris_promote`` DAG); the precompute DAG runs on its schedule *or* on this asset, so a new
   chain is served within a round instead of at the next tick.
+- ``solaris_pair``, ``solaris_user``, ``solaris_similar`` (:func:`view_asset`): a view was
+  written; role names, the extra names the project and view (``feast_project``,
+  ``feature_view``).
 - ``solaris_published``: a precompute round is complete (writes, aggregates, similarity fill and
   ``coverage.json``), marked once per round by its last task; what a downstream consumer of the
   cache schedules on. (The per-view assets ``solaris_pair`` ... say a view was written; the pair
@@ -34,6 +37,24 @@ SERVING_CHAIN_ASSET = "solaris_serving_chain"
 SERVING_CHAIN_URI = "solaris://models/serving_chain"
 PUBLISHED_ASSET = "solaris_published"
 PUBLISHED_URI = "feast://solaris/published"
+
+
+def view_asset(tier: str) -> tuple[str, str]:
+    """``(name, uri)`` of the asset the precompute DAG marks when it writes the view of ``tier``
+    (``EXACT``, ``SIMILAR``, ``USER_AGG``). Role names, the default view names, the same in
+    every deployment (the DAG file is parsed before any registry is read); each event's extra
+    names the Feast project and the view really written (:func:`written_view`)."""
+    from solaris_feast.pipeline.settings import DEFAULT_VIEW_NAMES
+
+    name = DEFAULT_VIEW_NAMES[tier]
+    return name, f"feast://solaris/{name}"
+
+
+def written_view(project: str, view: str) -> dict[str, str]:
+    """What an asset event's extra says of the view written: a consumer of a deployment with
+    its own project or view names tells them apart by these, not by the asset's role name."""
+    return {"feast_project": project, "feature_view": view}
+
 
 AIRFLOW_ENVIRONMENT = ("AIRFLOW_HOME", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
 """Variables that say this process belongs to an Airflow deployment (and which database)."""

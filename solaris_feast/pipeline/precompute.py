@@ -464,6 +464,20 @@ def run_snapshot(spec: PrecomputeRun) -> RegistrySnapshot:
     return snapshot
 
 
+def view_extra(run: Mapping[str, Any], tier: str) -> dict[str, str]:
+    """The extra of the asset event marked when the round wrote the view of ``tier`` (or
+    ``RESOLVED``, for the round's publication): the Feast project and the view's name as the
+    round's registry has them, and the embedding version written."""
+    from solaris_feast.pipeline.assets import written_view
+
+    spec = PrecomputeRun.model_validate(dict(run))
+    snapshot = run_snapshot(spec)
+    return {
+        **written_view(snapshot.project, snapshot.name_of(tier)),
+        "model_version": spec.embedding_version,
+    }
+
+
 def snapshot_rows(
     snapshot: RegistrySnapshot,
     view: str,
