@@ -169,6 +169,7 @@ class ChainMismatchError(ConfigError):
             f"the serving chain of VM {vm_version} does not fit the log it reads or the views "
             "it writes: "
             + "; ".join(self.mismatches)
-            + ". Fix each as it says, or train on this log (solaris train --config) and promote "
-            "the new VM (solaris promote --config PATH --vm VERSION)"
+            + ". Fix each as it says, or train on this log and promote the new VM: the "
+            "solaris_training DAG with the params this round used, or with a config solaris "
+            "train --config PATH, then solaris promote --config PATH --vm VERSION"
         )
