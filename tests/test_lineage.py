@@ -637,6 +637,29 @@ def test_producing_dag_is_found_by_the_asset_when_the_tag_names_no_dag(tmp_path:
     assert ("asset_solaris_user", "table_solaris_user_source") in edges
 
 
+def test_a_repos_own_view_names_are_linked_to_the_role_assets_the_dag_marks(
+    tmp_path: Path,
+) -> None:
+    """The precompute DAG marks solaris_pair ... whatever the repo calls its views; a repo of its
+    own names (shop_pair) left the asset nodes unconnected to any view."""
+    cards = write_cards(tmp_path / "models")
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "solaris_precompute.py").write_text(ONE_DAG_WRITES_ALL)
+    own = {
+        "pair_view_name": "shop_pair",
+        "user_view_name": "shop_user",
+        "similar_view_name": "shop_similar",
+        "resolved_view_name": "shop_resolved",
+        "user_producing_dag": "solaris_precompute",
+        "similar_producing_dag": "solaris_precompute",
+    }
+    report = build_lineage(make_repo(tmp_path, cards.config(**own)), cards.models, dags, now=NOW)
+    edges = {(e.source, e.target, e.label) for e in report.edges}
+    for role, view in [("pair", "shop_pair"), ("user", "shop_user"), ("similar", "shop_similar")]:
+        assert (f"asset_solaris_{role}", f"view_{view}", "online write") in edges
+
+
 def test_coverage_comes_from_the_newest_precompute_run(tmp_path: Path) -> None:
     s = setup(tmp_path)
     assert s.review().coverage_source is None
