@@ -125,12 +125,13 @@ def evaluate_transfer_command(
         int, typer.Option("--seeds", min=1, help="Seeds to train and average over.")
     ] = 1,
     base_seed: Annotated[
-        int, typer.Option("--base-seed", help="First seed; seeds run base..base+N-1.")
+        int, typer.Option("--base-seed", min=0, help="First seed; seeds run base..base+N-1.")
     ] = 0,
     data_seed: Annotated[
         int,
         typer.Option(
             "--data-seed",
+            min=0,
             help="Synthetic only: the seed the world itself is drawn with (--seeds vary the "
             "models and the bootstrap on one world).",
         ),

@@ -224,3 +224,12 @@ def test_train_refuses_models_beside_a_config_instead_of_ignoring_it(tmp_path: P
         app, ["train", "--config", str(tmp_path / "solaris.yaml"), "--models", str(tmp_path)]
     )
     assert result.exit_code == 2 and "models.dir" in result.output
+
+
+@pytest.mark.parametrize("option", ["--base-seed", "--data-seed"])
+def test_a_negative_seed_is_refused_naming_the_option(option: str) -> None:
+    """numpy's SeedSequence refused it with a traceback from inside the run."""
+    from solaris_feast.cli import app
+
+    result = CliRunner().invoke(app, ["evaluate", "transfer", "--size", "tiny", option, "-1"])
+    assert result.exit_code == 2 and f"'{option}'" in result.output, result.output

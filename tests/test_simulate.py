@@ -318,6 +318,12 @@ def test_command_refuses_bad_budgets_and_planners() -> None:
     assert result.exit_code == 2 and "budgets must lie in (0, 1]" in result.output
     result = runner.invoke(app, ["--planner", "verifier,psychic"])
     assert result.exit_code == 2 and "psychic" in result.output
+    # The option is named (it read "Invalid value: ..."), and a negative seed is refused as
+    # one line instead of numpy's traceback from deep in the run.
+    assert "Invalid value for --planner" in result.output
+    assert "Invalid value for --budget" in runner.invoke(app, ["--budget", "0.1,2"]).output
+    result = runner.invoke(app, ["--seed", "-1"])
+    assert result.exit_code == 2 and "'--seed'" in result.output
 
 
 def test_replay_shorter_than_the_warmup_is_refused(

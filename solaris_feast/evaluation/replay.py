@@ -872,11 +872,13 @@ def parse_floats(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError as exc:
-        raise typer.BadParameter(f"expected comma-separated numbers, got {text!r}") from exc
+        raise typer.BadParameter(
+            f"expected comma-separated numbers, got {text!r}", param_hint="--budget"
+        ) from exc
     if not values or any(not 0 < v <= 1 for v in values):
-        raise typer.BadParameter(f"budgets must lie in (0, 1], got {text!r}")
+        raise typer.BadParameter(f"budgets must lie in (0, 1], got {text!r}", param_hint="--budget")
     if len(set(values)) != len(values):
-        raise typer.BadParameter(f"budgets must not repeat, got {text!r}")
+        raise typer.BadParameter(f"budgets must not repeat, got {text!r}", param_hint="--budget")
     return values
 
 
@@ -885,7 +887,8 @@ def _parse_planners(text: str) -> tuple[PlannerName, ...]:
     unknown = [n for n in names if n not in ALL_PLANNERS]
     if unknown or not names:
         raise typer.BadParameter(
-            f"unknown planners {unknown}; choose from {', '.join(ALL_PLANNERS)}"
+            f"unknown planners {unknown}; choose from {', '.join(ALL_PLANNERS)}",
+            param_hint="--planner",
         )
     return names  # type: ignore[return-value]
 
@@ -940,6 +943,7 @@ def simulate_command(
         int,
         typer.Option(
             "--seed",
+            min=0,
             help="log: the seed of the data and the models; funnel: the first of --seeds seeds.",
         ),
     ] = 0,
