@@ -89,6 +89,9 @@ def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     assert "TR served" in result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "transfer ratio" in result.output
+    # One seed has no spread: null and "n/a", not a spread of 0.000.
+    assert record["transfer_ratio_std"] == {"kd": None, "solaris": None}
+    assert "sd 0.000" not in result.output
 
 
 def test_cli_world_fm_history_and_fm_rows_reach_the_protocol(

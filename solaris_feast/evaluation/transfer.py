@@ -359,4 +359,5 @@ def _finite(value: float) -> float | None:
 
 
 def _std(values: list[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
+    # One value has no spread: NaN (null in the JSON, "n/a" in the table), not a spread of 0.
+    return statistics.stdev(values) if len(values) > 1 else math.nan

@@ -25,7 +25,8 @@ def format_transfer_table(record: dict[str, object]) -> str:
         def show(key: str) -> str:
             if tr[key] is None:
                 return "n/a (the FM did not beat the VM)"
-            return f"{tr[key]:.3f} (sd {spread[key]:.3f})"
+            sd = spread[key]
+            return f"{tr[key]:.3f} (sd {'n/a, one seed' if sd is None else f'{sd:.3f}'})"
 
         lines.append(f"transfer ratio: KD {show('kd')}, SOLARIS {show('solaris')}")
     sweep = record["coverage_sweep"]
@@ -107,6 +108,12 @@ def plot_transfer_sweep(record: dict[str, object], path: Path) -> None:
     if not (isinstance(ne, dict) and isinstance(tasks, list) and isinstance(sweep, list)):
         raise TypeError("not a transfer report")
     main_task = tasks[0]
+    # The sweep is the first evaluation's (z at the row's second): said on the plot itself, as
+    # the table says it, so a figure passed on alone is not read as the served protocol's.
     plot_ne_against_coverage(
-        sweep, path, references={"VM alone": ne["vm"][main_task], "FM": ne["fm"][main_task]}
+        sweep,
+        path,
+        references={"VM alone": ne["vm"][main_task], "FM": ne["fm"][main_task]},
+        title="Upper bound: VM NE against coverage, z at the row's second\n"
+        "(no VM history, partial-span FM; not the served protocol)",
     )
