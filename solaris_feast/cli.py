@@ -198,6 +198,7 @@ def evaluate_transfer_command(
     protocol (z served from hourly rounds, full-span FM, splits x seeds, intervals)."""
     from typing import cast, get_args
 
+    from solaris_feast.console import PLOT_SUFFIXES, check_output_path
     from solaris_feast.data.datasets import load_configured_log, load_dataset
     from solaris_feast.data.synthetic import WORLD_STRUCTURES
     from solaris_feast.evaluation.transfer import TransferConfig, evaluate_transfer
@@ -214,6 +215,8 @@ def evaluate_transfer_command(
     from solaris_feast.progress import stage_bars
     from solaris_feast.tiers import FmRowsTier
 
+    check_output_path(json_path, "--json")
+    check_output_path(plot, "--plot", PLOT_SUFFIXES)
     if world not in WORLD_STRUCTURES:
         raise typer.BadParameter(f"choose one of {list(WORLD_STRUCTURES)}", param_hint="--world")
     if world != "neither" and dataset != "synthetic":

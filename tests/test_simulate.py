@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -324,6 +325,25 @@ def test_command_refuses_bad_budgets_and_planners() -> None:
     assert "Invalid value for --budget" in runner.invoke(app, ["--budget", "0.1,2"]).output
     result = runner.invoke(app, ["--seed", "-1"])
     assert result.exit_code == 2 and "'--seed'" in result.output
+
+
+def test_output_paths_it_could_not_write_are_refused_before_any_work(tmp_path: Path) -> None:
+    """A folder, a file as parent or a plot type matplotlib cannot write came out as a
+    traceback after the whole run (41 s on the smallest replay)."""
+    from solaris_feast.cli import app
+
+    (tmp_path / "afile").write_text("")
+    for command in (["simulate"], ["simulate", "--world", "funnel"], ["evaluate", "transfer"]):
+        for option, path, says in [
+            ("--json", tmp_path, "is a folder"),
+            ("--json", tmp_path / "afile" / "x.json", "is a file, not a folder"),
+            ("--plot", tmp_path / "x.foo", "write it as one of .jpeg, .jpg, .pdf, .png, .svg"),
+        ]:
+            result = CliRunner().invoke(app, [*command, option, str(path)])
+            assert result.exit_code == 2, (command, option, result.output)
+            # The error box wraps long lines: read it as one line of words.
+            text = " ".join(re.sub("[│╭╮╰╯─]", " ", result.output).split())
+            assert option in text and says in text, text
 
 
 def test_replay_shorter_than_the_warmup_is_refused(

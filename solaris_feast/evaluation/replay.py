@@ -998,6 +998,10 @@ def simulate_command(
         raise typer.BadParameter(
             f"--fm-rows must be one of {get_args(FmRowsTier)}, got {fm_rows!r}"
         )
+    from solaris_feast.console import PLOT_SUFFIXES, check_output_path
+
+    check_output_path(json_path, "--json")
+    check_output_path(plot, "--plot", PLOT_SUFFIXES)
     quiet_per_round_logs()
     _note_options_of_the_other_world(world)
     if world == "funnel":
@@ -1050,8 +1054,8 @@ def simulate_command(
                 simulate(config.model_copy(update={"seed": this_seed}), progress=bars, dataset=own)
             )
     records = runs[0] if len(runs) == 1 else combine_seeds(runs, seed_list)
+    typer.echo(format_summary(records))  # before the files: a failed write keeps the table
     write_report(records, json_path, plot)
-    typer.echo(format_summary(records))
     for record in records:
         if "feast_check" in record:
             typer.echo(f"feast check: {json.dumps(record['feast_check'])}")
