@@ -181,3 +181,17 @@ def test_ne_matches_a_per_row_reference_for_numpy_and_torch_inputs() -> None:
     assert normalized_entropy(p[:, 0], y[:, 0]) == [normalized_entropy(p, y)[0]]
     with pytest.raises(ValueError, match="shape"):
         normalized_entropy(p[:, 0], y)
+
+
+def test_a_ratio_over_too_few_seeds_has_no_bootstrap_interval() -> None:
+    """One seed's percentile "interval" was the point itself, two seeds' came from 3 distinct
+    resamples (the funnel's online transfer ratio)."""
+    from solaris_feast.evaluation.metrics import MIN_BOOTSTRAP_UNITS, bootstrap_ratio_of_means
+
+    gains = [40.0, 75.0, 20.0, 90.0, 55.0, 60.0]
+    ceilings = [100.0, 110.0, 95.0, 120.0, 105.0, 100.0]
+    for k in range(1, MIN_BOOTSTRAP_UNITS):
+        ratio, interval = bootstrap_ratio_of_means(gains[:k], ceilings[:k])
+        assert ratio == pytest.approx(sum(gains[:k]) / sum(ceilings[:k])) and interval is None
+    ratio, interval = bootstrap_ratio_of_means(gains, ceilings)
+    assert interval is not None and interval[0] < ratio < interval[1]

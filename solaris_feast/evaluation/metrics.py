@@ -154,15 +154,24 @@ def ratio_of_means_interval(
     )
 
 
+MIN_BOOTSTRAP_UNITS = 5
+"""Fewest units (seeds) a percentile bootstrap over units reports an interval for: with K units
+there are C(2K-1, K) distinct resamples (3 at K = 2, 35 at K = 4, 126 at K = 5)."""
+
+
 def bootstrap_ratio_of_means(
     numerators: Any, denominators: Any, replicates: int = 2000, seed: int = 0
 ) -> tuple[float, tuple[float, float] | None]:
     """``sum(num) / sum(den)`` over K units (seeds) and its percentile interval from
     ``replicates`` resamplings of the units (:func:`ratio_of_means_interval`); NaN and None
-    when the denominators do not sum to a positive gain."""
+    when the denominators do not sum to a positive gain. Fewer than
+    :data:`MIN_BOOTSTRAP_UNITS` units give the ratio and no interval: one seed's "interval" was
+    the point itself, two seeds' came from 3 distinct resamples."""
     num, den = _as_float64(numerators).ravel(), _as_float64(denominators).ravel()
     if len(num) == 0 or den.sum() <= 0:
         return math.nan, None
+    if len(num) < MIN_BOOTSTRAP_UNITS:
+        return float(num.sum() / den.sum()), None
     picks = np.random.default_rng(seed).integers(0, len(num), (replicates, len(num)))
     return float(num.sum() / den.sum()), ratio_of_means_interval(num[picks], den[picks])
 
