@@ -275,6 +275,20 @@ def evaluate_transfer_command(
     if not recorded:
         record["data_seed"] = data_seed
         record["data_seeds"] = list(drawn)
+    # What produced the file: the README's rows differ by exactly these.
+    record["settings"] = {
+        "dataset": dataset,
+        "size": size,
+        "world": world,
+        "seeds": seeds,
+        "base_seed": base_seed,
+        "data_seed": data_seed,
+        "data_seeds": data_seeds,
+        "fm_history": fm_history,
+        "fm_rows": fm_rows,
+        "fm_inputs": fm_inputs,
+        "config": str(config_file) if config_file is not None else None,
+    }
     typer.echo(format_transfer_table(record))
     if json_path is not None:
         json_path.parent.mkdir(parents=True, exist_ok=True)

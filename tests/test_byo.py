@@ -869,6 +869,9 @@ def test_the_replay_reads_a_users_own_log_through_its_config(
         assert r["seeds"] == [3, 4] and len(r["exact_hit_rate_per_seed"]) == 2
         assert r["exact_hit_rate"] == pytest.approx(np.mean(r["exact_hit_rate_per_seed"]), abs=1e-5)
         assert r["exact_hit_rate_over_random"] is not None
+        # What produced the file is in it.
+        assert r["settings"]["seeds"] == [3, 4] and r["settings"]["steps"] == 2
+        assert r["settings"]["config"] == str(config)
     assert "over 2 seeds (3, 4)" in out and str(out_json) in out
 
 

@@ -82,6 +82,8 @@ def test_cli_writes_json_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     record = json.loads(out.read_text())
     assert {"transfer_ratio", "ne", "coverage_sweep", "protocol"} <= set(record)
     assert record["seeds"] == [3]
+    settings = record["settings"]
+    assert (settings["size"], settings["base_seed"], settings["world"]) == ("tiny", 3, "neither")
     assert record["protocol_details"]["seeds"] == [3]
     assert {"tr_served", "tr_served_ci95", "tr_kd_served", "tr_by_staleness"} <= set(
         record["protocol"]

@@ -934,7 +934,10 @@ def simulate_command(
     planner: Annotated[
         str,
         typer.Option(
-            "--planner", help="Planners: verifier,random,popular,oracle (also vm_only, retrieval)."
+            "--planner",
+            help="Comma-separated planners. log: verifier, random, popular, oracle, vm_only, "
+            "retrieval; funnel: verifier, random, popular, retrieval, early_stage, "
+            "request_model, oracle.",
         ),
     ] = "verifier,random,popular,oracle",
     steps: Annotated[int, typer.Option("--steps", min=1, help="Scored replay steps.")] = 24,
@@ -1055,6 +1058,17 @@ def simulate_command(
             )
     records = runs[0] if len(runs) == 1 else combine_seeds(runs, seed_list)
     typer.echo(format_summary(records))  # before the files: a failed write keeps the table
+    for record in records:
+        # What produced the file: a one-seed run's records name their seed too.
+        record["settings"] = {
+            "dataset": dataset,
+            "size": size,
+            "seeds": seed_list,
+            "steps": steps,
+            "warmup": warmup,
+            "budget_basis": budget_basis,
+            "config": str(config_file) if config_file else None,
+        }
     write_report(records, json_path, plot)
     for record in records:
         if "feast_check" in record:
