@@ -1029,26 +1029,22 @@ def test_a_backfill_or_a_round_for_the_past_leaves_the_miss_queue_to_the_live_ro
         run = precompute.start_precompute(settings.model_dump(mode="json"), interval)
         return int(precompute.drain_miss_queue(run)["misses"])
 
-    backfill = {
-        **_interval(hour_ago, "bf"),
-        "data_interval_start": hour_ago - timedelta(hours=1),
-        "data_interval_end": hour_ago,
-        "run_id": "backfill__x",
-        "run_type": "backfill",
-    }
-    assert drained(backfill) == 0
+    def airflow_run(run_type: str, end: datetime) -> dict[str, Any]:
+        """The interval Airflow gives a ``run_type`` run of the hour ending at ``end``."""
+        return {
+            **_interval(end, run_type),
+            "data_interval_start": end - timedelta(hours=1),
+            "data_interval_end": end,
+            "run_id": f"{run_type}__{end:%H%M}",
+            "run_type": run_type,
+        }
+
+    assert drained(airflow_run("backfill", hour_ago)) == 0
     # A manual trigger (or --at) an hour back: the same.
     assert drained({**_interval(hour_ago, "past"), "run_type": "manual"}) == 0
     assert queue.pending() == 3
     # A scheduled round, however late it starts, is the latest tick (no catchup): it takes them.
-    late = now - timedelta(minutes=40)
-    scheduled = {
-        **backfill,
-        "data_interval_start": late - timedelta(hours=1),
-        "data_interval_end": late,
-        "run_id": "scheduled__x",
-        "run_type": "scheduled",
-    }
+    scheduled = airflow_run("scheduled", now - timedelta(minutes=40))
     assert drained(scheduled) == 3
     # A manual round or a command's --at: live within the lag, not past it.
     lag = timedelta(seconds=LIVE_ROUND_LAG_SECONDS)

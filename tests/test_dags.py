@@ -78,6 +78,20 @@ print("RESULT " + json.dumps({
 """
 
 
+def _parse_dag_folder(env: dict[str, str]) -> dict[str, Any]:
+    """The DAG folder parsed by Airflow's DagBag in a fresh process with ``env``: import
+    errors, the DAGs' shape and which heavy modules the parse imported (:data:`PARSE_SCRIPT`)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return _result(proc)
+
+
 def _result(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -167,15 +181,7 @@ def run_dag(
 
 
 def test_dag_files_parse_without_heavy_imports(airflow_env: dict[str, str]) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
-        env=airflow_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    result = _result(proc)
+    result = _parse_dag_folder(airflow_env)
     print(
         f"DagBag: airflow import {result['airflow_import_s']:.2f} s, "
         f"parse of dags/ {result['parse_s']:.3f} s"
@@ -230,15 +236,7 @@ def test_dag_param_defaults_equal_the_settings_defaults(airflow_env: dict[str, s
     )
 
     env = {k: v for k, v in airflow_env.items() if k not in ENVIRONMENT_DEFAULTS.values()}
-    proc = subprocess.run(
-        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    dags = _result(proc)["dags"]
+    dags = _parse_dag_folder(env)["dags"]
     paths = {
         "feature_repo": str(REPO_ROOT / "feature_repo"),
         "models_dir": str(REPO_ROOT / "models"),
@@ -284,15 +282,7 @@ def test_task_time_limits_and_retries_come_from_the_config_file(
         },
     )
     env = {**airflow_env, "SOLARIS_CONFIG": str(write_config(tmp_path, raw))}
-    proc = subprocess.run(
-        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    result = _result(proc)
+    result = _parse_dag_folder(env)
     assert result["errors"] == {}
     precompute = result["dags"]["solaris_precompute"]
     assert precompute["timeouts"].pop("precompute_shard") == 600
@@ -321,15 +311,7 @@ def test_task_time_limits_and_retries_come_from_the_config_file(
     del raw["airflow"]["precompute"]["task_timeout"]
     raw["precompute"]["budget_pairs"] = -5
     env["SOLARIS_CONFIG"] = str(write_config(tmp_path, raw))
-    proc = subprocess.run(
-        [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    bad_elsewhere = _result(proc)
+    bad_elsewhere = _parse_dag_folder(env)
     assert bad_elsewhere["errors"] == {}
     assert set(bad_elsewhere["dags"]) == set(result["dags"])
     assert bad_elsewhere["dags"]["solaris_precompute"]["timeouts"]["rank_shard"] == 600
@@ -355,15 +337,7 @@ def test_task_time_limits_and_retries_come_from_the_config_file(
             section = section.setdefault(part, {})
         section[key[-1]] = value
         env["SOLARIS_CONFIG"] = str(write_config(tmp_path, bad))
-        proc = subprocess.run(
-            [sys.executable, "-c", PARSE_SCRIPT, str(DAGS_FOLDER), ",".join(HEAVY_MODULES)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        one_bad = _result(proc)
+        one_bad = _parse_dag_folder(env)
         assert {Path(name).name for name in one_bad["errors"]} == broken, one_bad["errors"]
         assert all(".".join(key) in error for error in one_bad["errors"].values())
         assert "solaris_training" in one_bad["dags"]

@@ -11,6 +11,7 @@ import re
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -38,9 +39,24 @@ from solaris_feast.store.layout import DEFAULT_ATOMIC_ROWS, DEFAULT_TRANSACTIONS
 from solaris_feast.store.write import EmbeddingWriter
 from solaris_feast.tiers import Tier
 
+if TYPE_CHECKING:
+    from feast import FeatureStore
+
 DEADLINE_MS = 50.0
 # Wall-clock slack over the deadline for a loaded 2-core machine (thread scheduling, GC).
 SLACK_MS = 250.0
+
+
+def _store_with_pairs(
+    project: str, tmp_path: Path, redis_url: str, items: np.ndarray, vectors: np.ndarray
+) -> FeatureStore:
+    """A store on ``redis_url`` with the views applied and user 7's pairs ``items`` written."""
+    store = open_store(project, tmp_path / "repo", online="redis", redis_url=redis_url)
+    store.apply(solaris_definitions().all())
+    writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+    writer.write(pair_frame(7, items, vectors))
+    writer.close()
+    return store
 
 
 def test_redis_killed_while_serving_answers_zero_within_deadline_and_recovers(
@@ -50,11 +66,7 @@ def test_redis_killed_while_serving_answers_zero_within_deadline_and_recovers(
     vectors = rng.standard_normal((40, DIM)).astype(np.float32)
     items = np.arange(40, dtype=np.int64)
     with owned_redis(THROWAWAY_PORT, tmp_path / "redis", durable=True) as server:
-        store = open_store(feast_project, tmp_path / "repo", online="redis", redis_url=server.url)
-        store.apply(solaris_definitions().all())
-        writer = EmbeddingWriter(store, "solaris_pair", offline=False)
-        writer.write(pair_frame(7, items, vectors))
-        writer.close()
+        store = _store_with_pairs(feast_project, tmp_path, server.url, items, vectors)
         retriever = SolarisRetriever(store, VERSION, deadline_ms=DEADLINE_MS, record_misses=True)
         healthy = retriever.fetch(7, items)
         assert not healthy.error and (healthy.tiers == Tier.EXACT).all()
@@ -132,11 +144,7 @@ def test_reads_after_a_redis_restart_reconnect_without_failing_a_request(
     items = np.arange(8, dtype=np.int64)
     vectors = np.ones((8, DIM), dtype=np.float32)
     with owned_redis(THROWAWAY_PORT, tmp_path / "redis", durable=True) as server:
-        store = open_store(feast_project, tmp_path / "repo", online="redis", redis_url=server.url)
-        store.apply(solaris_definitions().all())
-        writer = EmbeddingWriter(store, "solaris_pair", offline=False)
-        writer.write(pair_frame(7, items, vectors))
-        writer.close()
+        store = _store_with_pairs(feast_project, tmp_path, server.url, items, vectors)
         retriever = SolarisRetriever(store, VERSION, deadline_ms=1000, strict=True)
         assert (retriever.fetch(7, items).tiers == Tier.EXACT).all()
 
