@@ -202,6 +202,15 @@ def test_cluster_serves_and_writes_exactly_like_a_single_redis(
     newer = pair_frame(1, [20], np.ones((1, DIM)), computed_at=computed_at + pd.Timedelta("1s"))
     assert EmbeddingWriter(cluster, "solaris_pair", offline=False).write(newer).online_applied == 1
     assert (on_cluster.fetch(1, [20]).embeddings == 1).all()
+
+    # Feast's teardown clears the project's queue on a cluster too: stream, round and markers,
+    # all under the project's hash tag, are gone from every node.
+    on_cluster.fetch(4, [900, 901])  # two more misses: a stream entry and a marker each
+    queue_keys = f"*{{{feast_project}}}*"
+    assert any(redis.Redis(port=port).keys(queue_keys) for port in CLUSTER_PORTS)
+    assert on_cluster.miss_queue.backend.clear_miss_queue() >= 3
+    assert not any(redis.Redis(port=port).keys(queue_keys) for port in CLUSTER_PORTS)
+    assert on_cluster.miss_queue.pending() == 0
     on_single.close()
     on_cluster.close()
     nodes_client.close()
