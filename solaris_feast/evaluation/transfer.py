@@ -340,7 +340,11 @@ def _evaluate_seed(
         vm_flops_per_pair=vm_flops,
         seconds=time.perf_counter() - started,
     )
-    logger.info("seed %s: NE %s", seed, ne)
+    logger.info(
+        "seed %s: NE (main task) %s",
+        seed,
+        ", ".join(f"{who} {values[0]:.4f}" for who, values in ne.items()),
+    )
     return result
 
 
