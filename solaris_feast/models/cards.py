@@ -128,8 +128,9 @@ def check_embedding_version(version: str) -> None:
     Raises:
         ConfigError: naming the version, its kind and where the right one is printed.
     """
-    kind = version.split("-", 1)[0]
-    if kind in ("fm", "vm") and _CARD_VERSION.fullmatch(version):
+    shape = _CARD_VERSION.fullmatch(version)
+    kind = shape.group(1) if shape is not None else "compressor"
+    if kind != "compressor":
         raise ConfigError(
             f"model version {version!r} is the {kind.upper()}'s; stored vectors carry the "
             "chain's embedding version, its compressor's (compressor-...: printed by solaris "

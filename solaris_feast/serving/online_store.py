@@ -273,6 +273,11 @@ class ResolvedViewReads(_StoreBase):
         if retriever is not None:
             cache.move_to_end(key)
             return retriever
+        # Checked once per new version, not on every request: a cached one passed.
+        try:
+            check_embedding_version(version)
+        except ConfigError as exc:
+            raise ModelVersionRefused(str(exc)) from None
         retriever = SolarisRetriever(
             _RequestViews(config, {view.name: view for view in request.views_by_tier.values()}),
             version,
@@ -336,10 +341,6 @@ class ResolvedViewReads(_StoreBase):
             )
         planned = []
         for version, reads in by_version.items():
-            try:
-                check_embedding_version(version)
-            except ConfigError as exc:
-                raise ModelVersionRefused(str(exc)) from None
             retriever = self._retriever(config, request, version)
             try:
                 checked = [

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from solaris_feast.pipeline.settings import DEFAULT_VIEW_NAMES
+from solaris_feast.pipeline.assets import view_asset
 from solaris_feast.review.lineage.model import (
     DagLineage,
     GraphEdge,
@@ -150,10 +150,10 @@ def _producer_node(
         return str(node("dag", dag_id, f"DAG {dag_id}<br/>{view.schedule or '?'} (file not found)"))
     needles = {view.name, *view.sources}
     tier = view.tags.get(TAG_TIER, "").upper()
-    if tier in DEFAULT_VIEW_NAMES:
-        # The precompute DAG marks a view's role asset (assets.view_asset), whatever the repo
-        # names the view: a repo of its own names (shop_pair) lost the asset -> view link.
-        needles.add(DEFAULT_VIEW_NAMES[tier])
+    if tier in ("EXACT", "SIMILAR", "USER_AGG"):
+        # The precompute DAG marks a view's role asset, whatever the repo names the view: a
+        # repo of its own names (shop_pair) lost the asset -> view link.
+        needles.add(view_asset(tier)[0])
     needles |= {Path(s.path).name for s in report.sources if s.name in view.sources and s.path}
     outlets = [a for t in dag.tasks for a in t.outlets]
     exact = [a for a in outlets if a in needles]
