@@ -20,6 +20,8 @@ import yaml
 from conftest import free_port
 from feast import FeatureStore
 from google.protobuf.message import DecodeError
+from ports import THROWAWAY_PORT
+from test_hardening_support import owned_redis
 from test_resolve_parity import (
     CFG,
     DIM,
@@ -39,6 +41,7 @@ from test_resolve_parity import store as parity_store
 from solaris_feast.errors import RetryableStoreError
 from solaris_feast.serving.miss_queue import MissQueue
 from solaris_feast.serving.online_store import (
+    OnlineStoreUnavailable,
     ResolvedViewReads,
     SolarisRedisOnlineStoreConfig,
     SolarisSqliteOnlineStoreConfig,
@@ -327,8 +330,11 @@ def test_a_store_that_is_down_raises_a_retryable_error(
         resolve_in_store=True,
     )
 
-    with pytest.raises(RetryableStoreError, match="online store read"):
+    with pytest.raises(RetryableStoreError, match="online store read") as down:
         answer(store, RESOLVED, rows(1, [0, 1]))
+    # A Feast error too, with the status feast serve answers: retry, not a server bug.
+    assert isinstance(down.value, OnlineStoreUnavailable)
+    assert down.value.http_status_code() == 503
     # Feast's own read of a plain view fails too, with redis-py's error.
     with pytest.raises(redis.exceptions.ConnectionError):
         answer(store, PAIR_FEATURES, [{"user_id": 1, "item_id": 0}])
@@ -369,14 +375,13 @@ def test_views_under_a_users_own_names_are_answered(
     assert fetches(solaris) == 1
 
 
-def test_feast_serve_answers_the_resolved_view_through_the_solaris_store(
-    feast_project: str, tmp_path: Path, redis_url: str
-) -> None:
-    config = build_repo_config(feast_project, tmp_path, online="redis", redis_url=redis_url)
-    (tmp_path / "feature_store.yaml").write_text(
+def write_solaris_repo_yaml(project: str, repo: Path, redis_url: str) -> None:
+    """A feature_store.yaml with the solaris Redis store, as a user writes it for feast serve."""
+    config = build_repo_config(project, repo, online="redis", redis_url=redis_url)
+    (repo / "feature_store.yaml").write_text(
         yaml.safe_dump(
             {
-                "project": feast_project,
+                "project": project,
                 "provider": "local",
                 "registry": {"registry_type": "file", "path": config.registry.path},
                 "online_store": {
@@ -389,6 +394,12 @@ def test_feast_serve_answers_the_resolved_view_through_the_solaris_store(
             }
         )
     )
+
+
+def test_feast_serve_answers_the_resolved_view_through_the_solaris_store(
+    feast_project: str, tmp_path: Path, redis_url: str
+) -> None:
+    write_solaris_repo_yaml(feast_project, tmp_path, redis_url)
     solaris = open_repo_store(tmp_path)  # the yaml as Feast reads it
     assert solaris.config.online_store.record_misses is False
     stock = open_store(feast_project, tmp_path, online="redis", redis_url=redis_url)
@@ -469,3 +480,33 @@ def test_the_switch_in_the_repos_redis_yaml_loads_in_feast(
 
     assert isinstance(config.online_store, SolarisRedisOnlineStoreConfig)
     assert config.online_store.record_misses is True
+
+
+def test_feast_serve_answers_503_while_redis_is_down_and_serves_again_after_it_restarts(
+    feast_project: str, tmp_path: Path
+) -> None:
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis") as server:
+        write_solaris_repo_yaml(feast_project, tmp_path, server.url)
+        stock = open_store(feast_project, tmp_path, online="redis", redis_url=server.url)
+        stock.apply(solaris_definitions(CFG).all())
+        entities = {
+            "user_id": [1, 1],
+            "item_id": [0, 1],
+            MODEL_VERSION_REQUEST_FIELD: [VERSION, VERSION],
+        }
+        body = {"features": WITH_EMBEDDING, "entities": entities, "full_feature_names": True}
+        with feast_server(tmp_path, free_port()) as url:
+            up_status, _ = post(url, body)
+            server.kill()
+            down_status, down = post(url, body)
+            server.start()  # empty: a Redis that keeps nothing on disk
+            back_status, back = post(url, body)
+
+    assert up_status == 200
+    # A load balancer retries a 503; the message names the server and the cause.
+    assert down_status == 503, down
+    assert f"127.0.0.1:{THROWAWAY_PORT}" in str(down), down
+    assert back_status == 200, back
+    names = back["metadata"]["feature_names"]
+    tiers = back["results"][names.index(f"{CFG.resolved_view_name}__resolved_tier")]
+    assert tiers["values"] == [Tier.ZERO, Tier.ZERO]

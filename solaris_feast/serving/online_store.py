@@ -31,9 +31,11 @@ unchanged, so the store is a drop-in for ``redis`` and ``sqlite``::
       deadline_ms: 1000      # a resolved read slower than this raises DeadlineExceededError
       record_misses: true    # queue exact misses for the planner, as the retriever does
 
-A store failure raises as Feast's own read does, as a
-:class:`~solaris_feast.errors.RetryableStoreError` (a ``ConnectionError``) or the final error
-itself: a Feast response has no field to say "every row is ZERO because Redis is down".
+A store failure raises as Feast's own read does: a store that is down or too slow as
+:class:`OnlineStoreUnavailable` (a :class:`~solaris_feast.errors.RetryableStoreError`, so a
+``ConnectionError``, and a Feast error that ``feast serve`` answers with HTTP 503), any other
+failure as the final error itself: a Feast response has no field to say "every row is ZERO
+because Redis is down".
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ from feast.repo_config import FeastConfigBaseModel
 from pydantic import Field
 
 from solaris_feast.columns import ITEM_ID, USER_ID
-from solaris_feast.errors import ConfigError
+from solaris_feast.errors import ConfigError, RetryableStoreError
 from solaris_feast.models.cards import check_embedding_version
 from solaris_feast.serving.resolve import clock_skew_of
 from solaris_feast.serving.retriever import RetrieverStats, SolarisRetriever, validate_request
@@ -79,6 +81,16 @@ class ModelVersionRefused(FeastError, ConfigError):
 
     def http_status_code(self) -> int:
         return 422
+
+
+class OnlineStoreUnavailable(FeastError, RetryableStoreError):
+    """The resolved read could not reach the store or finish within its deadline: ``feast
+    serve`` answers 503, which clients and load balancers retry, not the 500 of a server bug; a
+    :class:`~solaris_feast.errors.RetryableStoreError` (a ``ConnectionError``) for SDK callers,
+    as before. Feast's own reads of plain views keep Feast's answer (redis-py's error, a 500)."""
+
+    def http_status_code(self) -> int:
+        return 503
 
 
 DEFAULT_STORE_DEADLINE_MS = 1000.0
@@ -423,6 +435,21 @@ class ResolvedViewReads(_StoreBase):
         utils._drop_unneeded_columns(response, requested_names)
         return OnlineResponse(response, feature_types=self._build_feature_types(grouped_refs))
 
+    def _answer_resolved_or_503(
+        self,
+        config: RepoConfig,
+        features: list[str],
+        entity_rows: Any,
+        registry: BaseRegistry,
+        project: str,
+    ) -> OnlineResponse | None:
+        try:
+            return self._answer_resolved(config, features, entity_rows, registry, project)
+        except OnlineStoreUnavailable:
+            raise
+        except RetryableStoreError as exc:
+            raise OnlineStoreUnavailable(str(exc)) from exc
+
     def teardown(
         self, config: RepoConfig, tables: Sequence[FeatureView], entities: Sequence[Entity]
     ) -> None:
@@ -449,7 +476,7 @@ class ResolvedViewReads(_StoreBase):
         include_feature_view_version_metadata: bool = False,
     ) -> OnlineResponse:
         if full_feature_names and not include_feature_view_version_metadata:
-            answer = self._answer_resolved(config, features, entity_rows, registry, project)
+            answer = self._answer_resolved_or_503(config, features, entity_rows, registry, project)
             if answer is not None:
                 return answer
         return super().get_online_features(
@@ -476,7 +503,7 @@ class ResolvedViewReads(_StoreBase):
         # a worker thread (as Feast runs its own sync reads) instead of blocking the event loop.
         if full_feature_names and not include_feature_view_version_metadata:
             answer = await asyncio.to_thread(
-                self._answer_resolved, config, features, entity_rows, registry, project
+                self._answer_resolved_or_503, config, features, entity_rows, registry, project
             )
             if answer is not None:
                 return answer
