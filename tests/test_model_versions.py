@@ -316,3 +316,37 @@ def test_select_chain_of_a_named_vm_and_of_an_unknown_one(tmp_path: Path) -> Non
     with pytest.raises(ConfigError, match="vm-gone"):
         select_chain(cards, "vm-gone")
     assert select_chain([]) is None
+
+
+def test_an_fm_or_vm_version_asked_for_is_refused_naming_the_exact_version_to_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that sends the VM's version is told the compressor version of that VM's own
+    chain, read from the serving repo's registry, not a placeholder to look up."""
+    from solaris_feast.models.cards import check_embedding_version
+
+    monkeypatch.delenv("SOLARIS_CONFIG", raising=False)
+    monkeypatch.delenv(MODELS_DIR_ENV, raising=False)
+    models, repo = tmp_path / "models", tmp_path / "feature_repo"
+    old = ("fm-20260101T000000-0000000a", "compressor-20260101T010000-0000000b")
+    new = ("fm-20260201T000000-0000000c", "compressor-20260201T010000-0000000d")
+    vm_old, vm_new = "vm-20260101T020000-0000000e", "vm-20260201T020000-0000000f"
+    for (fm, compressor), vm, month in ((old, vm_old, "01"), (new, vm_new, "02")):
+        write_card(models, fm, "fm", f"2026-{month}-01T00:00:00Z")
+        write_card(models, compressor, "compressor", f"2026-{month}-01T01:00:00Z", (fm,))
+        write_card(models, vm, "vm", f"2026-{month}-01T02:00:00Z", (compressor,))
+
+    def refusal(version: str, repo_dir: Path | None = repo) -> str:
+        with pytest.raises(ConfigError) as refused:
+            check_embedding_version(version, repo_dir)
+        return str(refused.value)
+
+    assert f"send {old[1]}" in refusal(vm_old)  # the VM's own chain, not the newest
+    assert f"send {new[1]}" in refusal(new[0])  # the FM's newest compressor
+    # A VM this registry does not hold: the serving chain's (here the newest) version.
+    assert f"send {new[1]}" in refusal("vm-20260301T000000-000000aa")
+    # Without a repo, or with a registry that holds nothing, where the version is printed.
+    assert "solaris promote" in refusal(vm_old, None)
+    assert "solaris promote" in refusal(vm_old, tmp_path / "elsewhere" / "repo")
+    check_embedding_version(old[1], repo)  # an embedding version passes
+    check_embedding_version("my-own-fm-v3", repo)  # so does a deployment's own shape

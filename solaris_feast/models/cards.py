@@ -117,26 +117,57 @@ class ModelCard(BaseModel):
         return None
 
 
-def check_embedding_version(version: str) -> None:
+def check_embedding_version(version: str, repo_dir: Path | None = None) -> None:
     """Refuse the version of an FM or a VM card where an embedding version is asked for.
 
     Stored vectors carry their chain's compressor version (:func:`register_artifact` names every
     card ``<kind>-<UTC time>-<8 hex>``); a client that asks with the VM's version, the one
     ``solaris train`` and ``promote`` print first, matched no stored vector and got ZERO for
     every pair with nothing said. Versions of other shapes (a deployment's own) pass.
+    ``repo_dir``: the serving side's Feast repo, where known; the refusal then names the exact
+    version to send from the repo's registry (:func:`models_dir_for_repo`): the VM's own
+    compressor, the newest compressor trained on the FM, else the serving chain's.
 
     Raises:
-        ConfigError: naming the version, its kind and where the right one is printed.
+        ConfigError: naming the version, its kind and the version to send, or where it is
+            printed.
     """
     shape = _CARD_VERSION.fullmatch(version)
     kind = shape.group(1) if shape is not None else "compressor"
-    if kind != "compressor":
-        raise ConfigError(
-            f"model version {version!r} is the {kind.upper()}'s; stored vectors carry the "
-            "chain's embedding version, its compressor's (compressor-...: printed by solaris "
-            "promote as 'clients ask with', by solaris status as 'expected model version', and "
-            "returned by models.cards.serving_embedding_version)"
-        )
+    if kind == "compressor":
+        return
+    instead = _embedding_version_instead(version, repo_dir) if repo_dir is not None else None
+    send = (
+        f"send {instead}"
+        if instead is not None
+        else "send its compressor's (compressor-...: printed by solaris promote as 'clients ask "
+        "with', by solaris status as 'expected model version', and returned by "
+        "models.cards.serving_embedding_version)"
+    )
+    raise ConfigError(
+        f"model version {version!r} is the {kind.upper()}'s; stored vectors carry the chain's "
+        f"embedding version: {send}"
+    )
+
+
+def _embedding_version_instead(version: str, repo_dir: Path) -> str | None:
+    """The compressor version a client meant with an FM's or a VM's ``version``: the VM's parent,
+    the newest compressor trained on the FM, else the serving chain's; None where the registry
+    cannot tell (no cards, one that does not read, a config that does not load)."""
+    try:
+        models_dir = models_dir_for_repo(repo_dir)
+        cards = list_cards(models_dir)
+        by_version = {card.version: card for card in cards}
+        asked = by_version.get(version)
+        if asked is not None and asked.kind == "vm":
+            return parent_card(by_version, asked, "compressor").version
+        if asked is not None and asked.kind == "fm":
+            trained_on = [c for c in cards if c.kind == "compressor" and version in c.parents]
+            if trained_on:
+                return max(trained_on, key=lambda c: c.created_at).version
+        return serving_embedding_version(models_dir)
+    except (ConfigError, OSError, ValueError):
+        return None
 
 
 _CARD_VERSION = re.compile(r"(fm|compressor|vm)-\d{8}T\d{6}-[0-9a-f]{8}")

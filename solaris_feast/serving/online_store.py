@@ -44,6 +44,7 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -287,7 +288,8 @@ class ResolvedViewReads(_StoreBase):
             return retriever
         # Checked once per new version, not on every request: a cached one passed.
         try:
-            check_embedding_version(version)
+            repo_path = getattr(config, "repo_path", None)
+            check_embedding_version(version, Path(repo_path) if repo_path else None)
         except ConfigError as exc:
             raise ModelVersionRefused(str(exc)) from None
         retriever = SolarisRetriever(

@@ -33,6 +33,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -206,7 +207,8 @@ class SolarisRetriever:
 
         if not isinstance(expected_model_version, str) or not expected_model_version:
             raise ValueError("expected_model_version must be a non-empty string")
-        check_embedding_version(expected_model_version)
+        repo_path = getattr(store.config, "repo_path", None)
+        check_embedding_version(expected_model_version, Path(repo_path) if repo_path else None)
         if deadline_ms <= 0:
             raise ValueError(f"deadline_ms must be positive, got {deadline_ms}")
         if views is not None:
