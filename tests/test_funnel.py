@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import math
 import time
 from typing import Any
 
@@ -217,6 +218,17 @@ def test_tiny_world_end_to_end_under_a_minute() -> None:
         if planner == "oracle":
             assert ratios == pytest.approx([1.0, 1.0])
     assert "share of the oracle's" in format_funnel_summary(records)
+    # One seed has no interval and a run without FM gain no transfer ratio: the table says
+    # n/a, as the transfer table does, not nan.
+    alone = {
+        **records[0],
+        "exact_hit_rate_ci95": [math.nan, math.nan],
+        "click_uplift_per_1k_requests_ci95": [None, None],
+        "online_transfer_ratio": math.nan,
+    }
+    table = format_funnel_summary([alone])
+    assert "nan" not in table and table.count("n/a") == 3, table
+    assert len(table.splitlines()[1]) == len(format_funnel_summary(records[:1]).splitlines()[1])
     # More budget buys more exact hits for the oracle.
     assert by[("oracle", 0.2)]["exact_hit_rate"] >= by[("oracle", 0.05)]["exact_hit_rate"]
 

@@ -234,25 +234,49 @@ def format_funnel_summary(records: list[dict[str, Any]]) -> str:
         f"{'clk/1k':>7} {'no z':>7} {'FM':>7} {'uplift ci95':>15} {'TR':>6} {'FM/req':>7}"
     ]
     for r in records:
-        lo, hi = r["exact_hit_rate_ci95"]
-        ulo, uhi = r["click_uplift_per_1k_requests_ci95"]
         lines.append(
-            f"{r['planner']:<{width}} {r['budget']:>6.2f} {r['exact_hit_rate']:>6.3f} "
-            f"[{lo:>6.3f},{hi:>6.3f}] {r['coverage']['any']:>5.2f} {r['ne']:>6.3f} "
-            f"{r['clicks_per_1k_requests']:>7.1f} {r['clicks_per_1k_requests_without_z']:>7.1f} "
-            f"{r['clicks_per_1k_requests_fm_ranking']:>7.1f} [{ulo:>6.1f},{uhi:>6.1f}] "
-            f"{r['online_transfer_ratio']:>6.2f} {r['fm_calls_per_request']:>7.1f}"
+            f"{r['planner']:<{width}} {r['budget']:>6.2f} {_cell(r['exact_hit_rate'], '6.3f')} "
+            f"{_interval(r['exact_hit_rate_ci95'], '6.3f'):>15} "
+            f"{_cell(r['coverage']['any'], '5.2f')} "
+            f"{_cell(r['ne'], '6.3f')} {_cell(r['clicks_per_1k_requests'], '7.1f')} "
+            f"{_cell(r['clicks_per_1k_requests_without_z'], '7.1f')} "
+            f"{_cell(r['clicks_per_1k_requests_fm_ranking'], '7.1f')} "
+            f"{_interval(r['click_uplift_per_1k_requests_ci95'], '6.1f'):>15} "
+            f"{_cell(r['online_transfer_ratio'], '6.2f')} "
+            f"{_cell(r['fm_calls_per_request'], '7.1f')}"
         )
     shares = [r for r in records if "exact_hit_rate_over_oracle" in r and r["planner"] != "oracle"]
     if shares:
         lines.append("hit rate as a share of the oracle's, paired within seeds [95% CI]:")
         for r in shares:
-            lo, hi = r["exact_hit_rate_over_oracle_ci95"]
             lines.append(
                 f"  {r['planner']:<{width}} {r['budget']:>6.2f} "
-                f"{r['exact_hit_rate_over_oracle']:>6.1%} [{lo:.1%}, {hi:.1%}]"
+                f"{_cell(r['exact_hit_rate_over_oracle'], '6.1%')} "
+                f"{_interval(r['exact_hit_rate_over_oracle_ci95'], '.1%', sep=', ')}"
             )
     return "\n".join(lines)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _cell(value: Any, spec: str) -> str:
+    """``value`` formatted by ``spec``, or ``n/a`` in the same width where there is no figure (one
+    seed has no interval, a run without FM gain no transfer ratio), as the transfer table says."""
+    if _missing(value):
+        width = spec.split(".")[0]
+        return f"{'n/a':>{width}}" if width else "n/a"
+    return f"{value:{spec}}"
+
+
+def _interval(bounds: Any, spec: str, sep: str = ",") -> str:
+    """``[lo, hi]``, or ``n/a`` where no interval could be formed; a bound alone missing (an
+    interval unbounded below) keeps its place as ``n/a``."""
+    if bounds is None or all(_missing(b) for b in bounds):
+        return "n/a"
+    lo, hi = bounds
+    return f"[{_cell(lo, spec)}{sep}{_cell(hi, spec)}]"
 
 
 def plot_funnel(records: list[dict[str, Any]], path: Path) -> None:
