@@ -941,7 +941,15 @@ def simulate_command(
         ),
     ] = "verifier,random,popular,oracle",
     steps: Annotated[int, typer.Option("--steps", min=1, help="Scored replay steps.")] = 24,
-    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Unscored warm-up steps.")] = 6,
+    warmup: Annotated[
+        int,
+        typer.Option(
+            "--warmup",
+            min=0,
+            help="Unscored warm-up steps. log: 6 more unscored steps follow them, whose served "
+            "pairs tune the VM that scores NE (replay_config.ne_tuning_steps).",
+        ),
+    ] = 6,
     seed: Annotated[
         int,
         typer.Option(
