@@ -369,7 +369,10 @@ class ResolvedViewReads(_StoreBase):
         ages = np.full(n, -1.0)
         # One batched read per version: every user of it in one round trip.
         for retriever, checked, reads in planned:
-            results = retriever.fetch_checked(checked)
+            try:
+                results = retriever.fetch_checked(checked)
+            except RetryableStoreError as exc:
+                raise OnlineStoreUnavailable(str(exc)) from exc
             for (_, distinct, rows), result in zip(reads, results, strict=True):
                 if len(distinct) == len(rows):  # no repeated pair: rows in items' order
                     picked: Any = slice(None)
@@ -437,21 +440,6 @@ class ResolvedViewReads(_StoreBase):
         utils._drop_unneeded_columns(response, requested_names)
         return OnlineResponse(response, feature_types=self._build_feature_types(grouped_refs))
 
-    def _answer_resolved_or_503(
-        self,
-        config: RepoConfig,
-        features: list[str],
-        entity_rows: Any,
-        registry: BaseRegistry,
-        project: str,
-    ) -> OnlineResponse | None:
-        try:
-            return self._answer_resolved(config, features, entity_rows, registry, project)
-        except OnlineStoreUnavailable:
-            raise
-        except RetryableStoreError as exc:
-            raise OnlineStoreUnavailable(str(exc)) from exc
-
     def teardown(
         self, config: RepoConfig, tables: Sequence[FeatureView], entities: Sequence[Entity]
     ) -> None:
@@ -478,7 +466,7 @@ class ResolvedViewReads(_StoreBase):
         include_feature_view_version_metadata: bool = False,
     ) -> OnlineResponse:
         if full_feature_names and not include_feature_view_version_metadata:
-            answer = self._answer_resolved_or_503(config, features, entity_rows, registry, project)
+            answer = self._answer_resolved(config, features, entity_rows, registry, project)
             if answer is not None:
                 return answer
         return super().get_online_features(
@@ -505,7 +493,7 @@ class ResolvedViewReads(_StoreBase):
         # a worker thread (as Feast runs its own sync reads) instead of blocking the event loop.
         if full_feature_names and not include_feature_view_version_metadata:
             answer = await asyncio.to_thread(
-                self._answer_resolved_or_503, config, features, entity_rows, registry, project
+                self._answer_resolved, config, features, entity_rows, registry, project
             )
             if answer is not None:
                 return answer
