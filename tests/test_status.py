@@ -387,6 +387,13 @@ def test_status_reads_the_store_the_deployment_names_and_creates_no_sqlite_file(
     read_from = json.loads(out.read_text())["read_from"]
     assert read_from["named_by"] == f"config file {config}"
     assert read_from["models_dir"] == str(tmp_path / "models")
+    # --config names a solaris.yaml in every other command; status reads it as one too.
+    monkeypatch.delenv("SOLARIS_CONFIG")
+    result = CliRunner().invoke(
+        app, ["status", "--config", str(config), "--model-version", VERSION, "--json", str(out)]
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert json.loads(out.read_text())["read_from"]["named_by"] == f"config file {config}"
     assert not (tmp_path / "data" / "online.db").exists()
 
 

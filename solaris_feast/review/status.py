@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
+import yaml
 
 from solaris_feast.columns import ITEM_ID, USER_ID
 from solaris_feast.errors import ConfigError, SolarisError
@@ -562,6 +563,17 @@ def status_target(
     )
 
 
+def _names_a_solaris_config(path: Path) -> bool:
+    """Whether ``path`` holds a solaris config; a file that does not read is left to the Feast
+    yaml's own checks, which say what is wrong with it."""
+    from solaris_feast.store.config import is_solaris_config
+
+    try:
+        return is_solaris_config(yaml.safe_load(path.read_text()))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+
+
 def status_cli(
     repo: Annotated[
         Path | None,
@@ -576,7 +588,8 @@ def status_cli(
         typer.Option(
             "--config",
             help="Feast config other than <repo>/feature_store.yaml (default: the config file's "
-            "feast.feature_store_yaml, else $SOLARIS_FEATURE_STORE_YAML).",
+            "feast.feature_store_yaml, else $SOLARIS_FEATURE_STORE_YAML); a solaris.yaml named "
+            "here is read as --solaris-config, as the other commands read --config.",
         ),
     ] = None,
     models: Annotated[
@@ -613,6 +626,9 @@ def status_cli(
     ] = DEFAULT_MAX_KEYS,
 ) -> None:
     """Coverage by tier, miss-queue depth and freshness of the stored SOLARIS embeddings."""
+    if config is not None and solaris_config is None and _names_a_solaris_config(config):
+        # What --config means in every other solaris command; a Feast yaml has a project.
+        solaris_config, config = config, None
     try:
         target = status_target(repo, config, models, solaris_config)
         store = open_repo_store(target.repo, target.feature_store_yaml, applied=True)

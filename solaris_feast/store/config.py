@@ -199,13 +199,19 @@ def repo_yaml(repo: Path, config: Path | None = None) -> tuple[Path, dict[str, A
     raw = yaml.safe_load(expand_config_text(yaml_file.read_text(), environment))
     if not isinstance(raw, dict):
         raise ConfigError(f"{yaml_file} is not a Feast config (expected a mapping at the top)")
-    if "project" not in raw and isinstance(raw.get("feast"), dict):
+    if is_solaris_config(raw):
         raise ConfigError(
             f"{yaml_file} is a solaris config (it has a feast: section), not a Feast "
-            "feature_store.yaml; `solaris status` takes it as --solaris-config, and --config "
-            "there names the Feast yaml"
+            "feature_store.yaml: name it where a solaris config is read (a solaris command's "
+            "--config, $SOLARIS_CONFIG), and the Feast yaml in its feast.feature_store_yaml"
         )
     return yaml_file, raw
+
+
+def is_solaris_config(raw: object) -> bool:
+    """Whether a parsed yaml is a solaris config (a ``feast:`` section, no Feast ``project``)
+    rather than a Feast ``feature_store.yaml``."""
+    return isinstance(raw, dict) and "project" not in raw and isinstance(raw.get("feast"), dict)
 
 
 def open_repo_store(
