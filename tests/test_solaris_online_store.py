@@ -510,3 +510,14 @@ def test_feast_serve_answers_503_while_redis_is_down_and_serves_again_after_it_r
     names = back["metadata"]["feature_names"]
     tiers = back["results"][names.index(f"{CFG.resolved_view_name}__resolved_tier")]
     assert tiers["values"] == [Tier.ZERO, Tier.ZERO]
+
+
+def test_a_larger_request_gets_the_deadline_in_proportion() -> None:
+    """Feast's own store answers a 50,000-row batch in its own time; a fixed second failed it
+    where the store this one stands in for answered."""
+    from solaris_feast.serving.online_store import ROWS_PER_DEADLINE, request_deadline_ms
+
+    assert request_deadline_ms(1000.0, 1) == 1000.0
+    assert request_deadline_ms(1000.0, ROWS_PER_DEADLINE) == 1000.0
+    assert request_deadline_ms(1000.0, 50 * ROWS_PER_DEADLINE) == 50_000.0
+    assert request_deadline_ms(20.0, 5 * ROWS_PER_DEADLINE // 2) == 50.0

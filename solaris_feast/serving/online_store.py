@@ -28,7 +28,7 @@ unchanged, so the store is a drop-in for ``redis`` and ``sqlite``::
     online_store:
       type: solaris_feast.serving.online_store.SolarisRedisOnlineStore
       connection_string: ${SOLARIS_REDIS_CONNECTION}
-      deadline_ms: 1000      # a resolved read slower than this raises DeadlineExceededError
+      deadline_ms: 1000      # per 1,000 rows of a request: slower raises OnlineStoreUnavailable
       record_misses: true    # queue exact misses for the planner, as the retriever does
 
 A store failure raises as Feast's own read does: a store that is down or too slow as
@@ -97,6 +97,20 @@ class OnlineStoreUnavailable(FeastError, RetryableStoreError):
 DEFAULT_STORE_DEADLINE_MS = 1000.0
 """A Feast client has no deadline of its own; a read slower than this raises instead of waiting
 on the socket timeout (the retriever's 50 ms is for serving code that answers ZERO instead)."""
+ROWS_PER_DEADLINE = 1000
+"""``deadline_ms`` bounds a request of up to this many rows; a larger one gets the deadline in
+proportion (:func:`request_deadline_ms`)."""
+
+
+def request_deadline_ms(deadline_ms: float, rows: int) -> float:
+    """The deadline of one resolved read of ``rows`` rows: ``deadline_ms`` up to
+    :data:`ROWS_PER_DEADLINE` rows, in proportion above. Feast's own store answers a 50,000-row
+    batch in its own time; a fixed second failed such a request (a 500, then a 503) where the
+    store it stands in for answered it, while a stalled Redis still fails a request in bounded
+    time."""
+    return deadline_ms * max(1.0, rows / ROWS_PER_DEADLINE)
+
+
 MAX_RETRIEVERS_PER_THREAD = 16
 """Retrievers (one per embedding version and set of views) a serving thread keeps. A request
 with more versions than this goes to Feast's own read: the versions come from the client, and a
@@ -111,8 +125,9 @@ class ResolvedReadOptions(FeastConfigBaseModel):
     """How the resolved view's reads behave, beside the Feast store's own options."""
 
     deadline_ms: float = Field(DEFAULT_STORE_DEADLINE_MS, gt=0)
-    """A resolved read slower than this raises
-    :class:`~solaris_feast.errors.DeadlineExceededError`."""
+    """A resolved read of up to :data:`ROWS_PER_DEADLINE` rows slower than this raises
+    :class:`OnlineStoreUnavailable` (``feast serve``: 503); a larger request gets it in
+    proportion."""
     record_misses: bool = True
     """Queue the pairs served without an exact embedding for the next precompute round."""
 
@@ -370,7 +385,9 @@ class ResolvedViewReads(_StoreBase):
         # One batched read per version: every user of it in one round trip.
         for retriever, checked, reads in planned:
             try:
-                results = retriever.fetch_checked(checked)
+                results = retriever.fetch_checked(
+                    checked, request_deadline_ms(retriever.deadline_ms, n)
+                )
             except RetryableStoreError as exc:
                 raise OnlineStoreUnavailable(str(exc)) from exc
             for (_, distinct, rows), result in zip(reads, results, strict=True):

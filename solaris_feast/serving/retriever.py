@@ -323,9 +323,14 @@ class SolarisRetriever:
             ]
         )
 
-    def fetch_checked(self, checked: list[tuple[EntityId, np.ndarray]]) -> list[FetchResult]:
+    def fetch_checked(
+        self, checked: list[tuple[EntityId, np.ndarray]], deadline_ms: float | None = None
+    ) -> list[FetchResult]:
         """:meth:`fetch_many` of requests already checked by :func:`validate_request` with this
-        retriever's id types (the Feast online store checks a whole request before any read)."""
+        retriever's id types (the Feast online store checks a whole request before any read);
+        ``deadline_ms``: this read's, instead of the retriever's."""
+        if deadline_ms is None:
+            deadline_ms = self.deadline_ms
         sizes = [len(items) for _, items in checked]
         started = time.perf_counter()
         self.stats.fetches += len(checked)
@@ -333,16 +338,16 @@ class SolarisRetriever:
         if not checked:
             return []
         try:
-            reads = self._read(checked, started + self.deadline_ms / 1000.0)
+            reads = self._read(checked, started + deadline_ms / 1000.0)
         except Exception as exc:  # the store's own errors vary by backend and client
             return self._fail_each(sizes, f"online store read failed: {describe_error(exc)}", exc)
         elapsed_ms = (time.perf_counter() - started) * 1000.0
-        if elapsed_ms > self.deadline_ms:
+        if elapsed_ms > deadline_ms:
             self.stats.deadline_exceeded += 1
             return self._fail_each(
                 sizes,
-                f"online store read took {elapsed_ms:.1f} ms, deadline {self.deadline_ms} ms",
-                DeadlineExceededError("online store read", self.deadline_ms),
+                f"online store read took {elapsed_ms:.1f} ms, deadline {deadline_ms} ms",
+                DeadlineExceededError("online store read", deadline_ms),
             )
         whole = self._resolve(reads, sizes)
         counts = np.bincount(whole.tiers, minlength=len(Tier))
