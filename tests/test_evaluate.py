@@ -197,3 +197,25 @@ def test_a_ratio_over_too_few_seeds_has_no_bootstrap_interval() -> None:
         assert ratio == pytest.approx(sum(gains[:k]) / sum(ceilings[:k])) and interval is None
     ratio, interval = bootstrap_ratio_of_means(gains, ceilings)
     assert interval is not None and interval[0] < ratio < interval[1]
+
+
+def test_a_seed_whose_fm_does_not_beat_the_vm_leaves_the_ratio_and_its_spread_null() -> None:
+    """On a small log of a user's own, one seed's FM may not beat the VM: that seed has no
+    transfer ratio, and the report still writes, with no spread, instead of a traceback."""
+    from solaris_feast.evaluation.transfer import SeedResult, TransferReport
+    from solaris_feast.evaluation.transfer_report import format_transfer_table
+
+    def seed(seed: int, fm_ne: float) -> SeedResult:
+        ne = {"vm": [0.99], "vm_kd": [0.985], "vm_solaris": [0.97], "fm": [fm_ne]}
+        sweep = [0.99] * len(TransferConfig().coverages)
+        return SeedResult(seed, ne, sweep, 0.1, 0.2, 1e6, 1e4, 1.0)
+
+    report = TransferReport("shop", ("clicked",), TransferConfig(), [seed(0, 0.95), seed(1, 1.002)])
+    record = report.to_json()
+
+    json.dumps(record, allow_nan=False)
+    assert record["transfer_ratio_per_seed"]["solaris"][0] == pytest.approx(0.5)
+    assert record["transfer_ratio_per_seed"]["solaris"][1] is None
+    assert record["transfer_ratio"] == {"kd": None, "solaris": None}
+    assert record["transfer_ratio_std"] == {"kd": None, "solaris": None}
+    assert "n/a" in format_transfer_table(record)

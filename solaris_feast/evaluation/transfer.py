@@ -364,4 +364,8 @@ def _finite(value: float) -> float | None:
 
 def _std(values: list[float]) -> float:
     # One value has no spread: NaN (null in the JSON, "n/a" in the table), not a spread of 0.
-    return statistics.stdev(values) if len(values) > 1 else math.nan
+    # Nor has a seed without a ratio (its FM did not beat the VM: NaN), which
+    # statistics.stdev cannot take: a two-seed run on a user's log ended in its traceback.
+    if len(values) < 2 or not all(math.isfinite(v) for v in values):
+        return math.nan
+    return statistics.stdev(values)
