@@ -211,9 +211,9 @@ def test_other_requests_are_feasts_own_answers(store: FeatureStore) -> None:
         try:
             return answer(on, RESOLVED, bad_rows)
         except Exception as exc:  # whatever Feast raises, both stores must raise it
-            return type(exc)
+            return type(exc), str(exc)
 
-    for bad in (1.5, [1]):
+    for bad in (1.5, [1], {"sku": 1}):
         bad_rows = [{"user_id": 1, "item_id": bad, MODEL_VERSION_REQUEST_FIELD: VERSION}]
         assert outcome(solaris, bad_rows) == outcome(store, bad_rows)
     assert fetches(solaris) == 0  # none of these was answered by the retriever

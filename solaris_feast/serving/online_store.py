@@ -365,9 +365,11 @@ class ResolvedViewReads(_StoreBase):
         for (user, version), rows in groups.items():
             if not isinstance(version, str) or not version:
                 return None  # the view's own rule: no version matches, ZERO
-            by_version.setdefault(version, []).append(
-                (user, list(dict.fromkeys(items[i] for i in rows)), rows)
-            )
+            try:
+                distinct = list(dict.fromkeys(items[i] for i in rows))
+            except TypeError:  # an unhashable item id, as for the user above
+                return None
+            by_version.setdefault(version, []).append((user, distinct, rows))
         planned = []
         for version, reads in by_version.items():
             retriever = self._retriever(config, request, version)
