@@ -242,6 +242,39 @@ def test_a_round_reads_only_its_window_of_the_log(tmp_path: Path) -> None:
     assert window.item_categorical == ("department",) and window.item_dense == ("price",)
 
 
+def test_log_files_written_in_other_zones_read_as_one_log_and_other_types_name_the_file(
+    tmp_path: Path,
+) -> None:
+    """Two writers, one storing seen_at in Europe/Berlin at ms: the same instants, which pyarrow
+    could not compare under one filter (a raw ArrowNotImplementedError out of precompute)."""
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    folder = write_own_log(tmp_path / "log", 30, 20, end, days=3)
+    write_item_table(tmp_path / "items.parquet", 20)
+    config = load_config(write_config(tmp_path, config_dict(tmp_path))).log
+    start = end - timedelta(days=2)
+    before = read_log_window(config, start, end).interactions
+    last = sorted(folder.glob("*.parquet"))[-1]
+    table = pq.read_table(last)
+    berlin = table.column("seen_at").cast(pa.timestamp("ms", tz="Europe/Berlin"))
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("seen_at"), "seen_at", berlin), last
+    )
+
+    after = read_log_window(config, start, end).interactions
+
+    pd.testing.assert_frame_equal(after, before)
+    # A column of another kind in one file: refused naming that file and column.
+    table = pq.read_table(last)
+    as_text = pa.array([f"m{m}" for m in table.column("member").to_pylist()])
+    pq.write_table(
+        table.set_column(table.schema.get_field_index("member"), "member", as_text), last
+    )
+    with pytest.raises(SchemaError, match=rf"{last.name}.*'member' is string here and int64"):
+        read_log_window(config, start, end)
+
+
 def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

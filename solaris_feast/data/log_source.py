@@ -276,6 +276,75 @@ def _require_columns(
             )
 
 
+def _window_filter(
+    column: str, arrow_type: pa.DataType, start: datetime | None, end: datetime
+) -> pads.Expression:
+    """``[start, end)`` of ``column`` in its own type; a row without a time is kept, so that
+    the schema check refuses it (a comparison with null is null, and the filter alone would
+    drop it unsaid)."""
+    import pyarrow.dataset as pads
+
+    window = pads.field(column) < _as_scalar(end, arrow_type)
+    if start is not None:
+        window = window & (pads.field(column) >= _as_scalar(start, arrow_type))
+    return window | pads.field(column).is_null()
+
+
+def _read_window(
+    dataset: pads.Dataset,
+    columns: list[str],
+    timestamp: str,
+    start: datetime | None,
+    end: datetime,
+    where: str,
+) -> pa.Table:
+    """The window's rows of ``columns``. Files whose timestamp column has another zone or unit
+    than the first file's (two writers, one in Europe/Berlin) hold the same instants, but
+    pyarrow cannot compare them under one filter; those logs are read file by file, each
+    filtered in its own type and cast to the first file's.
+
+    Raises:
+        SchemaError: naming the file and the column whose type cannot be read as the first
+            file's.
+    """
+    import pyarrow as pa
+
+    from solaris_feast.errors import SchemaError
+
+    ts_type = dataset.schema.field(timestamp).type
+    try:
+        return dataset.to_table(
+            columns=columns, filter=_window_filter(timestamp, ts_type, start, end)
+        )
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
+        pass  # types differ between files: each file in its own
+    target = pa.schema([dataset.schema.field(name) for name in columns])
+    tables = []
+    for fragment in dataset.get_fragments():
+        own = fragment.physical_schema
+        path = getattr(fragment, "path", "?")
+        missing = [name for name in columns if own.get_field_index(name) < 0]
+        if missing:
+            raise SchemaError(f"{where} (file {path})", missing[0], "is missing from this file")
+        try:
+            piece = fragment.to_table(
+                columns=columns,
+                filter=_window_filter(timestamp, own.field(timestamp).type, start, end),
+            )
+            tables.append(piece.cast(target))
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            differs = [name for name in columns if own.field(name).type != target.field(name).type]
+            column = differs[0] if differs else timestamp
+            raise SchemaError(
+                f"{where} (file {path})",
+                column,
+                f"is {own.field(column).type} here and {target.field(column).type} in the "
+                f"log's first file, which cannot be read as one ({exc}): write every file "
+                "with the same column types",
+            ) from exc
+    return pa.concat_tables(tables) if tables else target.empty_table()
+
+
 def _as_scalar(moment: datetime, arrow_type: pa.DataType) -> pa.Scalar:
     """``moment`` in the timestamp column's own type, so the filter compares without a cast
     (a cast of the column would defeat the row-group statistics)."""
@@ -326,7 +395,6 @@ def read_log_window(
     """
     import numpy as np
     import pandas as pd
-    import pyarrow.dataset as pads
     import pyarrow.types as pat
 
     from solaris_feast.data.schema import (
@@ -361,13 +429,7 @@ def read_log_window(
             "is a timestamp without a time zone: store it with one, or set "
             "log.timestamps_without_zone_are_utc: true if it is UTC",
         )
-    window = pads.field(cols.timestamp) < _as_scalar(end, ts_type)
-    if start is not None:
-        window = window & (pads.field(cols.timestamp) >= _as_scalar(start, ts_type))
-    # A row without a time belongs to no window: read, so that the schema check refuses it
-    # (a comparison with null is null, and the filter alone would drop it unsaid).
-    window = window | pads.field(cols.timestamp).is_null()
-    table = dataset.to_table(columns=list(roles.values()), filter=window)
+    table = _read_window(dataset, list(roles.values()), cols.timestamp, start, end, where)
     frame = table.to_pandas()
     ts = pd.to_datetime(frame[cols.timestamp])
     ts = ts.dt.tz_localize("UTC") if ts.dt.tz is None else ts.dt.tz_convert("UTC")
