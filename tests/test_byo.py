@@ -330,6 +330,10 @@ def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(
     ("change", "match"),
     [
         ({"columns": {"labels": ["clicked", "returned"]}}, r"log .*: column 'returned'.* missing"),
+        (  # a count, not a 0/1 label: how many rows, and which values
+            {"columns": {"labels": ["clicked", "session"]}},
+            r"log .*: column 'session' must hold binary labels \(0 or 1\): \d+ of \d+ rows hold \[",
+        ),
         (
             {"columns": {"item": "clicked", "labels": ["bought"]}},
             r"log .*: column 'clicked' \(mapped as item\) must be id, got bool",

@@ -177,8 +177,15 @@ def validate_interactions(
         values = frame[column]
         if values.isna().any():
             raise SchemaError(table, column, f"has {int(values.isna().sum())} NaN labels")
-        if not np.isin(values.to_numpy(), (0, 1)).all():
-            raise SchemaError(table, column, "must hold binary labels (0 or 1)")
+        other = np.flatnonzero(~np.isin(values.to_numpy(), (0, 1)))
+        if len(other):
+            seen = sorted(pd.unique(values.iloc[other]).tolist())
+            raise SchemaError(
+                table,
+                column,
+                f"must hold binary labels (0 or 1): {len(other)} of {len(values)} rows hold "
+                f"{seen[:5]}{' ...' if len(seen) > 5 else ''}; map them to 0/1 first",
+            )
 
 
 def _check_raw_ids(values: pd.Series, table: str, column: str) -> None:
