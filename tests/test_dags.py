@@ -548,6 +548,34 @@ def test_training_dag_registers_an_fm_compressor_vm_chain(trained: Trained) -> N
     assert timedelta(hours=5) < window <= timedelta(hours=6)
 
 
+def test_a_training_run_of_the_same_time_with_other_settings_is_refused_once_it_registered(
+    tmp_path: Path,
+) -> None:
+    """A stage returns the card an earlier try of its run registered: another FM option or
+    code_dim at the same time was ignored, and the old chain reported as the new one."""
+    from solaris_feast.errors import ConfigError
+    from solaris_feast.pipeline import training
+
+    models = tmp_path / "models"
+    interval = {
+        "data_interval_start": None,
+        "data_interval_end": None,
+        "logical_date": datetime(2026, 3, 10, 12, tzinfo=UTC),
+        "run_after": None,
+        "run_id": "manual__retrain",
+    }
+    first = {**TRAINING_CONF, "models_dir": str(models), "code_dim": 16}
+    other = {**first, "code_dim": 8}
+    training.start_training(first, interval)
+    # Nothing registered yet (a try that failed on a typo): corrected settings go ahead.
+    run = training.start_training(other, interval)
+    training.train_foundation_stage(run)
+
+    with pytest.raises(ConfigError, match=r"code_dim: 8 then, 16 now.*another time"):
+        training.start_training(first, interval)
+    assert training.start_training(other, interval) == run  # a retry with its own settings
+
+
 def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempotently(
     trained: Trained, feast_project: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -57,6 +57,7 @@ from solaris_feast.pipeline.runs import (
     earlier_round_published,
     fill_report_path,
     precompute_run_dir,
+    refuse_changed_settings,
     replace_folder_atomic,
     round_process_settings,
     run_time,
@@ -167,7 +168,7 @@ def start_precompute(
     if problems:
         raise ChainMismatchError(vm.version, problems)
     run_dir = precompute_run_dir(cfg, key, vm.version)
-    refuse_changed_settings(run_dir, cfg)
+    refuse_changed_round_settings(run_dir, cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_snapshot(run_dir, snapshot)
     if fingerprint is not None:  # the next round's start need not open Feast
@@ -255,16 +256,10 @@ def lost_online(spec: PrecomputeRun) -> int:
     )
 
 
-def refuse_changed_settings(run_dir: Path, cfg: PrecomputeSettings) -> None:
-    """Refuse to re-run a round whose folder was made with other settings.
-
-    A retry of the same round reuses the folder's files (its candidates, plan and shard
-    reports): that is what makes a retry idempotent. With another budget or candidate source
-    the same files would be reused silently, planned under the old settings.
-
-    Raises:
-        ConfigError: naming the keys that differ, their values, and the folder.
-    """
+def refuse_changed_round_settings(run_dir: Path, cfg: PrecomputeSettings) -> None:
+    """:func:`~solaris_feast.pipeline.runs.refuse_changed_settings` for a round's folder, whose
+    manifest holds the settings it was made with; another budget or candidate source would plan
+    from the old round's files."""
     from solaris_feast.errors import ConfigError
 
     manifest = run_dir / "manifest.json"
@@ -274,15 +269,12 @@ def refuse_changed_settings(run_dir: Path, cfg: PrecomputeSettings) -> None:
         before = PrecomputeRun.model_validate_json(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{manifest} is not a readable run manifest: {exc}") from exc
-    old, new = before.settings.model_dump(mode="json"), cfg.model_dump(mode="json")
-    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
-    if changed:
-        differences = "; ".join(f"{k}: {old.get(k)!r} then, {new.get(k)!r} now" for k in changed)
-        raise ConfigError(
-            f"this round already ran in {run_dir} with other settings ({differences}); a "
-            "re-run reuses that folder's files, so run it at another time (--at) or remove "
-            "the folder"
-        )
+    refuse_changed_settings(
+        before.settings.model_dump(mode="json"),
+        cfg.model_dump(mode="json"),
+        run_dir,
+        "run it at another time (--at) or remove the folder",
+    )
 
 
 def refuse_future_round(now: datetime, clock_skew_seconds: float) -> None:

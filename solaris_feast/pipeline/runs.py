@@ -237,6 +237,33 @@ def training_stage_marker(models_dir: Path, interval_key: str, stage: str) -> Pa
     return models_dir / TRAINING_MARKERS_SUBDIR / interval_key / stage
 
 
+TRAINING_SETTINGS_FILE = "settings.json"
+"""Beside a training run's stage markers: the settings the run started with."""
+
+
+def refuse_changed_settings(
+    before: Mapping[str, Any], now: Mapping[str, Any], where: Path, remedy: str
+) -> None:
+    """Refuse to re-run a run whose files (``where``) were made with other settings.
+
+    A retry of the same run reuses what its earlier try wrote (a round's candidates, plan and
+    shard reports; a training run's registered cards): that is what makes a retry idempotent.
+    With other settings those files would be reused silently, made under the old ones.
+
+    Raises:
+        ConfigError: naming the keys that differ, their values, the files and ``remedy``.
+    """
+    from solaris_feast.errors import ConfigError
+
+    changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
+    if changed:
+        differences = "; ".join(f"{k}: {before.get(k)!r} then, {now.get(k)!r} now" for k in changed)
+        raise ConfigError(
+            f"this run already ran in {where} with other settings ({differences}); a re-run "
+            f"reuses what it wrote, so {remedy}"
+        )
+
+
 def shard_dir(run_dir: Path, shard_index: int) -> Path:
     """The folder of one shard of users' files in a precompute run."""
     return run_dir / "shards" / str(shard_index)

@@ -8,13 +8,20 @@ instead of training again. torch is imported inside the functions.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from solaris_feast.pipeline.log import load_log
-from solaris_feast.pipeline.runs import run_time, training_stage_marker, write_atomic
+from solaris_feast.pipeline.runs import (
+    TRAINING_SETTINGS_FILE,
+    refuse_changed_settings,
+    run_time,
+    training_stage_marker,
+    write_atomic,
+)
 from solaris_feast.pipeline.settings import TrainingRun, TrainingSettings
 
 if TYPE_CHECKING:
@@ -22,6 +29,9 @@ if TYPE_CHECKING:
     from solaris_feast.models.registry import ModelCard
 
 logger = logging.getLogger(__name__)
+
+TRAINING_STAGES = ("fm", "compressor", "vm")
+"""The stages, in order, each marking the card it registered for a run."""
 
 
 def start_training(settings: Mapping[str, Any], interval: Mapping[str, Any]) -> dict[str, Any]:
@@ -31,7 +41,35 @@ def start_training(settings: Mapping[str, Any], interval: Mapping[str, Any]) -> 
         settings=TrainingSettings.model_validate(dict(settings)), now=now, interval_key=key
     )
     Path(spec.settings.models_dir).mkdir(parents=True, exist_ok=True)
+    _keep_settings(spec)
     return spec.model_dump(mode="json")
+
+
+def _keep_settings(spec: TrainingRun) -> None:
+    """Write the run's settings beside its stage markers, or refuse a run of the same time with
+    other ones once a stage has registered a card: a stage returns the card an earlier try
+    registered, so another FM, its options or code_dim at the same time were ignored and the
+    old chain reported as the new one. A try that registered nothing (a typo in an option)
+    leaves nothing to reuse, and the corrected settings replace its record."""
+    from solaris_feast.errors import ConfigError
+
+    path = _marker(spec, TRAINING_SETTINGS_FILE)
+    now = spec.settings.model_dump(mode="json")
+    registered = any(_marker(spec, stage).is_file() for stage in TRAINING_STAGES)
+    if registered and path.is_file():
+        try:
+            before = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{path} is not a readable training run record: {exc}") from exc
+        refuse_changed_settings(
+            before,
+            now,
+            path.parent,
+            "train at another time (--at, or the run's logical date) or remove that folder",
+        )
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(now, indent=2, sort_keys=True))
 
 
 def _marker(spec: TrainingRun, stage: str) -> Path:
