@@ -997,8 +997,19 @@ def test_a_vocabulary_chain_takes_new_users_but_refuses_a_log_of_strangers(
         Path(run["run_dir"]) / "misses.parquet"
     )
     shards = range(run["settings"]["shards"])
+    # A candidate table of the deployment's own lists the stranger too, 30 items deep: the FM
+    # would spend budget on its OOV row (an outside check: 82% of a round's pairs).
+    from solaris_feast.pipeline.runs import shard_candidates_path
+    from solaris_feast.pipeline.settings import PrecomputeRun
+
+    spec = PrecomputeRun.model_validate(run)
+    for shard in shards:
+        own = precompute.shard_candidates(spec, precompute.load_log(spec.settings, spec.now), shard)
+        extra = own.head(30).assign(user_id=stranger, item_id=range(30))
+        pd.concat([own, extra]).to_parquet(shard_candidates_path(Path(spec.run_dir), shard))
     reports = [precompute.rank_shard(run, shard) for shard in shards]
     assert sum(report["stranger_misses"] for report in reports) == 1
+    assert [report["stranger_candidates"] for report in reports] == [30] * len(shards)
     ranked = pd.concat(
         [read_plan(shard_ranked_dir(Path(run["run_dir"]), shard)).pairs for shard in shards]
     )

@@ -814,6 +814,14 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         .to_numpy(dtype=bool)
     )
     chain = _chain(spec) if to_score.any() or len(misses) else None
+    window_users = dataset.interactions[USER_ID]
+    cold = _strangers(chain, candidates[USER_ID], window_users)
+    stranger_candidates = int(np.count_nonzero(cold))
+    if stranger_candidates:
+        candidates, to_score = candidates.loc[~cold].reset_index(drop=True), to_score[~cold]
+    cold = _strangers(chain, misses[USER_ID], window_users)
+    strangers = int(np.count_nonzero(cold))
+    misses = misses.loc[~cold]
     scored_candidates = planning_scores(
         chain,
         dataset,
@@ -826,17 +834,6 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         ),
         return_weight_exponent=cfg.return_weight_exponent,
     )
-    strangers = 0
-    if chain is not None and chain.vocabulary is not None and len(misses):
-        cold = chain.vocabulary.strangers(misses[USER_ID], dataset.interactions[USER_ID])
-        strangers = int(np.count_nonzero(cold))
-        if strangers:
-            logger.info(
-                "%d queued misses of users the FM never saw and with no event in the log "
-                "window are left to the fallback tiers (the FM would read only its OOV row)",
-                strangers,
-            )
-            misses = misses.loc[~cold]
     scored_misses = _verifier_scores(chain, dataset, misses, spec.now) if len(misses) else None
     ranking = ranked(scored_candidates, scored_misses, log=True)
     _publish_plan(ranking, shard_ranked_dir(run_dir, shard_index))
@@ -850,6 +847,7 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         "candidates": len(candidates),
         "misses": len(misses),
         "stranger_misses": strangers,
+        "stranger_candidates": stranger_candidates,
         "scored": int(np.count_nonzero(to_score)) + len(misses),
         "skipped_fresh": ranking.stats.skipped_fresh,
         "lost_online": lost,
@@ -865,6 +863,26 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         facts.eligible,
     )
     return {**report, "reused": False}
+
+
+def _strangers(chain: ChainModels | None, users: pd.Series, window_users: pd.Series) -> np.ndarray:
+    """``(N,)`` bool: the ``users`` the FM's vocabulary does not hold and who have no event in
+    the round's window (:meth:`~solaris_feast.models.vocabulary.Vocabulary.strangers`). The FM
+    would read only its out-of-vocabulary row for them, so their pairs are left to the fallback
+    tiers: a candidate table of a user's own listing 2,000 such users gave them 82% of a
+    round's budget, and a queued miss of theirs was stored as a vector ~30x a known user's."""
+    import numpy as np
+
+    if chain is None or chain.vocabulary is None or not len(users):
+        return np.zeros(len(users), dtype=bool)
+    cold = chain.vocabulary.strangers(users, window_users)
+    if cold.any():
+        logger.info(
+            "%d pairs of users the FM never saw and with no event in the log window are left "
+            "to the fallback tiers (the FM would read only its OOV row)",
+            int(np.count_nonzero(cold)),
+        )
+    return np.asarray(cold, dtype=bool)
 
 
 def split_round_budget(run: Mapping[str, Any]) -> dict[str, Any]:
