@@ -275,6 +275,31 @@ def test_log_files_written_in_other_zones_read_as_one_log_and_other_types_name_t
         read_log_window(config, start, end)
 
 
+def test_rows_that_repeat_another_exactly_are_read_and_counted_aloud(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A writer that retried its upload repeats rows; they inflate histories and labels, so a
+    round says how many there are (and keeps them: a feed may log an impression twice)."""
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    folder = write_own_log(tmp_path / "log", 20, 15, end, days=1)
+    write_item_table(tmp_path / "items.parquet", 15)
+    config = load_config(write_config(tmp_path, config_dict(tmp_path))).log
+    clean = read_log_window(config, end - timedelta(days=1), end)
+    assert clean.metadata["repeated_rows"] == 0
+    day = sorted(folder.glob("*.parquet"))[-1]
+    frame = pd.read_parquet(day)
+    pd.concat([frame, frame.head(25)]).to_parquet(day, index=False)
+
+    with caplog.at_level("WARNING", logger="solaris_feast.data.log_source"):
+        window = read_log_window(config, end - timedelta(days=1), end)
+
+    assert window.metadata["repeated_rows"] == 25
+    assert len(window.interactions) == len(clean.interactions) + 25
+    assert "25 of" in caplog.text and "repeat another row exactly" in caplog.text
+
+
 def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -385,7 +385,8 @@ def read_log_window(
     :class:`InteractionDataset`, with the attribute tables read whole.
 
     Only the mapped columns of the window's rows are read. ``metadata["rows_read"]`` is the
-    number of log rows pyarrow returned.
+    number of log rows pyarrow returned, ``metadata["repeated_rows"]`` how many of them repeat
+    another row exactly (kept, and logged as a warning).
 
     Raises:
         ConfigError: the log or a table does not exist or is not parquet.
@@ -453,6 +454,18 @@ def read_log_window(
     except SchemaError as exc:
         raise SchemaError(where, own_column(config, exc.column), exc.problem) from exc
     interactions = interactions.sort_values(EVENT_TIMESTAMP, kind="stable").reset_index(drop=True)
+    repeated = int(interactions.duplicated().sum())
+    if repeated:
+        # Read as they are (a feed may log one impression twice on purpose), but said: a
+        # writer that retried its upload without dedup inflates histories and labels unsaid.
+        logger.warning(
+            "%s: %d of %d rows in the window repeat another row exactly (user, item, time and "
+            "labels); they are read as they are: drop them upstream if they are a writer's "
+            "retries",
+            where,
+            repeated,
+            len(interactions),
+        )
 
     users, user_cat, user_dense = _attributes(config.users, USER_ID, "users", config.dense_ids)
     items, item_cat, item_dense = _attributes(config.items, ITEM_ID, "items", config.dense_ids)
@@ -489,7 +502,7 @@ def read_log_window(
         item_categorical=item_cat,
         user_dense=user_dense,
         item_dense=item_dense,
-        metadata={"rows_read": table.num_rows, "source": location},
+        metadata={"rows_read": table.num_rows, "source": location, "repeated_rows": repeated},
         dense_ids=config.dense_ids,
     )
 
