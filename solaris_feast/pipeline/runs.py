@@ -34,7 +34,7 @@ import re
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -139,19 +139,81 @@ rounds from computing them again (measured under a real scheduler: a backfill of
 15 minutes covers a trigger's own delay and a command run for "now" by hand."""
 
 
-def takes_live_misses(now: datetime, run_type: str | None, started: datetime) -> bool:
+def takes_live_misses(
+    now: datetime, run_type: str | None, started: datetime, later_round: bool = False
+) -> bool:
     """Whether a round working for ``now``, started at ``started``, takes the miss queue.
 
     A backfill never does; a scheduled round (the DAG runs without catchup, so it is the latest
-    tick, however late it starts) and an asset-triggered one always do; any other round does
-    when ``now`` is at most :data:`LIVE_ROUND_LAG_SECONDS` before ``started``. A round that
-    does not take them plans from its candidates alone and leaves the queue to the live rounds.
+    tick, however late it starts) and an asset-triggered one do unless a round for a later time
+    has started already (``later_round``: the run was cleared and re-run after newer rounds,
+    so it is no longer the live one); any other round does when ``now`` is at most
+    :data:`LIVE_ROUND_LAG_SECONDS` before ``started``. A round that does not take them plans
+    from its candidates alone and leaves the queue to the live rounds.
     """
     if run_type == "backfill":
         return False
     if run_type in ("scheduled", "asset_triggered"):
-        return True
+        return not later_round
     return (started - now).total_seconds() <= LIVE_ROUND_LAG_SECONDS
+
+
+def later_round_started(settings: PrecomputeSettings, now: datetime) -> bool:
+    """Whether a round for a time after ``now`` has opened its folder under :func:`runs_root`.
+    Interval folders are named by their times (:func:`run_time`), so only a folder of a run
+    without an interval (``run_<id>``) has its manifest read."""
+    root = runs_root(settings)
+    if not root.is_dir():
+        return False
+    for interval in root.iterdir():
+        if not interval.is_dir():
+            continue
+        end = _interval_end(interval.name)
+        for folder in interval.iterdir():
+            manifest = folder / "manifest.json"
+            if not manifest.is_file():
+                continue
+            if end is None:
+                end = _manifest_time(manifest)
+            if end is not None and end > now:
+                return True
+            break
+    return False
+
+
+def chain_of_earlier_try(settings: PrecomputeSettings, interval_key: str) -> str | None:
+    """The VM version an earlier try of the same interval started with (its folder's name,
+    :func:`precompute_run_dir`), the newest if several; None for a first try. A cleared run is
+    re-run with it, as Airflow means a clear: the same work again, reusing its files, not a
+    re-plan of an old interval with a chain promoted since."""
+    folder = runs_root(settings) / interval_key
+    if not folder.is_dir():
+        return None
+    tries = [f for f in folder.iterdir() if (f / "manifest.json").is_file()]
+    if not tries:
+        return None
+    return max(tries, key=lambda f: (f / "manifest.json").stat().st_mtime).name
+
+
+def _interval_end(name: str) -> datetime | None:
+    """The end of an interval folder's name ``<start>_<end>`` (:func:`_stamp`), else None."""
+    parts = name.split("_")
+    if len(parts) != 2:
+        return None
+    try:
+        return datetime.strptime(parts[1], "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+def _manifest_time(manifest: Path) -> datetime | None:
+    import json
+
+    try:
+        moment = datetime.fromisoformat(json.loads(manifest.read_text(encoding="utf-8"))["now"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _run_type(dag_run: Any) -> str | None:
