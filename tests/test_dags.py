@@ -690,12 +690,16 @@ def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempot
     assert native["solaris_resolved__resolved_tier"] == [Tier.EXACT, Tier.SIMILAR, Tier.USER_AGG]
 
     # A re-run of the same interval plans the same pairs and adds no offline row.
+    fill_report = (run_dir / "fill.json").read_text()
     second = run_dag("solaris_precompute", hour, precompute_conf(repo, models))
     assert all(t["state"] == "success" for t in second["tasks"].values())
     assert offline_rows(repo) == counts
     assert run_dirs(repo) == [run_dir]
     again = coverage_of(run_dir)
     assert (again["coverage"], again["fm_pairs"]) == (coverage["coverage"], coverage["fm_pairs"])
+    # The fill's report stays the round's, as coverage.json does (a re-run found its offline
+    # files written and reported 0, disagreeing with coverage.json).
+    assert (run_dir / "fill.json").read_text() == fill_report
 
     # A manual run has no data interval: it plans for its own time, in its own folder, and
     # skips the pairs whose vectors are still fresh.

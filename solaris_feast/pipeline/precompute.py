@@ -1175,8 +1175,15 @@ def fill_similar(run: Mapping[str, Any]) -> dict[str, Any]:
     )
 
     def reported(outcome: dict[str, Any]) -> dict[str, Any]:
+        # The first complete try's figures stand, as coverage.json publishes them once: a
+        # cleared re-run writes the same rows again (its offline files exist, 0 written) and
+        # overwrote fill.json with figures that disagreed with the round's coverage.json.
         report = {**asked, **outcome}
-        write_atomic(fill_report_path(Path(spec.run_dir)), json.dumps(report, indent=2))
+        path = fill_report_path(Path(spec.run_dir))
+        if not write_once(path, json.dumps(report, indent=2)):
+            logger.info("similarity fill re-run: %s; the round's report stays %s", report, path)
+            first: dict[str, Any] = json.loads(path.read_text())
+            return first
         return report
 
     if len(targets) == 0:
