@@ -214,8 +214,9 @@ def test_a_seed_whose_fm_does_not_beat_the_vm_leaves_the_ratio_and_its_spread_nu
     record = report.to_json()
 
     json.dumps(record, allow_nan=False)
-    assert record["transfer_ratio_per_seed"]["solaris"][0] == pytest.approx(0.5)
-    assert record["transfer_ratio_per_seed"]["solaris"][1] is None
+    per_seed: Any = record["transfer_ratio_per_seed"]
+    assert per_seed["solaris"][0] == pytest.approx(0.5)
+    assert per_seed["solaris"][1] is None
     assert record["transfer_ratio"] == {"kd": None, "solaris": None}
     assert record["transfer_ratio_std"] == {"kd": None, "solaris": None}
     assert "n/a" in format_transfer_table(record)
