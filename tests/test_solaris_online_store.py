@@ -273,6 +273,24 @@ def test_exact_misses_are_queued_for_the_planner_unless_turned_off(store: Featur
     queue.close()
 
 
+def test_a_request_without_the_item_is_refused_where_feasts_read_answers_aggregates(
+    store: FeatureStore,
+) -> None:
+    """Without item_id Feast's own read finds no pair and the user's row: every row came back
+    as the user's aggregate (tier 1), a wrong answer with a 200 for a malformed request."""
+    from solaris_feast.serving.online_store import ResolvedRequestRefused
+
+    write_user_aggregate(store, 1)
+    no_item = [{"user_id": 1, MODEL_VERSION_REQUEST_FIELD: VERSION}] * 2
+    assert (
+        answer(store, RESOLVED, no_item)[f"{CFG.resolved_view_name}__resolved_tier"]
+        == [Tier.USER_AGG] * 2
+    )
+    with pytest.raises(ResolvedRequestRefused, match=r"needs item_id in every entity row") as no:
+        answer(solaris_store_of(store), RESOLVED, no_item)
+    assert no.value.http_status_code() == 422
+
+
 def test_a_vm_version_in_a_request_is_refused_naming_the_version_to_send(
     store: FeatureStore,
 ) -> None:

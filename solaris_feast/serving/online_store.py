@@ -75,13 +75,18 @@ else:
     _StoreBase = object
 
 
-class ModelVersionRefused(FeastError, ConfigError):
-    """A request's ``solaris_model_version`` no stored vector carries (an FM's or a VM's card
-    version): the client's mistake, so ``feast serve`` answers 422, not a 500 that reads as an
-    outage; a ``ConfigError`` for SDK callers."""
+class ResolvedRequestRefused(FeastError, ConfigError):
+    """A resolved-view request that cannot be answered as asked: the client's mistake, so
+    ``feast serve`` answers 422, not a 500 that reads as an outage; a ``ConfigError`` for SDK
+    callers."""
 
     def http_status_code(self) -> int:
         return 422
+
+
+class ModelVersionRefused(ResolvedRequestRefused):
+    """A request's ``solaris_model_version`` no stored vector carries (an FM's or a VM's card
+    version)."""
 
 
 class OnlineStoreUnavailable(FeastError, RetryableStoreError):
@@ -345,6 +350,14 @@ class ResolvedViewReads(_StoreBase):
         if found is None or columns is None:
             return None
         request, others = found
+        keys = [name for name in (USER_ID, ITEM_ID) if name not in columns]
+        if keys:
+            # Feast's own read answers it: the pair views find nothing without the item, the
+            # user view finds the user, so every row came back as the user's aggregate.
+            raise ResolvedRequestRefused(
+                f"the resolved view needs {' and '.join(keys)} in every entity row "
+                f"(it reads pairs); the request has {sorted(columns)}"
+            )
         needed = (USER_ID, ITEM_ID, MODEL_VERSION_REQUEST_FIELD)
         if any(name not in columns for name in needed):
             return None  # Feast names what is missing
