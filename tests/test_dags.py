@@ -574,6 +574,13 @@ def test_a_training_run_of_the_same_time_with_other_settings_is_refused_once_it_
     with pytest.raises(ConfigError, match=r"code_dim: 8 then, 16 now.*another time"):
         training.start_training(first, interval)
     assert training.start_training(other, interval) == run  # a retry with its own settings
+    # A run folder from before the record: its cards are reused with a warning, and no record
+    # of today's settings is written (it would refuse the settings the cards were made with).
+    record = models / ".training_runs" / run["interval_key"] / "settings.json"
+    record.unlink()
+    training.start_training(first, interval)
+    assert not record.exists()
+    training.start_training(other, interval)
 
 
 def test_precompute_serves_every_tier_survives_a_failed_shard_and_reruns_idempotently(

@@ -56,7 +56,18 @@ def _keep_settings(spec: TrainingRun) -> None:
     path = _marker(spec, TRAINING_SETTINGS_FILE)
     now = spec.settings.model_dump(mode="json")
     registered = any(_marker(spec, stage).is_file() for stage in TRAINING_STAGES)
-    if registered and path.is_file():
+    if registered and not path.is_file():
+        # A try from before the record existed: what it ran with is unknown, so nothing is
+        # recorded (a record of these settings would refuse the ones it really ran with).
+        logger.warning(
+            "training run %s registered cards before its settings were recorded: they are "
+            "reused as they are, whatever the settings now; to train with other settings, "
+            "train at another time (--at) or remove %s",
+            spec.interval_key,
+            path.parent,
+        )
+        return
+    if registered:
         try:
             before = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
