@@ -1031,16 +1031,20 @@ def test_a_vocabulary_chain_takes_new_users_but_refuses_a_log_of_strangers(
     for shard in shards:
         own = precompute.shard_candidates(spec, precompute.load_log(spec.settings, spec.now), shard)
         extra = own.head(30).assign(user_id=stranger, item_id=range(30))
-        pd.concat([own, extra]).to_parquet(shard_candidates_path(Path(spec.run_dir), shard))
+        # And items the vocabulary lacks, with no event in the window, for a known user: the
+        # FM reads only its OOV item row (an own table's unknown SKUs took 596 of 600 pairs).
+        ghosts = own.head(20).assign(user_id=0, item_id=[10**6 + k for k in range(20)])
+        pd.concat([own, extra, ghosts]).to_parquet(shard_candidates_path(Path(spec.run_dir), shard))
     reports = [precompute.rank_shard(run, shard) for shard in shards]
     assert sum(report["stranger_misses"] for report in reports) == 1
-    assert [report["stranger_candidates"] for report in reports] == [30] * len(shards)
+    assert [report["stranger_candidates"] for report in reports] == [50] * len(shards)
     ranked = pd.concat(
         [read_plan(shard_ranked_dir(Path(run["run_dir"]), shard)).pairs for shard in shards]
     )
     queued = ranked.loc[ranked[QUEUED_MISS]]
     assert sorted(zip(queued["user_id"], queued["item_id"], strict=True)) == [(0, 3), (40, 3)]
     assert stranger not in set(ranked["user_id"])
+    assert not (ranked["item_id"] >= 10**6).any()
     # A round dated ahead of the clock (a local time read as UTC) is refused before any folder.
     from solaris_feast.errors import ConfigError
 

@@ -833,12 +833,11 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
         .to_numpy(dtype=bool)
     )
     chain = _chain(spec) if to_score.any() or len(misses) else None
-    window_users = dataset.interactions[USER_ID]
-    cold = _strangers(chain, candidates[USER_ID], window_users)
+    cold = _strangers(chain, candidates, dataset)
     stranger_candidates = int(np.count_nonzero(cold))
     if stranger_candidates:
         candidates, to_score = candidates.loc[~cold].reset_index(drop=True), to_score[~cold]
-    cold = _strangers(chain, misses[USER_ID], window_users)
+    cold = _strangers(chain, misses, dataset)
     strangers = int(np.count_nonzero(cold))
     misses = misses.loc[~cold]
     scored_candidates = planning_scores(
@@ -884,21 +883,27 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     return {**report, "reused": False}
 
 
-def _strangers(chain: ChainModels | None, users: pd.Series, window_users: pd.Series) -> np.ndarray:
-    """``(N,)`` bool: the ``users`` the FM's vocabulary does not hold and who have no event in
-    the round's window (:meth:`~solaris_feast.models.vocabulary.Vocabulary.strangers`). The FM
-    would read only its out-of-vocabulary row for them, so their pairs are left to the fallback
-    tiers: a candidate table of a user's own listing 2,000 such users gave them 82% of a
-    round's budget, and a queued miss of theirs was stored as a vector ~30x a known user's."""
+def _strangers(
+    chain: ChainModels | None, pairs: pd.DataFrame, dataset: InteractionDataset
+) -> np.ndarray:
+    """``(N,)`` bool: ``pairs`` of a user or an item the FM's vocabulary does not hold and that
+    has no event in the round's window
+    (:meth:`~solaris_feast.models.vocabulary.Vocabulary.stranger_pairs`). The FM would read only
+    its out-of-vocabulary row for them, so they are left to the fallback tiers: a candidate
+    table of a user's own listing 2,000 such users gave them 82% of a round's budget, and a
+    queued miss of theirs was stored as a vector ~30x a known user's."""
     import numpy as np
 
-    if chain is None or chain.vocabulary is None or not len(users):
-        return np.zeros(len(users), dtype=bool)
-    cold = chain.vocabulary.strangers(users, window_users)
+    if chain is None or chain.vocabulary is None or not len(pairs):
+        return np.zeros(len(pairs), dtype=bool)
+    log = dataset.interactions
+    cold = chain.vocabulary.stranger_pairs(
+        pairs[USER_ID], pairs[ITEM_ID], log[USER_ID], log[ITEM_ID]
+    )
     if cold.any():
         logger.info(
-            "%d pairs of users the FM never saw and with no event in the log window are left "
-            "to the fallback tiers (the FM would read only its OOV row)",
+            "%d pairs of users or items the FM never saw, with no event in the log window, are "
+            "left to the fallback tiers (the FM would read only its OOV row)",
             int(np.count_nonzero(cold)),
         )
     return np.asarray(cold, dtype=bool)

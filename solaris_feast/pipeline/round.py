@@ -26,9 +26,15 @@ def precompute_round(
     misses = precompute.drain_miss_queue(run)
     say(f"misses      {misses['misses']} taken from the queue")
     rankings = [precompute.rank_shard(run, shard) for shard in range(run["settings"]["shards"])]
+    strangers = sum(r.get("stranger_candidates", 0) for r in rankings)
     say(
         f"candidates  {sum(r['candidates'] for r in rankings)} pairs in {len(rankings)} "
         f"shard(s), {sum(r['eligible'] for r in rankings)} not fresh"
+        + (
+            f", {strangers} of users or items the FM never saw left to the fallback tiers"
+            if strangers
+            else ""
+        )
     )
     split = precompute.split_round_budget(run)
     say(f"plan        {split['planned']} pairs for the FM, per shard {split['budgets']}")
