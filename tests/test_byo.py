@@ -298,6 +298,9 @@ def test_rows_that_repeat_another_exactly_are_read_and_counted_aloud(
     assert window.metadata["repeated_rows"] == 25
     assert len(window.interactions) == len(clean.interactions) + 25
     assert "25 of" in caplog.text and "repeat another row exactly" in caplog.text
+    # Once per window: a round reads its window in several steps.
+    read_log_window(config, end - timedelta(days=1), end)
+    assert caplog.text.count("repeat another row exactly") == 1
 
 
 def test_a_corrupt_file_outside_the_window_of_a_partitioned_log_is_never_opened(

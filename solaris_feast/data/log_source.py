@@ -378,6 +378,10 @@ def log_location(config: InteractionLogConfig) -> str:
     return config.path
 
 
+_REPEATS_SAID: set[tuple[str, datetime | None, datetime, int]] = set()
+"""Windows whose repeated rows this process has warned of already."""
+
+
 def read_log_window(
     config: InteractionLogConfig, start: datetime | None, end: datetime
 ) -> InteractionDataset:
@@ -455,9 +459,12 @@ def read_log_window(
         raise SchemaError(where, own_column(config, exc.column), exc.problem) from exc
     interactions = interactions.sort_values(EVENT_TIMESTAMP, kind="stable").reset_index(drop=True)
     repeated = int(interactions.duplicated().sum())
-    if repeated:
-        # Read as they are (a feed may log one impression twice on purpose), but said: a
-        # writer that retried its upload without dedup inflates histories and labels unsaid.
+    said = (location, start, end, repeated)
+    if repeated and said not in _REPEATS_SAID:
+        # Read as they are (a feed may log one impression twice on purpose), but said, once
+        # per window in a process (a round reads its window in several steps): a writer that
+        # retried its upload without dedup inflates histories and labels unsaid.
+        _REPEATS_SAID.add(said)
         logger.warning(
             "%s: %d of %d rows in the window repeat another row exactly (user, item, time and "
             "labels); they are read as they are: drop them upstream if they are a writer's "
