@@ -560,8 +560,9 @@ def drain_miss_queue(run: Mapping[str, Any]) -> dict[str, Any]:
     limit = spec.settings.max_drained_misses
     if not spec.takes_misses:
         logger.info(
-            "a round for %s (a backfill, or well before its start) leaves the miss queue to "
-            "the live rounds: its vectors would be as old as its log window",
+            "a round for %s (a backfill, a run cleared after a later round started, or a "
+            "round for a moment well before its start) leaves the miss queue to the live "
+            "rounds: its vectors would be as old as its log window",
             spec.now.isoformat(),
         )
     # max_drained_misses 0 takes none: drain(0) is the queue's empty frame.

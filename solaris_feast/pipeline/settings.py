@@ -233,7 +233,8 @@ class PrecomputeRun(BaseModel):
     :func:`solaris_feast.pipeline.runs.round_ticks`; None for a manual or asset-triggered one."""
     takes_misses: bool = True
     """The round answers the miss queue (:func:`solaris_feast.pipeline.runs.takes_live_misses`:
-    False for a backfill or a round for a moment well before its start)."""
+    False for a backfill, a scheduled run cleared after a later round started, or a round for
+    a moment well before its start)."""
     first_round: bool = False
     """No earlier round of these settings' runs folder had published its coverage when this one
     started (:func:`solaris_feast.pipeline.runs.earlier_round_published`): the offline logs
