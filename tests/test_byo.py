@@ -1092,7 +1092,6 @@ def test_a_backfill_or_a_round_for_the_past_leaves_the_miss_queue_to_the_live_ro
     log as it was then and stored them as fresh, so the live rounds never computed them again
     (a backfill under a real scheduler took every miss served since)."""
     from solaris_feast.config import precompute_settings
-    from solaris_feast.models.cards import list_cards
     from solaris_feast.pipeline import precompute
     from solaris_feast.pipeline.commands import _interval
     from solaris_feast.pipeline.runs import LIVE_ROUND_LAG_SECONDS, takes_live_misses
@@ -1133,22 +1132,6 @@ def test_a_backfill_or_a_round_for_the_past_leaves_the_miss_queue_to_the_live_ro
     assert drained(airflow_run("scheduled", now - timedelta(minutes=50))) == 0
     # The cleared live run itself re-reads the 3 misses it saved, and takes no new ones.
     assert drained(scheduled) == 3
-    # A chain promoted since: a cleared run is re-run with the chain it started with, in its
-    # own folder, not re-planned for its old time with the new chain.
-    [first_vm] = [c.version for c in list_cards(tmp_path / "models") if c.kind == "vm"]
-    run_cli(
-        "train", "--config", str(config), "--at", f"{now - timedelta(minutes=5):%Y-%m-%dT%H:%M:%S}"
-    )
-    newer_vm = max(
-        (c for c in list_cards(tmp_path / "models") if c.kind == "vm"), key=lambda c: c.created_at
-    ).version
-    run_cli("promote", "--config", str(config), "--vm", newer_vm, "--no-airflow")
-    again = precompute.start_precompute(settings.model_dump(mode="json"), scheduled)
-    assert newer_vm != first_vm and again["vm_version"] == first_vm
-    fresh = precompute.start_precompute(
-        settings.model_dump(mode="json"), airflow_run("scheduled", now)
-    )
-    assert fresh["vm_version"] == newer_vm
     # A manual round or a command's --at: live within the lag, not past it.
     lag = timedelta(seconds=LIVE_ROUND_LAG_SECONDS)
     assert takes_live_misses(now - lag, "manual", now)

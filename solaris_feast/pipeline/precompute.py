@@ -54,7 +54,6 @@ from solaris_feast.pipeline.registry_snapshot import (
 )
 from solaris_feast.pipeline.runs import (
     budget_path,
-    chain_of_earlier_try,
     earlier_round_published,
     fill_report_path,
     later_round_started,
@@ -114,12 +113,11 @@ def start_precompute(
     (:func:`~solaris_feast.models.cards.serving_chain`). Everything is checked before anything
     is written: a bad log or candidate table, or a chain trained on another log
     (:class:`~solaris_feast.errors.ChainMismatchError`), fails this task once. The folder is
-    keyed by the interval and the VM version: a re-run of the interval (a retry, or a cleared
-    run) takes the chain its earlier try started with and finds its files, even after another
-    chain was promoted (:func:`~solaris_feast.pipeline.runs.chain_of_earlier_try`). ``ticks``
-    (a scheduled round's skipped ticks and late start,
-    :func:`~solaris_feast.pipeline.runs.round_ticks`) go into the run spec and from there into
-    ``coverage.json``.
+    keyed by the interval and the VM version: a re-run of the interval with the same models
+    finds its earlier files; a new model version starts a full re-plan (a run failed on a
+    chain is fixed by promoting another and clearing it). ``ticks`` (a scheduled round's
+    skipped ticks and late start, :func:`~solaris_feast.pipeline.runs.round_ticks`) go into
+    the run spec and from there into ``coverage.json``.
     """
     from solaris_feast.errors import ChainMismatchError, ConfigError
     from solaris_feast.models.cards import serving_chain
@@ -137,20 +135,7 @@ def start_precompute(
             now, cfg.pair_ttl_seconds or snapshot.tier_view(Tier.EXACT).ttl_seconds
         )
     models_dir = Path(cfg.models_dir)
-    chain = None
-    earlier = chain_of_earlier_try(cfg, key)
-    if earlier is not None and models_dir.is_dir():
-        try:
-            chain = serving_chain(models_dir, earlier)
-        except ConfigError as exc:
-            logger.warning(
-                "an earlier try of this round started with %s, which cannot be loaded (%s): "
-                "this try plans with the serving chain",
-                earlier,
-                exc,
-            )
-    if chain is None:
-        chain = serving_chain(models_dir, cfg.serving_vm or None) if models_dir.is_dir() else None
+    chain = serving_chain(models_dir, cfg.serving_vm or None) if models_dir.is_dir() else None
     if chain is None or chain.vm is None:
         raise ConfigError(
             f"no VM model card in {models_dir}: run the solaris_training DAG (or solaris train)"

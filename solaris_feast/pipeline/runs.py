@@ -181,20 +181,6 @@ def later_round_started(settings: PrecomputeSettings, now: datetime) -> bool:
     return False
 
 
-def chain_of_earlier_try(settings: PrecomputeSettings, interval_key: str) -> str | None:
-    """The VM version an earlier try of the same interval started with (its folder's name,
-    :func:`precompute_run_dir`), the newest if several; None for a first try. A cleared run is
-    re-run with it, as Airflow means a clear: the same work again, reusing its files, not a
-    re-plan of an old interval with a chain promoted since."""
-    folder = runs_root(settings) / interval_key
-    if not folder.is_dir():
-        return None
-    tries = [f for f in folder.iterdir() if (f / "manifest.json").is_file()]
-    if not tries:
-        return None
-    return max(tries, key=lambda f: (f / "manifest.json").stat().st_mtime).name
-
-
 def _interval_end(name: str) -> datetime | None:
     """The end of an interval folder's name ``<start>_<end>`` (:func:`_stamp`), else None."""
     parts = name.split("_")
