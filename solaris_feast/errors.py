@@ -157,6 +157,11 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
+class ModelVersionError(ConfigError):
+    """An FM's or a VM's card version asked for where the chain's embedding version is meant
+    (:func:`solaris_feast.models.cards.check_embedding_version`): no stored vector carries it."""
+
+
 class ChainMismatchError(ConfigError):
     """The serving chain (FM, compressor, VM) does not fit the log a round reads: another label
     set, ids beyond the models' embedding tables, other attribute sizes. No retry can fix it;

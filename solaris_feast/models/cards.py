@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from solaris_feast.errors import ArtifactIntegrityError, ConfigError
+from solaris_feast.errors import ArtifactIntegrityError, ConfigError, ModelVersionError
 from solaris_feast.serving.resolve import DEFAULT_CLOCK_SKEW_SECONDS
 from solaris_feast.store.definitions import (
     DEFAULT_PAIR_TTL_SECONDS,
@@ -129,8 +129,8 @@ def check_embedding_version(version: str, repo_dir: Path | None = None) -> None:
     compressor, the newest compressor trained on the FM, else the serving chain's.
 
     Raises:
-        ConfigError: naming the version, its kind and the version to send, or where it is
-            printed.
+        ModelVersionError: naming the version, its kind and the version to send, or where it
+            is printed.
     """
     shape = _CARD_VERSION.fullmatch(version)
     kind = shape.group(1) if shape is not None else "compressor"
@@ -144,7 +144,7 @@ def check_embedding_version(version: str, repo_dir: Path | None = None) -> None:
         "with', by solaris status as 'expected model version', and returned by "
         "models.cards.serving_embedding_version)"
     )
-    raise ConfigError(
+    raise ModelVersionError(
         f"model version {version!r} is the {kind.upper()}'s; stored vectors carry the chain's "
         f"embedding version: {send}"
     )

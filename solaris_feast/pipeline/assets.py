@@ -39,6 +39,10 @@ PUBLISHED_ASSET = "solaris_published"
 PUBLISHED_URI = "feast://solaris/published"
 
 
+VIEW_ASSET_TIERS = ("EXACT", "SIMILAR", "USER_AGG")
+"""The tiers whose view the precompute DAG writes and marks as an asset (:func:`view_asset`)."""
+
+
 def view_asset(tier: str) -> tuple[str, str]:
     """``(name, uri)`` of the asset the precompute DAG marks when it writes the view of ``tier``
     (``EXACT``, ``SIMILAR``, ``USER_AGG``). Role names, the default view names, the same in

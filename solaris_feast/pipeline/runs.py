@@ -166,18 +166,13 @@ def later_round_started(settings: PrecomputeSettings, now: datetime) -> bool:
     if not root.is_dir():
         return False
     for interval in root.iterdir():
-        if not interval.is_dir():
-            continue
         end = _interval_end(interval.name)
-        for folder in interval.iterdir():
-            manifest = folder / "manifest.json"
-            if not manifest.is_file():
-                continue
-            if end is None:
-                end = _manifest_time(manifest)
-            if end is not None and end > now:
+        if end is not None and end <= now:
+            continue  # the name says it: no folder of an earlier round is opened
+        for manifest in interval.glob("*/manifest.json"):
+            moment = end if end is not None else _manifest_time(manifest)
+            if moment is not None and moment > now:
                 return True
-            break
     return False
 
 

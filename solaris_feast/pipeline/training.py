@@ -55,8 +55,11 @@ def _keep_settings(spec: TrainingRun) -> None:
 
     path = _marker(spec, TRAINING_SETTINGS_FILE)
     now = spec.settings.model_dump(mode="json")
-    registered = any(_marker(spec, stage).is_file() for stage in TRAINING_STAGES)
-    if registered and not path.is_file():
+    if not any(_marker(spec, stage).is_file() for stage in TRAINING_STAGES):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(now, indent=2, sort_keys=True))
+        return
+    if not path.is_file():
         # A try from before the record existed: what it ran with is unknown, so nothing is
         # recorded (a record of these settings would refuse the ones it really ran with).
         logger.warning(
@@ -67,20 +70,16 @@ def _keep_settings(spec: TrainingRun) -> None:
             path.parent,
         )
         return
-    if registered:
-        try:
-            before = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"{path} is not a readable training run record: {exc}") from exc
-        refuse_changed_settings(
-            before,
-            now,
-            path.parent,
-            "train at another time (--at, or the run's logical date) or remove that folder",
-        )
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(now, indent=2, sort_keys=True))
+    try:
+        before = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a readable training run record: {exc}") from exc
+    refuse_changed_settings(
+        before,
+        now,
+        path.parent,
+        "train at another time (--at, or the run's logical date) or remove that folder",
+    )
 
 
 def _marker(spec: TrainingRun, stage: str) -> Path:

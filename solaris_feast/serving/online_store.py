@@ -44,7 +44,6 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -55,8 +54,7 @@ from feast.repo_config import FeastConfigBaseModel
 from pydantic import Field
 
 from solaris_feast.columns import ITEM_ID, USER_ID
-from solaris_feast.errors import ConfigError, RetryableStoreError
-from solaris_feast.models.cards import check_embedding_version
+from solaris_feast.errors import ConfigError, ModelVersionError, RetryableStoreError
 from solaris_feast.serving.resolve import clock_skew_of
 from solaris_feast.serving.retriever import RetrieverStats, SolarisRetriever, validate_request
 from solaris_feast.store.definitions import MODEL_VERSION_REQUEST_FIELD, SolarisFeastConfig
@@ -306,21 +304,19 @@ class ResolvedViewReads(_StoreBase):
         if retriever is not None:
             cache.move_to_end(key)
             return retriever
-        # Checked once per new version, not on every request: a cached one passed.
+        # The retriever checks the version (once per new version: a cached one passed).
         try:
-            repo_path = getattr(config, "repo_path", None)
-            check_embedding_version(version, Path(repo_path) if repo_path else None)
-        except ConfigError as exc:
+            retriever = SolarisRetriever(
+                _RequestViews(config, {view.name: view for view in request.views_by_tier.values()}),
+                version,
+                deadline_ms=float(getattr(online, "deadline_ms", DEFAULT_STORE_DEADLINE_MS)),
+                strict=True,
+                record_misses=bool(getattr(online, "record_misses", True)),
+                views=request.view_names(),
+                clock_skew_seconds=request.clock_skew_seconds,
+            )
+        except ModelVersionError as exc:
             raise ModelVersionRefused(str(exc)) from None
-        retriever = SolarisRetriever(
-            _RequestViews(config, {view.name: view for view in request.views_by_tier.values()}),
-            version,
-            deadline_ms=float(getattr(online, "deadline_ms", DEFAULT_STORE_DEADLINE_MS)),
-            strict=True,
-            record_misses=bool(getattr(online, "record_misses", True)),
-            views=request.view_names(),
-            clock_skew_seconds=request.clock_skew_seconds,
-        )
         cache[key] = retriever
         while len(cache) > MAX_RETRIEVERS_PER_THREAD:
             cache.popitem(last=False)[1].close()

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from solaris_feast.pipeline.assets import view_asset
+from solaris_feast.pipeline.assets import VIEW_ASSET_TIERS, view_asset
 from solaris_feast.review.lineage.model import (
     DagLineage,
     GraphEdge,
@@ -150,7 +150,7 @@ def _producer_node(
         return str(node("dag", dag_id, f"DAG {dag_id}<br/>{view.schedule or '?'} (file not found)"))
     needles = {view.name, *view.sources}
     tier = view.tags.get(TAG_TIER, "").upper()
-    if tier in ("EXACT", "SIMILAR", "USER_AGG"):
+    if tier in VIEW_ASSET_TIERS:
         # The precompute DAG marks a view's role asset, whatever the repo names the view: a
         # repo of its own names (shop_pair) lost the asset -> view link.
         needles.add(view_asset(tier)[0])
