@@ -459,3 +459,37 @@ def test_a_consumer_that_dies_after_writing_causes_no_duplicate_rows(
     offline = pd.concat(pq.read_table(p).to_pandas() for p in files)
     assert len(files) == 1 and len(offline) == 8
     assert _pair_keys(client, feast_project) == 8
+
+
+def test_misses_are_queued_again_after_redis_restarts_empty(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """A retriever skips the pairs it queued until the round counter changes. A Redis that
+    restarts empty loses the queue and its markers; before any drain had bumped the counter it
+    was absent before and after, so the retriever kept skipping its pairs for the round TTL
+    (an hour) and every miss of that hour was lost."""
+    from solaris_feast.store.layout import miss_stream_key
+
+    items = np.arange(6, dtype=np.int64)
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis") as server:
+        store = _store_with_pairs(
+            feast_project, tmp_path, server.url, items[:1], np.ones((1, DIM), dtype=np.float32)
+        )
+        client = redis.Redis.from_url(server.url)
+        stream = miss_stream_key(feast_project)
+        retriever = SolarisRetriever(store, VERSION, deadline_ms=1000)
+        assert retriever.fetch(7, items).tiers.tolist() == [Tier.EXACT] + [Tier.ZERO] * 5
+        retriever.fetch(7, items)  # the counter's first read: nothing is sent twice
+        assert client.xlen(stream) == 5 and retriever.stats.misses_recorded == 5
+
+        server.stop()  # nothing on disk: it comes back empty
+        server.start()
+        assert wait_until(lambda: _answers(client), timeout_s=10.0)
+        assert client.xlen(stream) == 0
+        for _ in range(2):  # the stored pair is gone too: six misses now
+            answer = retriever.fetch(7, items)
+            assert not answer.error and (answer.tiers == Tier.ZERO).all()
+        assert client.xlen(stream) == 6, "the misses served after the restart were not queued"
+        assert retriever.stats.misses_recorded == 11
+        retriever.close()
+        client.close()

@@ -17,8 +17,10 @@ slot):
 - ``solaris:{project}:missed:<user>:<item>`` (the ids' JSON text): a marker with a TTL
   (``round_ttl_seconds``); while it exists the pair is not queued again. Draining deletes the
   markers, which opens the next round.
-- ``solaris:{project}:miss_round``: a counter that every drain bumps. The retriever reads it in
-  the same round trip as the embeddings and skips re-sending pairs it already queued this round.
+- ``solaris:{project}:miss_round``: a counter that every drain bumps, started by the first
+  record at the server's clock (so a Redis restarted empty changes it too). The retriever reads
+  it in the same round trip as the embeddings and skips re-sending pairs it already queued this
+  round.
 
 SQLite layout: one table ``solaris_miss_queue`` in the online store's database file, described
 with its consumer groups in ``store/backends/sqlite.py``.

@@ -154,7 +154,10 @@ return applied
 """
 
 # One round trip for a whole fetch's misses; SET NX is the dedupe, so two servers missing the
-# same pair at the same moment still queue it once.
+# same pair at the same moment still queue it once. The round counter (KEYS[2]) is started at
+# the server's clock in microseconds where it is missing: a retriever skips the pairs it queued
+# until the counter changes, and a Redis restarted empty (markers and queue gone) must change
+# it, even before any drain has bumped it (absent before and after would read as no change).
 RECORD_SCRIPT = """
 local stream = KEYS[1]
 local marker_prefix = ARGV[1]
@@ -171,6 +174,10 @@ for i = 7, #ARGV do
       'user_id', user, 'item_id', item, 'model_version', version, 'missed_at', now)
     queued = queued + 1
   end
+end
+if queued > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
+  local t = redis.call('TIME')
+  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])), 'NX')
 end
 return queued
 """
@@ -789,7 +796,7 @@ class RedisBackend(SolarisKeyLayouts):
         script = self._script("record", RECORD_SCRIPT)
         return int(
             script(
-                keys=[self._stream_key],
+                keys=[self._stream_key, self._round_key],
                 args=[
                     self._marker_prefix,
                     round_ttl_seconds,
