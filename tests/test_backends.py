@@ -547,6 +547,7 @@ def test_open_repo_store_derives_the_redis_connection_without_touching_the_envir
         "127.0.0.1:6379,db=3,password=s3cr=t,ssl=true",
         "redis1:7000,redis2:7001,skip_full_coverage_check=true,username=me",
         "host:1,socket_keepalive=false,db=0",
+        'host:1,username=me,password="ab\\u002ccd\\u0020#"',  # as redis_connection_string escapes
     ],
 )
 def test_connection_strings_parse_as_feasts_own_parser_does(connection_string: str) -> None:

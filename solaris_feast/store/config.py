@@ -13,6 +13,7 @@ The online layout lives in :mod:`solaris_feast.store.layout` and the store acces
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -50,12 +51,36 @@ def redis_connection_string(redis_url: str) -> str:
             raise ConfigError(f"REDIS_URL database must be a number, got {db!r}")
         parts.append(f"db={db}")
     if parsed.username:
-        parts.append(f"username={unquote(parsed.username)}")
+        parts.append(f"username={_connection_value(unquote(parsed.username))}")
     if parsed.password:
-        parts.append(f"password={unquote(parsed.password)}")
+        parts.append(f"password={_connection_value(unquote(parsed.password))}")
     if parsed.scheme == "rediss":
         parts.append("ssl=true")
     return ",".join(parts)
+
+
+# Characters that Feast's connection string or the yaml it is expanded into would take apart:
+# "," separates the string's parts; a space or tab makes " #" a yaml comment and ": " a yaml
+# mapping; "$" names an environment variable wherever the value is expanded again.
+_CONNECTION_UNSAFE = ", $\t"
+
+
+def _connection_value(text: str) -> str:
+    """``text`` as a value of Feast's connection string that Feast's parser gives back as it is.
+
+    The parser splits the string on every "," and JSON-decodes each value, so a password with a
+    comma lost its tail, and one that reads as JSON (``1e3``, ``true``) arrived as a number or a
+    bool. Such a value is written as a JSON string with those characters escaped (``\\u002c``):
+    it holds no comma, and the JSON decoding gives the text back. Other values stay as written."""
+    try:
+        json.loads(text)
+    except ValueError:
+        if not any(c in _CONNECTION_UNSAFE for c in text):
+            return text
+    quoted = json.dumps(text)  # escapes quotes, backslashes and non-ASCII
+    for c in _CONNECTION_UNSAFE:
+        quoted = quoted.replace(c, f"\\u{ord(c):04x}")
+    return quoted
 
 
 def export_redis_connection(redis_url: str | None = None) -> str:
