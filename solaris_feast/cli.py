@@ -333,15 +333,26 @@ def _config_or_exit(path: Path | None) -> Any:
 
 def _one_line_error(exc: BaseException) -> str | None:
     """The one line an error ends a command with, None for a bug (its traceback is what a
-    report needs): our own errors, and a store that is down, slow or locked (retryable)."""
-    from solaris_feast.errors import SolarisError, is_retryable
+    report needs): our own errors, a store that is down, slow or locked (retryable), and a Redis
+    that answered with a refusal a retry repeats (a wrong password, a missing ACL permission, a
+    full or read-only server)."""
+    import sys
+
+    from solaris_feast.errors import SolarisError, describe_error, is_retryable
 
     if isinstance(exc, SolarisError):
-        return f"error: {type(exc).__name__}: {exc}"
+        return f"error: {describe_error(exc)}"
     if isinstance(exc, Exception) and is_retryable(exc):
         return (
-            f"error: {type(exc).__name__}: {exc} (the store is unreachable or busy: "
+            f"error: {describe_error(exc)} (the store is unreachable or busy: "
             "run the command again once it answers)"
+        )
+    redis_errors = sys.modules.get("redis.exceptions")
+    if redis_errors is not None and isinstance(exc, redis_errors.RedisError):
+        return (
+            f"error: {describe_error(exc)} (the Redis answered with a refusal that a retry "
+            "repeats: check the user, password and ACL of the connection (REDIS_URL or the "
+            "feature_store yaml's connection_string) and the server's maxmemory)"
         )
     return None
 

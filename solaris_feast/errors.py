@@ -152,9 +152,42 @@ def describe_error(exc: BaseException) -> str:
     """``Type: message`` of an error, for a message that carries it on. Not ``repr``: redis-py 8
     gives its errors a repr of their category alone (``network:ConnectionError``), so a store
     error quoted with ``!r`` lost the address and the cause (``Error 111 connecting to
-    127.0.0.1:6391. Connection refused.``)."""
+    127.0.0.1:6391. Connection refused.``). A Redis error whose message does not name its server
+    (a wrong password, a missing ACL permission, a full or read-only Redis) gets it appended."""
     message = str(exc)
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    server = redis_server_of(exc)
+    if server is not None and server.split(" ")[0] not in message:
+        text += f" (Redis at {server})"
+    return text
+
+
+def redis_server_of(exc: BaseException) -> str | None:
+    """``host:port`` (with `` db N`` when not 0) of the redis-py connection ``exc`` was raised
+    on, or None. redis-py's errors carry no address, so it is read off the connection object in
+    the frames the error passed through, innermost first; only the address is taken, never the
+    connection's other settings (its password)."""
+    import sys
+
+    connection_module = sys.modules.get("redis.connection")
+    if connection_module is None:  # redis never imported: not a Redis error
+        return None
+    connection_type = connection_module.AbstractConnection
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    for frame in reversed(frames):
+        for value in frame.f_locals.values():
+            if isinstance(value, connection_type):
+                host, port = getattr(value, "host", None), getattr(value, "port", None)
+                if host is None or port is None:
+                    path = getattr(value, "path", None)  # a unix socket
+                    return str(path) if path else None
+                db = getattr(value, "db", 0)
+                return f"{host}:{port}" + (f" db {db}" if db not in (0, "0", None) else "")
+    return None
 
 
 class ModelVersionError(ConfigError):

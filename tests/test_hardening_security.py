@@ -14,6 +14,7 @@ import pickle
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -392,3 +393,98 @@ def test_no_code_path_unpickles_or_evaluates_stored_data() -> None:
                 if call[1] == "read_pickle":
                     findings.append(f"{where} read_pickle()")
     assert not findings, findings
+
+
+def test_passwords_that_feasts_connection_string_would_take_apart_arrive_as_written(
+    feast_project: str,  # first: its teardown must see the real REDIS_URL again
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Feast's connection string is split on "," and each value JSON-decoded, and the yaml it is
+    expanded into reads " #" as a comment: a password with a comma lost its tail, ``1e3``
+    arrived as 1000.0, so a deployment with such a password (valid in its REDIS_URL) could not
+    log in. Read here through both parsers: Feast's own store and the retriever."""
+    from urllib.parse import quote
+
+    from feast import FeatureStore
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    yaml_text = (REPO_ROOT / "feature_repo" / "feature_store.redis.yaml").read_text()
+    (repo / "feature_store.redis.yaml").write_text(
+        yaml_text.replace("project: solaris", f"project: {feast_project}")
+    )
+    vectors = np.full((1, DIM), 0.5, dtype=np.float32)
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis") as server:
+        admin = redis.Redis(port=server.port)
+        for n, (user, password) in enumerate(
+            [("comma", "ab,cd"), ("numeric", "1e3"), ("spaced", "a #b: c,$HOME")]
+        ):
+            admin.acl_setuser(
+                user,
+                enabled=True,
+                passwords=[f"+{password}"],
+                keys=["*"],
+                channels=["*"],
+                commands=["+@all"],
+            )
+            monkeypatch.setenv(
+                "REDIS_URL", f"redis://{user}:{quote(password, safe='')}@127.0.0.1:{server.port}/3"
+            )
+            export_redis_connection()
+            store = FeatureStore(
+                repo_path=str(repo), fs_yaml_file=repo / "feature_store.redis.yaml"
+            )
+            if n == 0:
+                store.apply(solaris_definitions().all())
+            writer = EmbeddingWriter(store, "solaris_pair", offline=False)
+            writer.write(pair_frame(n, [n], vectors))
+            writer.close()
+            feast_read = store.get_online_features(
+                features=["solaris_pair:embedding"], entity_rows=[{"user_id": n, "item_id": n}]
+            ).to_dict()
+            assert np.allclose(feast_read["embedding"][0], vectors[0]), user
+            retriever = SolarisRetriever(store, VERSION, deadline_ms=2000, record_misses=False)
+            assert retriever.fetch(n, [n]).tiers.tolist() == [Tier.EXACT], user
+            retriever.close()
+        assert redis.Redis(port=server.port, db=3).dbsize() >= 3  # db 3, as the URL says
+
+
+def test_a_refused_login_ends_a_command_with_one_line_naming_the_server(
+    feast_project: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrong password (or a missing ACL permission, a full Redis) is final, not a bug: the
+    command used to end in a 240-line traceback that never named the server."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    yaml_text = (REPO_ROOT / "feature_repo" / "feature_store.redis.yaml").read_text()
+    (repo / "feature_store.redis.yaml").write_text(
+        yaml_text.replace("project: solaris", f"project: {feast_project}")
+    )
+    password = f"pw-{secrets.token_hex(8)}"
+    with owned_redis(THROWAWAY_PORT, tmp_path / "redis") as server:
+        redis.Redis(port=server.port).config_set("requirepass", password)
+        monkeypatch.setenv("REDIS_URL", f"redis://:{password}@127.0.0.1:{server.port}/0")
+        open_store(feast_project, repo, online="redis").apply(solaris_definitions().all())
+        env = {k: v for k, v in os.environ.items() if k != REDIS_CONNECTION_ENV}
+        env["REDIS_URL"] = f"redis://:wrong-{password}@127.0.0.1:{server.port}/0"
+        proc = subprocess.run(
+            [
+                str(Path(sys.executable).parent / "solaris"),
+                "status",
+                "--repo",
+                str(repo),
+                "--config",
+                "feature_store.redis.yaml",
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=240,
+        )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: AuthenticationError"), last
+    assert f"Redis at 127.0.0.1:{server.port}" in last and "password" in last
+    assert password not in proc.stderr and password not in proc.stdout

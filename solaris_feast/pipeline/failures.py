@@ -18,7 +18,7 @@ import logging
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from solaris_feast.errors import is_retryable
+from solaris_feast.errors import describe_error, is_retryable
 
 logger = logging.getLogger(__name__)
 
@@ -43,15 +43,13 @@ def fail_fast_on_final_errors(function: Callable[P, R]) -> Callable[P, R]:
             return function(*args, **kwargs)
         except Exception as exc:
             if is_retryable(exc):
-                logger.warning("%s: retryable %s: %s", function.__name__, type(exc).__name__, exc)
+                logger.warning("%s: retryable %s", function.__name__, describe_error(exc))
                 raise
             from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
             if isinstance(exc, AirflowException):
                 raise  # Airflow's own signals (skip, reschedule, fail) keep their meaning
-            logger.error(
-                "%s: final %s, not retried: %s", function.__name__, type(exc).__name__, exc
-            )
-            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from exc
+            logger.error("%s: final, not retried: %s", function.__name__, describe_error(exc))
+            raise AirflowFailException(describe_error(exc)) from exc
 
     return task_body

@@ -389,8 +389,8 @@ class SolarisRetriever:
             self.stats.miss_queue_errors += 1
             self._warn_limited(
                 f"miss queue {type(exc).__name__}",
-                "miss queue write failed: %r (%d failed writes since the last such line)",
-                exc,
+                "miss queue write failed: %s (%d failed writes since the last such line)",
+                describe_error(exc),
             )
             return
         if self.backend.reads_miss_round:
