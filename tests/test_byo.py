@@ -275,6 +275,47 @@ def test_log_files_written_in_other_zones_read_as_one_log_and_other_types_name_t
         read_log_window(config, start, end)
 
 
+@pytest.mark.parametrize(
+    ("column", "rewrite", "kinds"),
+    [
+        ("sku", lambda c: pa.array([f"sku:{v}" for v in c.to_pylist()]), "text against integer"),
+        (
+            "clicked",
+            lambda c: pa.compute.multiply(c.cast(pa.float64()), 0.5),
+            "floating against boolean",
+        ),
+        ("seen_at", lambda c: c.cast(pa.timestamp("us")), "without a zone against timestamp with"),
+        ("bought", lambda c: c.cast(pa.int32()), None),  # a width only: read as one log
+    ],
+    ids=["text-ids", "fractional-labels", "naive-times", "narrower-ints"],
+)
+def test_a_log_file_holding_another_kind_of_column_is_refused_not_cast_unsaid(
+    tmp_path: Path, column: str, rewrite: Any, kinds: str | None
+) -> None:
+    """pyarrow reads every file as the first file's schema and casts what it can: an integer
+    item 7 became the text "7" beside "sku:7", a 0.5 label became True, a time without a zone
+    was read as UTC; a round then stored vectors for made-up items, all without a word."""
+    from solaris_feast.data.log_source import read_log_window
+
+    end = datetime(2026, 3, 10, 12, tzinfo=UTC)
+    folder = write_own_log(tmp_path / "log", 30, 20, end, days=3)
+    write_item_table(tmp_path / "items.parquet", 20)
+    raw = config_dict(tmp_path)
+    del raw["log"]["items"]
+    config = load_config(write_config(tmp_path, raw)).log
+    start = end - timedelta(days=3)
+    before = read_log_window(config, start, end).interactions
+    last = sorted(folder.glob("*.parquet"))[-1]
+    table = pq.read_table(last)
+    at = table.schema.get_field_index(column)
+    pq.write_table(table.set_column(at, column, rewrite(table.column(column))), last)
+    if kinds is None:
+        pd.testing.assert_frame_equal(read_log_window(config, start, end).interactions, before)
+        return
+    with pytest.raises(SchemaError, match=rf"{last.name}.*'{column}' is .*{kinds}"):
+        read_log_window(config, start, end)
+
+
 def test_rows_that_repeat_another_exactly_are_read_and_counted_aloud(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -304,28 +304,34 @@ def _read_window(
     filtered in its own type and cast to the first file's.
 
     Raises:
-        SchemaError: naming the file and the column whose type cannot be read as the first
-            file's.
+        SchemaError: naming the file and the column that a file lacks, holds another kind in
+            than the first file (text ids beside integer ones, floats beside booleans, a time
+            without a zone beside one with), or stores in a type that cannot be read as the
+            first file's.
     """
     import pyarrow as pa
 
     from solaris_feast.errors import SchemaError
 
     ts_type = dataset.schema.field(timestamp).type
+    target = pa.schema([dataset.schema.field(name) for name in columns])
+    fragments = list(dataset.get_fragments())
+    # pyarrow reads every file as the first file's schema and casts what it can: integer ids
+    # to text (item 7 beside "sku:7"), a label of 0.5 to True, a time without a zone to UTC,
+    # each unsaid. Every file's own types are checked first (a footer read per file of the
+    # window, which the read opens anyway); only a width or a zone may differ.
+    for fragment in fragments:
+        _check_file_kinds(fragment, target, where)
     try:
         return dataset.to_table(
             columns=columns, filter=_window_filter(timestamp, ts_type, start, end)
         )
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid):
         pass  # types differ between files: each file in its own
-    target = pa.schema([dataset.schema.field(name) for name in columns])
     tables = []
-    for fragment in dataset.get_fragments():
+    for fragment in fragments:
         own = fragment.physical_schema
         path = getattr(fragment, "path", "?")
-        missing = [name for name in columns if own.get_field_index(name) < 0]
-        if missing:
-            raise SchemaError(f"{where} (file {path})", missing[0], "is missing from this file")
         try:
             piece = fragment.to_table(
                 columns=columns,
@@ -343,6 +349,47 @@ def _read_window(
                 "with the same column types",
             ) from exc
     return pa.concat_tables(tables) if tables else target.empty_table()
+
+
+def _type_kind(arrow_type: pa.DataType) -> str:
+    """What a column holds, whatever its width: files may differ in width (int32 beside int64,
+    large_string beside string) or a timestamp's zone and unit, never in kind."""
+    import pyarrow.types as pat
+
+    if pat.is_dictionary(arrow_type):  # a pandas category column: its values are what counts
+        arrow_type = arrow_type.value_type
+    for kind, test in (
+        ("integer", pat.is_integer),
+        ("floating", pat.is_floating),
+        ("boolean", pat.is_boolean),
+        ("text", lambda t: pat.is_string(t) or pat.is_large_string(t)),
+    ):
+        if test(arrow_type):
+            return kind
+    if pat.is_timestamp(arrow_type):
+        return "timestamp without a zone" if arrow_type.tz is None else "timestamp with a zone"
+    return str(arrow_type)
+
+
+def _check_file_kinds(fragment: Any, target: pa.Schema, where: str) -> None:
+    """Refuse a file of the log that lacks a column or holds another kind in it than the first
+    file, naming the file, the column and both types."""
+    from solaris_feast.errors import SchemaError
+
+    own = fragment.physical_schema
+    path = getattr(fragment, "path", "?")
+    for field in target:
+        if own.get_field_index(field.name) < 0:
+            raise SchemaError(f"{where} (file {path})", field.name, "is missing from this file")
+        here = own.field(field.name).type
+        if _type_kind(here) != _type_kind(field.type):
+            raise SchemaError(
+                f"{where} (file {path})",
+                field.name,
+                f"is {here} here and {field.type} in the log's first file "
+                f"({_type_kind(here)} against {_type_kind(field.type)}), which would be read "
+                "as the first file's kind unsaid: write every file with the same column types",
+            )
 
 
 def _as_scalar(moment: datetime, arrow_type: pa.DataType) -> pa.Scalar:
