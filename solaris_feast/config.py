@@ -233,13 +233,43 @@ def _problems(exc: ValidationError, prefix: str = "") -> str:
     )
 
 
+def _unique_key_loader() -> Any:
+    """PyYAML's safe loader, refusing a key a mapping already holds. YAML leaves a repeated key
+    to the reader and PyYAML keeps the last: a second ``precompute:`` section at the end of a
+    file replaced the whole first one, its budget back to the default, unsaid."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            first_line: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    earlier = first_line.get(key)
+                except TypeError:  # an unhashable key: the base class says so
+                    break
+                if earlier is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None,
+                        None,
+                        f"key {key!r} is repeated (first at line {earlier + 1}); "
+                        "YAML would keep only the last one",
+                        key_node.start_mark,
+                    )
+                first_line[key] = key_node.start_mark.line
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
 def _read_yaml(path: str | Path | None) -> tuple[Path, dict[str, Any]]:
     """The config file's path and its mapping, not yet validated."""
     import yaml
 
     file = config_path(path)
     try:
-        raw = yaml.safe_load(file.read_text(encoding="utf-8"))
+        # A SafeLoader: no tags beyond plain YAML, as yaml.safe_load.
+        raw = yaml.load(file.read_text(encoding="utf-8"), Loader=_unique_key_loader())
     except OSError as exc:
         raise ConfigError(f"config file {file} is not readable: {exc}") from exc
     except yaml.YAMLError as exc:

@@ -189,6 +189,27 @@ def test_a_malformed_config_is_refused_in_one_line_with_its_line_and_column(
     )
 
 
+def test_a_repeated_key_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """PyYAML keeps a repeated key's last value: a second ``precompute:`` at the end of the
+    file replaced the whole first section, its budget back to the default, unsaid."""
+    path = write_config(tmp_path, config_dict(tmp_path))
+    text = path.read_text()
+    assert "\nprecompute:" in text
+    path.write_text(text + "precompute:\n  shards: 3\n")
+    lines = path.read_text().splitlines()
+    first = lines.index("precompute:") + 1
+    with pytest.raises(
+        ConfigError,
+        match=rf"line {len(lines) - 1}.*'precompute' is repeated "
+        rf"\(first at line {first}\)",
+    ):
+        load_config(path)
+    inner = text.replace("precompute:\n", "precompute:\n  shards: 3\n  shards: 2\n", 1)
+    path.write_text(inner)
+    with pytest.raises(ConfigError, match="'shards' is repeated"):
+        load_config(path)
+
+
 def test_without_a_config_the_commands_say_what_to_set(no_config_env: None) -> None:
     with pytest.raises(ConfigError, match="pass --config PATH or set SOLARIS_CONFIG"):
         config_path(None)
