@@ -210,6 +210,22 @@ def test_a_repeated_key_is_refused_naming_both_lines(tmp_path: Path) -> None:
         load_config(path)
 
 
+@pytest.mark.parametrize(
+    ("template", "problem"),
+    [("cand/{now:%Y}{user}.parquet", "KeyError: 'user'"), ("cand/{now:%Y.parquet", "unmatched")],
+)
+def test_a_candidate_path_template_that_cannot_be_formatted_is_refused_when_the_config_loads(
+    tmp_path: Path, template: str, problem: str
+) -> None:
+    """It used to end a round in a bare KeyError traceback, after the round's folder was made."""
+    raw = config_dict(tmp_path)
+    raw["candidates"] = {"source": "table", "table": {"path": template}}
+    with pytest.raises(ConfigError, match=rf"candidates\.table\.path: .*{problem}"):
+        load_config(write_config(tmp_path, raw))
+    raw["candidates"]["table"]["path"] = "cand/{now.year}/{now:%m%dT%H}.parquet"
+    assert load_config(write_config(tmp_path, raw)).candidates.table is not None
+
+
 def test_without_a_config_the_commands_say_what_to_set(no_config_env: None) -> None:
     with pytest.raises(ConfigError, match="pass --config PATH or set SOLARIS_CONFIG"):
         config_path(None)
@@ -605,9 +621,18 @@ def test_a_bad_candidate_table_is_refused_naming_the_users_own_columns(tmp_path:
     pd.DataFrame(table).to_parquet(tmp_path / "nan.parquet", index=False)
     table["iid"] = ["a", "a", "a"]
     pd.DataFrame(table | {"s": [0.5, 0.4, 1.0]}).to_parquet(tmp_path / "dup.parquet", index=False)
+    # A log-probability, and scores past float32 (which became inf in the planner): both used to
+    # pass this check and fail the round later under the internal column name, without a file.
+    table["iid"] = ["a", "b", "a"]
+    pd.DataFrame(table | {"s": [-0.5, -2.0, -0.1]}).to_parquet(
+        tmp_path / "neg.parquet", index=False
+    )
+    pd.DataFrame(table | {"s": [1e39, 1.0, 2.0]}).to_parquet(tmp_path / "big.parquet", index=False)
     for name, match in (
         ("nan", r"nan\.parquet: column 's' has NaN or infinite scores"),
         ("dup", r"dup\.parquet: column 'iid' has 1 duplicate"),
+        ("neg", r"neg\.parquet: column 's' has 3 negative scores \(the lowest -2\).*>= 0"),
+        ("big", r"big\.parquet: column 's' has scores beyond float32's range"),
     ):
         raw = config_dict(
             tmp_path,

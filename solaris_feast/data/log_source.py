@@ -23,7 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from solaris_feast.columns import EVENT_TIMESTAMP, ITEM_ID, USER_ID
 
@@ -152,8 +152,25 @@ class CandidateTableConfig(BaseModel):
     item_column: str = ITEM_ID
     """Column of the item id."""
     score_column: str = ""
-    """Column of the retrieval score (higher is better); empty: the row order within a user is
-    the rank."""
+    """Column of the retrieval score (>= 0, higher is better); empty: the row order within a user
+    is the rank."""
+
+    @field_validator("path")
+    @classmethod
+    def _placeholders_are_the_rounds_time(cls, path: str) -> str:
+        # Checked when the config loads, not when a round has already made its folder: a
+        # placeholder other than {now...} (a KeyError) or a broken brace (a ValueError).
+        from datetime import UTC
+
+        try:
+            path.format(now=datetime(2026, 1, 1, tzinfo=UTC))
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise ValueError(
+                f"{path!r} may name only the round's time, as {{now:%Y%m%dT%H%M%SZ}} (a literal "
+                f"brace is written twice: {{{{ }}}}); formatting it failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+        return path
 
     def path_at(self, now: datetime) -> str:
         """The table of the round planned for ``now``."""

@@ -298,7 +298,8 @@ def validate_candidate_table(
 
     Required columns: ``user_id`` and ``item_id`` (non-negative integers or non-empty strings,
     no duplicate pairs).
-    ``candidate_score`` (float) is optional; without it the row order within a user is the rank.
+    ``candidate_score`` (float, >= 0, higher is better) is optional; without it the row order
+    within a user is the rank.
     A user with more than ``candidates_per_user`` rows keeps the best ones (by score, then item).
 
     Raises:
@@ -326,6 +327,24 @@ def validate_candidate_table(
         scores = frame[CANDIDATE_SCORE].to_numpy(dtype=np.float64)
         if not np.isfinite(scores).all():
             raise SchemaError(table, CANDIDATE_SCORE, "has NaN or infinite scores")
+        # The planner weighs a candidate by its score over its user's best: a ratio that needs
+        # scores >= 0, kept as float32 (a larger score became inf there).
+        negative = scores < 0
+        if negative.any():
+            raise SchemaError(
+                table,
+                CANDIDATE_SCORE,
+                f"has {int(negative.sum())} negative scores (the lowest {scores.min():.6g}): "
+                "scores must be >= 0, higher is better; map a log-probability or a negative "
+                "distance to one first (exp, or 1 / (1 + distance))",
+            )
+        if len(scores) and scores.max() > np.finfo(np.float32).max:
+            raise SchemaError(
+                table,
+                CANDIDATE_SCORE,
+                f"has scores beyond float32's range (the highest {scores.max():.6g}): "
+                "scale them down",
+            )
     else:
         # Row order is the user's ranking: turn it into a decreasing score so sorting keeps it.
         rank = frame.groupby(USER_ID, sort=False).cumcount().to_numpy()
