@@ -335,7 +335,8 @@ def _one_line_error(exc: BaseException) -> str | None:
     """The one line an error ends a command with, None for a bug (its traceback is what a
     report needs): our own errors, a store that is down, slow or locked (retryable), and a Redis
     that answered with a refusal a retry repeats (a wrong password, a missing ACL permission, a
-    full or read-only server)."""
+    full or read-only server), or a damaged SQLite file."""
+    import sqlite3
     import sys
 
     from solaris_feast.errors import SolarisError, describe_error, is_retryable
@@ -346,6 +347,11 @@ def _one_line_error(exc: BaseException) -> str | None:
         return (
             f"error: {describe_error(exc)} (the store is unreachable or busy: "
             "run the command again once it answers)"
+        )
+    if isinstance(exc, sqlite3.DatabaseError):  # not a busy one (retryable, above)
+        return (
+            f"error: {describe_error(exc)} (a SQLite file of the store is damaged or not "
+            "SQLite: the online store's path in the feature_store yaml, or its registry)"
         )
     redis_errors = sys.modules.get("redis.exceptions")
     if redis_errors is not None and isinstance(exc, redis_errors.RedisError):

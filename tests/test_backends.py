@@ -832,3 +832,26 @@ def test_entity_key_layout_decodes_its_own_keys_and_refuses_others() -> None:
     assert user.decode(user.key(7)) == {"user_id": 7}
     assert pair.decode(user.key(7)) is None and user.decode(pair.key(1, 2)) is None
     assert pair.decode(pair.key(1, 2)[:-1]) is None
+
+
+def test_a_port_that_is_no_number_and_a_damaged_sqlite_file_end_a_command_in_one_line(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """Both used to end a command in a traceback: ``ValueError: invalid literal for int()`` and
+    ``DatabaseError: file is not a database``, neither naming what to fix."""
+    from solaris_feast.cli import _one_line_error
+
+    bad: Any = store_with_online(
+        feast_project, tmp_path / "repo", {"type": "redis", "connection_string": "localhost:nope"}
+    )
+    with pytest.raises(ConfigError, match="numeric port") as raised:
+        redis_client(bad)
+    assert _one_line_error(raised.value) == f"error: ConfigError: {raised.value}"
+
+    damaged = tmp_path / "online.db"
+    damaged.write_bytes(os.urandom(5000))
+    with pytest.raises(sqlite3.DatabaseError) as caught:
+        sqlite3.connect(damaged).execute("SELECT name FROM sqlite_master")
+    line = _one_line_error(caught.value)
+    assert line is not None and line.startswith("error: DatabaseError: file is not a database")
+    assert "feature_store yaml" in line

@@ -341,6 +341,13 @@ def redis_client(store: FeatureStore | OnlineFacts, timeout_seconds: float | Non
     from redis.retry import Retry
 
     nodes, kwargs = connection_kwargs(store)
+    if not nodes or not str(nodes[0].get("port", "")).isdigit():
+        from solaris_feast.errors import ConfigError
+
+        raise ConfigError(
+            f"the Redis connection_string names no host:port with a numeric port "
+            f"(first node {nodes[0] if nodes else None}): write it as host:port[,db=N,...]"
+        )
     return redis.Redis(
         host=nodes[0]["host"],
         port=int(nodes[0]["port"]),
