@@ -174,6 +174,12 @@ def test_config_refuses_unknown_keys_and_a_malformed_model_naming_the_key(tmp_pa
     spec = {"entry_point": "my_pkg.models:make_fm", "options": {"dim": 8}}
     raw = config_dict(tmp_path, models={"dir": "models", "fm": spec})
     assert load_config(write_config(tmp_path, raw)).models.fm.options == {"dim": 8}  # type: ignore[union-attr]
+    # YAML reads an unquoted date as a date: the factory got a date in training and the card's
+    # string "2026-01-01" in every round after. Refused, saying to quote it.
+    path = write_config(tmp_path, raw)
+    path.write_text(path.read_text().replace("dim: 8", "dim: 8\n      since: 2026-01-01"))
+    with pytest.raises(ConfigError, match=r"models\.fm.*option 'since' is a date.*quote"):
+        load_config(path)
 
 
 def test_a_malformed_config_is_refused_in_one_line_with_its_line_and_column(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class ModelSpec(BaseModel):
@@ -21,6 +21,26 @@ class ModelSpec(BaseModel):
     arguments, it returns the model (a FoundationEncoder for fm, a Verifier for verifier)."""
     options: dict[str, Any] = {}
     """Keyword arguments of the factory (JSON values: they are recorded on the model card)."""
+
+    @field_validator("options")
+    @classmethod
+    def _json_values(cls, options: dict[str, Any]) -> dict[str, Any]:
+        # The card records the options as JSON and every round calls the factory with the
+        # card's: a value JSON cannot hold as it is (YAML's unquoted 2026-01-01 is a date) was
+        # a date in training and the string "2026-01-01" in every round after.
+        import json
+
+        for key, value in options.items():
+            try:
+                same = json.loads(json.dumps(value)) == value
+            except (TypeError, ValueError):
+                same = False
+            if not same:
+                raise ValueError(
+                    f"option {key!r} is a {type(value).__name__} ({value!r}), which the model "
+                    "card cannot record as it is: give a JSON value (quote a date or a time)"
+                )
+        return options
 
 
 class ArtifactSpec(BaseModel):
