@@ -146,6 +146,12 @@ def test_missing_parent_card_and_bad_ttl_are_config_errors(tmp_path: Path) -> No
         versioned_feast_config(tmp_path, environ={})
     with pytest.raises(ConfigError, match=PAIR_TTL_ENV):
         versioned_feast_config(tmp_path / "none", environ={PAIR_TTL_ENV: "6h"})
+    # A number out of bounds, an unknown codec: the variable is named, not the view config's
+    # field (a pydantic traceback out of feast apply before).
+    with pytest.raises(ConfigError, match=rf"{PAIR_TTL_ENV}=-5: .*greater than 0"):
+        versioned_feast_config(tmp_path / "none", environ={PAIR_TTL_ENV: "-5"})
+    with pytest.raises(ConfigError, match=r"SOLARIS_EMBEDDING_CODEC .*='bogus': .*'int8'"):
+        versioned_feast_config(tmp_path / "none", environ={"SOLARIS_EMBEDDING_CODEC": "bogus"})
     (tmp_path / "vm-x.card.json").write_text("{not json")
     with pytest.raises(ConfigError, match="not readable JSON"):
         newest_chain(tmp_path)

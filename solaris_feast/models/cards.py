@@ -548,8 +548,8 @@ def versioned_feast_config(
     ``precompute.embedding_codec`` when ``SOLARIS_CONFIG`` is set, else float32.
 
     Raises:
-        ConfigError: a malformed card, a missing parent card or a non-numeric TTL variable.
-        pydantic.ValidationError: a TTL out of bounds.
+        ConfigError: a malformed card, a missing parent card, or a variable that is not a
+            number or out of bounds (naming the variable).
     """
     env = os.environ if environ is None else environ
     chain = serving_chain(models_dir)
@@ -580,7 +580,24 @@ def versioned_feast_config(
         settings["verifier_version"] = chain.vm.version if chain.vm is not None else UNVERSIONED
         if chain.code_dim is not None:
             settings["embedding_dim"] = chain.code_dim
-    return SolarisFeastConfig(**settings)
+    from pydantic import ValidationError
+
+    try:
+        return SolarisFeastConfig(**settings)
+    except ValidationError as exc:
+        # Name the variable that was set, not the view config's field it fills.
+        source = {
+            "pair_ttl_seconds": PAIR_TTL_ENV,
+            "user_ttl_seconds": USER_TTL_ENV,
+            "similar_ttl_seconds": SIMILAR_TTL_ENV,
+            "clock_skew_seconds": CLOCK_SKEW_ENV,
+            "embedding_codec": f"{EMBEDDING_CODEC_ENV} (or precompute.embedding_codec)",
+        }
+        problems = []
+        for error in exc.errors():
+            field = str(error["loc"][0])
+            problems.append(f"{source.get(field, field)}={settings.get(field)!r}: {error['msg']}")
+        raise ConfigError(f"the views cannot be defined: {'; '.join(problems)}") from exc
 
 
 APPLY_MODELS_DIR = (
