@@ -634,11 +634,14 @@ def test_a_bad_candidate_table_is_refused_naming_the_users_own_columns(tmp_path:
         tmp_path / "neg.parquet", index=False
     )
     pd.DataFrame(table | {"s": [1e39, 1.0, 2.0]}).to_parquet(tmp_path / "big.parquet", index=False)
+    pd.DataFrame(table).iloc[:0].to_parquet(tmp_path / "empty.parquet", index=False)
     for name, match in (
         ("nan", r"nan\.parquet: column 's' has NaN or infinite scores"),
         ("dup", r"dup\.parquet: column 'iid' has 1 duplicate"),
         ("neg", r"neg\.parquet: column 's' has 3 negative scores \(the lowest -2\).*>= 0"),
         ("big", r"big\.parquet: column 's' has scores beyond float32's range"),
+        # Untyped: "must be id, got null" did not say the table was empty.
+        ("empty", r"empty\.parquet: column 'uid' \(mapped as user\) has no type .*empty"),
     ):
         raw = config_dict(
             tmp_path,
@@ -1475,6 +1478,9 @@ def test_an_own_models_odd_output_or_own_error_names_the_model_and_method(tmp_pa
     bf16 = torch.ones(2, 4, dtype=torch.bfloat16)
     with pytest.raises(ModelOutputError, match=r"models.fm x: encode .*bfloat16.*\.float\(\)"):
         checked_representation(bf16, 2, 4, "models.fm x")
+    # A list is float64 to numpy: the message used to name that dtype alone.
+    with pytest.raises(ModelOutputError, match=r"dtype float64 \(a list, .*float32 numpy array"):
+        checked_representation([[0.5] * 4] * 2, 2, 4, "models.fm x")
 
     class Pair(torch.nn.Module):
         def forward(

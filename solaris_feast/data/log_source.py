@@ -285,6 +285,14 @@ def _require_columns(
                 where, column, f"(mapped as {role}) is missing; columns present: {schema.names}"
             )
         kind = check[role]
+        if pat.is_null(schema.field(column).type):
+            raise SchemaError(
+                where,
+                column,
+                f"(mapped as {role}) has no type (pyarrow null): every value is missing, or the "
+                f"file was written from an empty untyped column (pandas' empty object column); "
+                f"write it as {kind}",
+            )
         if not kinds[kind](schema.field(column).type):
             raise SchemaError(
                 where,

@@ -179,7 +179,12 @@ def checked_representation(out: Any, n: int, dim: int, where: str) -> np.ndarray
             f"{where}: encode returned shape {array.shape}, expected ({n}, {dim})"
         )
     if array.dtype != np.float32:
-        raise ModelOutputError(f"{where}: encode returned dtype {array.dtype}, expected float32")
+        # A list becomes float64 in numpy: say what was returned, not only the dtype it became.
+        given = "" if hasattr(out, "dtype") else f" (a {type(out).__name__}, read by numpy as such)"
+        raise ModelOutputError(
+            f"{where}: encode returned dtype {array.dtype}{given}, expected float32: return a "
+            "float32 numpy array or tensor"
+        )
     if not np.isfinite(array).all():
         bad = int((~np.isfinite(array)).any(axis=1).sum())
         raise ModelOutputError(f"{where}: encode returned NaN or infinite values for {bad} pairs")
