@@ -9,6 +9,7 @@ input), because fallback code must treat them differently.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import FrameType
 
 
 class SolarisError(Exception):
@@ -170,15 +171,26 @@ def redis_server_of(exc: BaseException) -> str | None:
     import sys
 
     connection_module = sys.modules.get("redis.connection")
-    if connection_module is None:  # redis never imported: not a Redis error
+    redis_errors = sys.modules.get("redis.exceptions")
+    if connection_module is None or redis_errors is None:  # redis never imported
         return None
     connection_type = connection_module.AbstractConnection
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append(tb.tb_frame)
-        tb = tb.tb_next
-    for frame in reversed(frames):
+    chain_of_errors: list[BaseException] = []
+    error: BaseException | None = exc
+    while error is not None and all(error is not e for e in chain_of_errors):
+        chain_of_errors.append(error)  # the error, then what it wraps
+        error = error.__cause__ or error.__context__
+    if not any(isinstance(e, redis_errors.RedisError) for e in chain_of_errors):
+        return None  # a frame may hold a connection an unrelated error never touched
+    frames: list[FrameType] = []  # innermost first, per error
+    for error in chain_of_errors:
+        tb = error.__traceback__
+        chain: list[FrameType] = []
+        while tb is not None:
+            chain.append(tb.tb_frame)
+            tb = tb.tb_next
+        frames += reversed(chain)
+    for frame in frames:
         for value in frame.f_locals.values():
             if isinstance(value, connection_type):
                 host, port = getattr(value, "host", None), getattr(value, "port", None)

@@ -855,3 +855,30 @@ def test_a_port_that_is_no_number_and_a_damaged_sqlite_file_end_a_command_in_one
     line = _one_line_error(caught.value)
     assert line is not None and line.startswith("error: DatabaseError: file is not a database")
     assert "feature_store yaml" in line
+
+
+def test_describe_error_names_the_redis_server_of_a_wrapped_refusal_and_nothing_else(
+    redis_url: str,
+) -> None:
+    from urllib.parse import urlparse
+
+    from solaris_feast.errors import FinalStoreError, describe_error
+
+    client = redis.Redis.from_url(redis_url)
+    where = urlparse(redis_url)
+    try:
+        try:
+            client.execute_command("SOLARIS-NO-SUCH-COMMAND")
+        except redis.ResponseError as exc:
+            raise FinalStoreError("the write failed") from exc
+    except FinalStoreError as wrapped:
+        text = describe_error(wrapped)
+    assert text.startswith("FinalStoreError: the write failed (Redis at ")
+    assert f"{where.hostname}:{where.port}" in text
+    connection = client.connection_pool.get_connection()
+    try:
+        raise ValueError("bad plan")  # a connection in this frame, but no Redis error
+    except ValueError as exc:
+        assert describe_error(exc) == "ValueError: bad plan"
+    client.connection_pool.release(connection)
+    client.close()
