@@ -268,8 +268,12 @@ def _read_yaml(path: str | Path | None) -> tuple[Path, dict[str, Any]]:
 
     file = config_path(path)
     try:
-        # A SafeLoader: no tags beyond plain YAML, as yaml.safe_load.
-        raw = yaml.load(file.read_text(encoding="utf-8"), Loader=_unique_key_loader())
+        # yaml.safe_load's steps with a SafeLoader that refuses repeated keys.
+        loader = _unique_key_loader()(file.read_text(encoding="utf-8"))
+        try:
+            raw = loader.get_single_data()
+        finally:
+            loader.dispose()
     except OSError as exc:
         raise ConfigError(f"config file {file} is not readable: {exc}") from exc
     except yaml.YAMLError as exc:

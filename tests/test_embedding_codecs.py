@@ -23,7 +23,7 @@ import redis
 from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
 from solaris_feast.columns import COMPUTED_AT, EMBEDDING, ITEM_ID, MODEL_VERSION, USER_ID
-from solaris_feast.errors import WriteBatchError
+from solaris_feast.errors import ConfigError, WriteBatchError
 from solaris_feast.serving.retriever import SolarisRetriever
 from solaris_feast.store.backends import online_kind
 from solaris_feast.store.backends.sqlite import sqlite_path
@@ -352,14 +352,12 @@ def test_a_round_configured_for_int8_stores_int8_and_a_mismatch_is_refused(
 
 
 def test_feast_apply_takes_the_codec_from_the_environment(tmp_path: Path) -> None:
-    from pydantic import ValidationError
-
     from solaris_feast.models.cards import versioned_feast_config
 
     assert versioned_feast_config(tmp_path, environ={}).embedding_codec == "float32"
     chosen = versioned_feast_config(tmp_path, environ={"SOLARIS_EMBEDDING_CODEC": "int8"})
     assert chosen.embedding_codec == "int8"
-    with pytest.raises(ValidationError, match="int4"):
+    with pytest.raises(ConfigError, match=r"SOLARIS_EMBEDDING_CODEC .*='int4'"):
         versioned_feast_config(tmp_path, environ={"SOLARIS_EMBEDDING_CODEC": "int4"})
 
 
