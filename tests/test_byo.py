@@ -1235,6 +1235,39 @@ def test_a_backfill_or_a_round_for_the_past_leaves_the_miss_queue_to_the_live_ro
     queue.close()
 
 
+def test_a_round_for_the_past_leaves_pairs_later_rounds_hold_online_uncomputed(
+    tmp_path: Path, feast_project: str, no_config_env: None
+) -> None:
+    """Online writes keep the newest value, so a round for an earlier time (a backfill within
+    the TTL, a run cleared after later rounds) cannot replace what later rounds stored; its
+    state read stopped at its own time and it computed those pairs again. Under a real
+    scheduler a backfill of three intervals computed 900 pairs of which 12 reached the store."""
+    config = own_deployment(tmp_path, feast_project)
+    run_cli("train", "--config", str(config))
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    past = now - timedelta(hours=1)
+
+    def planned(moment: datetime) -> set[tuple[int, int]]:
+        files = [
+            f for f in _round_files(tmp_path, moment, "pairs.parquet") if f.parent.name == "plan"
+        ]
+        frame = pd.concat(map(pd.read_parquet, files))
+        return set(zip(frame["user_id"].astype(int), frame["item_id"].astype(int), strict=True))
+
+    run_cli("precompute", "--config", str(config), "--at", f"{now:%Y-%m-%dT%H:%M:%S}")
+    live = planned(now)
+    assert live
+    run_cli("precompute", "--config", str(config), "--at", f"{past:%Y-%m-%dT%H:%M:%S}")
+    assert not live & planned(past), "the past round computed pairs the later round holds"
+    [record] = [json.loads(p.read_text()) for p in _round_files(tmp_path, past, "coverage.json")]
+    assert 0 < record["superseded_by_later_rounds"] <= len(live)
+    # The later round's values are what a client is served, untouched by the past round.
+    [live_record] = [
+        json.loads(p.read_text()) for p in _round_files(tmp_path, now, "coverage.json")
+    ]
+    assert live_record["superseded_by_later_rounds"] == 0
+
+
 def _vm(root: Path) -> str:
     from solaris_feast.models.cards import list_cards
 

@@ -64,6 +64,7 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
 
     from solaris_feast.pipeline.precompute import (
         lost_online,
+        ranking_total,
         round_candidates,
         round_plan_stats,
         run_snapshot,
@@ -118,6 +119,9 @@ def publish_coverage(run: Mapping[str, Any]) -> dict[str, Any]:
         # Coverage is the tier rule over the offline log; pairs the log called fresh that the
         # online store had lost were planned again (within the budget) and are counted here.
         "lost_online": lost_online(spec),
+        # A past round (a backfill, a cleared run): candidates later rounds hold online, whose
+        # newer values its writes could not replace, so they were not computed.
+        "superseded_by_later_rounds": ranking_total(spec, "superseded_by_later_rounds"),
         "fm_pairs": int(sum(int(s["pairs"]) for s in shards)),
         "plan": asdict(round_plan_stats(spec)),
         "budgets": json.loads(budget_path(run_dir).read_text())["budgets"],
