@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from solaris_feast.bench import bench_app
+from solaris_feast.errors import ConfigError
 from solaris_feast.store.config import (
     REDIS_CONNECTION_ENV,
     redis_connection_string,
@@ -22,10 +23,14 @@ DIM = 32
 VERSION = "cmp-test-v1"
 
 
-def test_feast_apply_on_the_repo_succeeds(tmp_path: Path) -> None:
+def test_feast_apply_on_the_repo_succeeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from click.testing import CliRunner as ClickRunner
     from feast import FeatureStore
     from feast.cli.cli import cli as feast_cli
+
+    # Feast's --chdir changes this process's working folder for good: restored after the test
+    # (later tests ran in the copied repo, beside its feature_store.redis.yaml).
+    monkeypatch.chdir(Path.cwd())
 
     repo = tmp_path / "feature_repo"
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns("data", "__pycache__"))
@@ -153,3 +158,26 @@ def test_bench_refuses_to_time_another_server_on_its_feast_serve_port(redis_url:
     finally:
         other.shutdown()
         other.server_close()
+
+
+def test_a_relative_yaml_name_is_the_repos_file_before_the_working_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`solaris status --repo R --config feature_store.redis.yaml` run beside another repo's
+    yaml of that name read that one (another project): the repo's file comes first, and a
+    path only the working folder holds is still found there."""
+    from solaris_feast.store.config import repo_yaml
+
+    text = "project: {}\nprovider: local\nregistry: data/registry.db\n"
+    repo, elsewhere = tmp_path / "repo", tmp_path / "elsewhere"
+    for folder, project in ((repo, "mine"), (elsewhere, "theirs")):
+        (folder / "sub").mkdir(parents=True)
+        (folder / "feature_store.redis.yaml").write_text(text.format(project))
+    (elsewhere / "sub" / "only_here.yaml").write_text(text.format("cwd_only"))
+    monkeypatch.chdir(elsewhere)
+    path, raw = repo_yaml(repo, Path("feature_store.redis.yaml"))
+    assert (path, raw["project"]) == (repo / "feature_store.redis.yaml", "mine")
+    path, raw = repo_yaml(repo, Path("sub/only_here.yaml"))
+    assert raw["project"] == "cwd_only"
+    with pytest.raises(ConfigError, match=str(repo / "missing.yaml")):
+        repo_yaml(repo, Path("missing.yaml"))

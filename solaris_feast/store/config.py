@@ -205,8 +205,13 @@ def repo_yaml(repo: Path, config: Path | None = None) -> tuple[Path, dict[str, A
 
     repo = Path(repo)
     yaml_file = Path(config) if config is not None else repo / "feature_store.yaml"
-    if config is not None and not yaml_file.is_absolute() and not yaml_file.is_file():
-        yaml_file = repo / yaml_file
+    # The repo's own file first: a file of that name in the working folder (another repo's
+    # feature_store.redis.yaml) was read instead, with another project. A path that only the
+    # working folder holds (feature_repo/feature_store.redis.yaml) is still found there.
+    if config is not None and not yaml_file.is_absolute():
+        in_repo = repo / yaml_file
+        if in_repo.is_file() or not yaml_file.is_file():
+            yaml_file = in_repo
     if not yaml_file.is_file():
         raise ConfigError(
             f"{repo} is not a Feast repo ({yaml_file} not found): name the folder you run "
