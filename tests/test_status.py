@@ -408,3 +408,19 @@ def test_status_of_a_sqlite_store_never_written_reads_zero_and_creates_nothing(
     assert [v["rows"] for v in status["views"]] == [0, 0, 0]
     assert status["miss_queue_depth"] == 0
     assert not online_db.exists()
+    # Right after `feast apply`, before any chain is trained: nothing to expect, nothing stored.
+    # It ended in a TypeError traceback (version_matches of None).
+    app = typer.Typer()
+    app.command("status")(status_cli)
+    app.command("noop")(lambda: None)
+    (tmp_path / "no_models").mkdir()
+    (tmp_path / "feature_store.yaml").write_text(
+        f"project: {feast_project}\nprovider: local\nregistry: data/registry.db\n"
+        "online_store:\n  type: sqlite\n  path: data/online.db\n"
+        "offline_store:\n  type: file\nentity_key_serialization_version: 3\n"
+    )
+    result = CliRunner().invoke(
+        app, ["status", "--repo", str(tmp_path), "--models", str(tmp_path / "no_models")]
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "no expected model version (no cards, nothing stored)" in result.output

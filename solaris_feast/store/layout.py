@@ -495,7 +495,7 @@ def version_matches(stored: Any, expected: Any) -> np.ndarray:
     values = np.fromiter(stored, dtype=object, count=len(stored))
     n = len(values)
     matches = np.zeros(n, dtype=bool)
-    if isinstance(expected, str):
+    if isinstance(expected, str) or expected is None:  # None: no chain to expect
         if expected:
             for accepted in accepted_model_versions(expected):
                 matches |= values == accepted
