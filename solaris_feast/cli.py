@@ -446,7 +446,7 @@ def train_command(
     from solaris_feast.progress import stage_bars
 
     data = load_dataset(dataset, size)
-    with stage_bars(progress) as bars:
+    with _steps_echoed(), stage_bars(progress) as bars:
         bundle = train_and_register(data, models_dir, progress=bars)
     for kind, card in bundle.cards.items():
         typer.echo(f"{kind:<10} {card.version}  {models_dir / card.weights_file}")

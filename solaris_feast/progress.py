@@ -18,6 +18,9 @@ from rich.progress import (
 
 console = Console(stderr=True)
 
+LINE_EVERY_SECONDS = 30.0
+"""How often a stage's progress line repeats where no bar can be drawn."""
+
 
 class StageProgress(Protocol):
     def __call__(self, stage: str, done: int, total: int) -> None: ...
@@ -25,9 +28,14 @@ class StageProgress(Protocol):
 
 @contextmanager
 def stage_bars(enabled: bool = True) -> Iterator[StageProgress]:
-    """Yield a ``(stage, done, total)`` callback that draws one bar per stage."""
+    """Yield a ``(stage, done, total)`` callback that draws one bar per stage; where stderr is
+    no terminal (a log file, CI, ``nohup``), where rich draws nothing until the end, one line
+    per stage at its start, every :data:`LINE_EVERY_SECONDS` and at its end."""
     if not enabled:
         yield lambda stage, done, total: None
+        return
+    if not console.is_terminal:
+        yield _stage_lines()
         return
     bars = Progress(
         TextColumn("[bold]{task.description}"),
@@ -46,3 +54,30 @@ def stage_bars(enabled: bool = True) -> Iterator[StageProgress]:
 
     with bars:
         yield update
+
+
+def _stage_lines() -> StageProgress:
+    """``(stage, done, total)`` as plain lines on stderr: a run whose output goes to a file
+    showed nothing for minutes (``solaris train`` wrote no line in 8 minutes of FM training)."""
+    import sys
+    import time
+
+    started: dict[str, float] = {}
+    said: dict[str, float] = {}
+    ended: set[str] = set()
+
+    def update(stage: str, done: int, total: int) -> None:
+        if stage in ended:
+            return
+        now = time.monotonic()
+        first = stage not in started
+        started.setdefault(stage, now)
+        finished = total > 0 and done >= total
+        if first or finished or now - said[stage] >= LINE_EVERY_SECONDS:
+            elapsed = now - started[stage]
+            print(f"{stage}: {done}/{total} ({elapsed:.0f} s)", file=sys.stderr, flush=True)
+            said[stage] = now
+        if finished:
+            ended.add(stage)
+
+    return update

@@ -235,3 +235,27 @@ def test_a_negative_seed_is_refused_naming_the_option(option: str) -> None:
 
     result = CliRunner().invoke(app, ["evaluate", "transfer", "--size", "tiny", option, "-1"])
     assert result.exit_code == 2 and f"'{option}'" in result.output, result.output
+
+
+def test_progress_without_a_terminal_is_a_line_at_each_stages_start_and_end(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where stderr is a file (CI, nohup, a task log) rich draws no bar until the end: `solaris
+    train` wrote nothing in 8 minutes of FM training. Lines at a stage's start and end, and
+    every LINE_EVERY_SECONDS between."""
+    from solaris_feast import progress
+
+    with progress.stage_bars(True) as bars:
+        for done in range(101):
+            bars("train FM", done, 100)
+        bars("train FM", 100, 100)  # said once
+        monkeypatch.setattr(progress, "LINE_EVERY_SECONDS", 0.0)
+        bars("train VM", 0, 3)
+        bars("train VM", 1, 3)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [
+        "train FM: 0/100 (0 s)",
+        "train FM: 100/100 (0 s)",
+        "train VM: 0/3 (0 s)",
+        "train VM: 1/3 (0 s)",
+    ]
