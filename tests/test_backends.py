@@ -882,3 +882,17 @@ def test_describe_error_names_the_redis_server_of_a_wrapped_refusal_and_nothing_
         assert describe_error(exc) == "ValueError: bad plan"
     client.connection_pool.release(connection)
     client.close()
+
+
+def test_a_retriever_asked_to_expect_no_version_says_no_chain_was_found(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """The README's snippet passes serving_embedding_version(Path("models")), None for a folder
+    without a chain: the client got "expected_model_version must be a non-empty string"."""
+    from solaris_feast.models.cards import serving_embedding_version
+
+    store = applied_store(feast_project, tmp_path / "repo", "sqlite", None)
+    version = serving_embedding_version(tmp_path / "models")
+    assert version is None
+    with pytest.raises(ConfigError, match=r"no serving chain .*solaris train"):
+        SolarisRetriever(store, version)  # type: ignore[arg-type]
