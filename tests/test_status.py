@@ -424,3 +424,51 @@ def test_status_of_a_sqlite_store_never_written_reads_zero_and_creates_nothing(
     )
     assert result.exit_code == 0, (result.output, result.exception)
     assert "no expected model version (no cards, nothing stored)" in result.output
+
+
+def test_status_says_when_the_online_store_lost_pairs_the_offline_log_calls_fresh(
+    tmp_path: Path, feast_project: str
+) -> None:
+    """After a Redis restarted without persistence the status read `0 stored pairs` and nothing
+    else: the offline log still calls them fresh, and the next round plans them again."""
+    import sqlite3
+
+    from rich.console import Console
+
+    from solaris_feast.review.status import render_status
+
+    store = open_store(feast_project, tmp_path, online="sqlite")
+    store.apply(solaris_definitions(SolarisFeastConfig(embedding_dim=DIM)).all())
+    now = pd.Timestamp.now(tz="UTC")
+    frame = pd.DataFrame(
+        {
+            "user_id": pd.array([1, 1, 2], dtype="int64"),
+            "item_id": pd.array([10, 11, 20], dtype="int64"),
+            "embedding": [[1.0, 0.5, 0.25, 1.0]] * 3,
+            "model_version": [VERSION] * 3,
+            # Two fresh, one logged 7 h ago: past the pair TTL (6 h), not counted.
+            "computed_at": pd.Series(
+                [now - pd.Timedelta(minutes=5)] * 2 + [now - pd.Timedelta(hours=7)],
+                dtype="datetime64[ns, UTC]",
+            ),
+        }
+    )
+    writer = EmbeddingWriter(store, "solaris_pair", offline=True)
+    try:
+        writer.write(frame)
+    finally:
+        writer.close()
+    status = store_status(store, VERSION)
+    assert (status["offline_fresh_pairs"], status["lost_online"]) == (2, 0)
+
+    with sqlite3.connect(tmp_path / "data" / "online.db") as conn:  # the store loses its rows
+        for (table,) in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE ?",
+            (f"{feast_project}_%",),
+        ).fetchall():
+            conn.execute(f'DELETE FROM "{table}"')
+    status = store_status(open_store(feast_project, tmp_path, online="sqlite"), VERSION)
+    assert (status["offline_fresh_pairs"], status["lost_online"]) == (2, 2)
+    console = Console(record=True, width=200)
+    render_status(status, console)
+    assert "2 of them are not in the online store" in console.export_text()

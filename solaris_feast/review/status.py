@@ -337,6 +337,9 @@ def store_status(
     coverage = (
         _coverage(store, rows, expected, names, max_users, seed) if expected is not None else None
     )
+    pair_view = view_names[Tier.EXACT]
+    logged = _offline_fresh_pairs(store, pair_view, ttl_seconds[Tier.EXACT], now, skew)
+    online_fresh = next(s["fresh"] for s in summaries if s["name"] == pair_view)
     return {
         "project": store.config.project,
         "online_store": kind,
@@ -348,7 +351,35 @@ def store_status(
         "miss_queue_depth": depth,
         "coverage": coverage,
         "scan": {"max_keys": max_keys, "keys_read": scan.keys_read, "truncated": scan.truncated},
+        # Pairs the offline log calls fresh and the online store does not hold (a Redis
+        # restarted without persistence, an eviction, a flush): the next round plans them
+        # again. None where the scan was cut short and cannot tell.
+        "offline_fresh_pairs": logged,
+        "lost_online": None if scan.truncated else max(0, logged - online_fresh),
     }
+
+
+def _offline_fresh_pairs(
+    store: FeatureStore, view_name: str, ttl_seconds: float, now: float, skew: float
+) -> int:
+    """Distinct pairs of the view's offline log with a ``computed_at`` the tier rule calls
+    fresh at ``now``; 0 where nothing was logged yet."""
+    import pandas as pd
+
+    from solaris_feast.serving.resolve import fresh_window
+    from solaris_feast.store.offline import offline_view_root, read_offline_folder
+
+    view = store.get_feature_view(view_name)
+    start, end = fresh_window(pd.Timestamp(now, unit="s", tz="UTC"), ttl_seconds, skew)
+    rows = read_offline_folder(
+        offline_view_root(store, view),
+        start,
+        end,
+        [USER_ID, ITEM_ID],
+        [*view.join_keys, *(f.name for f in view.features)],
+        first_round=True,  # a store never written has no log: said at INFO, not warned
+    )
+    return len(rows.drop_duplicates()) if len(rows) else 0
 
 
 def _named_versions(
@@ -457,6 +488,12 @@ def render_status(status: dict[str, Any], console: Any = None) -> None:
         if coverage["errors"]:
             out.print(f"[red]{coverage['errors']} pairs failed to read (counted as ZERO)[/red]")
     out.print(f"miss-queue depth: [bold]{status['miss_queue_depth']}[/bold]")
+    if status.get("lost_online"):
+        out.print(
+            f"[yellow]the offline log calls {status['offline_fresh_pairs']} pairs fresh; "
+            f"{status['lost_online']} of them are not in the online store (a restart without "
+            "persistence, an eviction or a flush): the next round plans them again[/yellow]"
+        )
     scan = status["scan"]
     if scan["truncated"]:
         out.print(
