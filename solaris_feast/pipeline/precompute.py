@@ -267,19 +267,14 @@ def refuse_changed_round_settings(run_dir: Path, cfg: PrecomputeSettings) -> Non
     """:func:`~solaris_feast.pipeline.runs.refuse_changed_settings` for a round's folder, whose
     manifest holds the settings it was made with; another budget or candidate source would plan
     from the old round's files."""
-    from solaris_feast.errors import ConfigError
-
     manifest = run_dir / "manifest.json"
     if not manifest.is_file():
         return
-    try:
-        before = PrecomputeRun.model_validate_json(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{manifest} is not a readable run manifest: {exc}") from exc
     refuse_changed_settings(
-        before.settings.model_dump(mode="json"),
+        manifest,
+        "run manifest",
+        lambda text: PrecomputeRun.model_validate_json(text).settings.model_dump(mode="json"),
         cfg.model_dump(mode="json"),
-        run_dir,
         "run it at another time (--at) or remove the folder",
     )
 
@@ -795,9 +790,8 @@ def rank_shard(run: Mapping[str, Any], shard_index: int) -> dict[str, Any]:
     superseded = 0
     if not spec.takes_misses:  # a backfill, a cleared run after later rounds
         later = later_pairs(spec, snapshot, pair_view, now, shard_index, count)
-        candidates, dropped = without_pairs(candidates, later)
+        candidates, superseded = without_pairs(candidates, later)
         misses, _ = without_pairs(misses, later)
-        superseded = dropped
         if superseded:
             logger.info(
                 "%d candidates are stored online by rounds for later times (newest wins): "
@@ -922,21 +916,21 @@ def later_pairs(
 
 def without_pairs(frame: pd.DataFrame, pairs: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """``frame`` without the rows whose (user, item) is among ``pairs``, and how many went."""
-    from solaris_feast.keys import id_array
+    import numpy as np
+
+    from solaris_feast.keys import PairCodes, id_array
 
     if frame.empty or pairs.empty:
         return frame, 0
-    taken = set(
-        zip(id_array(pairs[USER_ID]).tolist(), id_array(pairs[ITEM_ID]).tolist(), strict=True)
-    )
-    keep = [
-        pair not in taken
-        for pair in zip(
-            id_array(frame[USER_ID]).tolist(), id_array(frame[ITEM_ID]).tolist(), strict=True
-        )
-    ]
-    kept = frame.loc[keep].reset_index(drop=True)
-    return kept, len(frame) - len(kept)
+    users, items = id_array(frame[USER_ID]), id_array(frame[ITEM_ID])
+    their_users, their_items = id_array(pairs[USER_ID]), id_array(pairs[ITEM_ID])
+    if (users.dtype == object) != (their_users.dtype == object) or (items.dtype == object) != (
+        their_items.dtype == object
+    ):
+        return frame, 0  # ids of another type are other ids
+    codes = PairCodes.for_round([users, their_users], [items, their_items])
+    gone = np.isin(codes.keys(users, items), codes.keys(their_users, their_items))
+    return frame.loc[~gone].reset_index(drop=True), int(np.count_nonzero(gone))
 
 
 def _strangers(

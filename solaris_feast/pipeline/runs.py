@@ -32,7 +32,7 @@ import logging
 import os
 import re
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -285,19 +285,30 @@ TRAINING_SETTINGS_FILE = "settings.json"
 
 
 def refuse_changed_settings(
-    before: Mapping[str, Any], now: Mapping[str, Any], where: Path, remedy: str
+    record: Path,
+    what: str,
+    settings_of: Callable[[str], Mapping[str, Any]],
+    now: Mapping[str, Any],
+    remedy: str,
 ) -> None:
-    """Refuse to re-run a run whose files (``where``) were made with other settings.
+    """Refuse to re-run a run whose files (``record``'s folder) were made with other settings.
 
     A retry of the same run reuses what its earlier try wrote (a round's candidates, plan and
     shard reports; a training run's registered cards): that is what makes a retry idempotent.
     With other settings those files would be reused silently, made under the old ones.
+    ``settings_of`` reads the settings out of the record's text (``what``: the record's kind).
 
     Raises:
-        ConfigError: naming the keys that differ, their values, the files and ``remedy``.
+        ConfigError: the record does not read, or naming the keys that differ, their values,
+            the files and ``remedy``.
     """
     from solaris_feast.errors import ConfigError
 
+    where = record.parent
+    try:
+        before = settings_of(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{record} is not a readable {what}: {exc}") from exc
     changed = sorted(k for k in before.keys() | now.keys() if before.get(k) != now.get(k))
     if changed:
         differences = "; ".join(f"{k}: {before.get(k)!r} then, {now.get(k)!r} now" for k in changed)

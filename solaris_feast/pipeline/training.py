@@ -51,8 +51,6 @@ def _keep_settings(spec: TrainingRun) -> None:
     registered, so another FM, its options or code_dim at the same time were ignored and the
     old chain reported as the new one. A try that registered nothing (a typo in an option)
     leaves nothing to reuse, and the corrected settings replace its record."""
-    from solaris_feast.errors import ConfigError
-
     path = _marker(spec, TRAINING_SETTINGS_FILE)
     now = spec.settings.model_dump(mode="json")
     if not any(_marker(spec, stage).is_file() for stage in TRAINING_STAGES):
@@ -70,14 +68,11 @@ def _keep_settings(spec: TrainingRun) -> None:
             path.parent,
         )
         return
-    try:
-        before = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{path} is not a readable training run record: {exc}") from exc
     refuse_changed_settings(
-        before,
+        path,
+        "training run record",
+        json.loads,
         now,
-        path.parent,
         "train at another time (--at, or the run's logical date) or remove that folder",
     )
 

@@ -367,18 +367,11 @@ def _offline_fresh_pairs(
     import pandas as pd
 
     from solaris_feast.serving.resolve import fresh_window
-    from solaris_feast.store.offline import offline_view_root, read_offline_folder
+    from solaris_feast.store.offline import read_offline_rows
 
-    view = store.get_feature_view(view_name)
     start, end = fresh_window(pd.Timestamp(now, unit="s", tz="UTC"), ttl_seconds, skew)
-    rows = read_offline_folder(
-        offline_view_root(store, view),
-        start,
-        end,
-        [USER_ID, ITEM_ID],
-        [*view.join_keys, *(f.name for f in view.features)],
-        first_round=True,  # a store never written has no log: said at INFO, not warned
-    )
+    # first_round: a store never written has no log, said at INFO, not warned.
+    rows = read_offline_rows(store, view_name, start, end, [USER_ID, ITEM_ID], first_round=True)
     return len(rows.drop_duplicates()) if len(rows) else 0
 
 

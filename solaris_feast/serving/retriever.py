@@ -205,15 +205,14 @@ class SolarisRetriever:
     ) -> None:
         from feast.protos.feast.types.Value_pb2 import Value as ValueProto
 
-        if expected_model_version is None:
-            # What serving_embedding_version answers for a models folder without a chain.
-            raise ConfigError(
-                "expected_model_version is None: no serving chain to expect (is the models "
-                "folder the one `solaris train` wrote, and has a chain been trained or "
-                "promoted there?); give the compressor version clients ask with"
-            )
         if not isinstance(expected_model_version, str) or not expected_model_version:
-            raise ValueError("expected_model_version must be a non-empty string")
+            raise ConfigError(
+                "expected_model_version must be a non-empty string, the compressor version "
+                f"clients ask with; got {expected_model_version!r} (None is what "
+                "serving_embedding_version answers where there is no serving chain to expect: "
+                "is the models folder the one `solaris train` wrote, and has a chain been "
+                "trained or promoted there?)"
+            )
         repo_path = getattr(store.config, "repo_path", None)
         check_embedding_version(expected_model_version, Path(repo_path) if repo_path else None)
         if deadline_ms <= 0:

@@ -45,15 +45,19 @@ def read_offline_rows(
     start: pd.Timestamp,
     end: pd.Timestamp,
     columns: list[str] | None = None,
+    *,
+    first_round: bool = False,
 ) -> pd.DataFrame:
     """Rows of a view's offline log with ``computed_at`` in ``(start, end]``.
 
     Only the day folders the window touches are read (the writer files rows under the UTC day
-    of their ``computed_at``).
+    of their ``computed_at``). ``first_round``: as :func:`read_offline_folder`'s.
     """
     view = store.get_feature_view(view_name)
     every = [*view.join_keys, *(f.name for f in view.features)]
-    return read_offline_folder(offline_view_root(store, view), start, end, columns, every)
+    return read_offline_folder(
+        offline_view_root(store, view), start, end, columns, every, first_round=first_round
+    )
 
 
 def read_offline_folder(

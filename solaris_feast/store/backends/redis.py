@@ -177,7 +177,7 @@ for i = 7, #ARGV do
 end
 if queued > 0 and redis.call('EXISTS', KEYS[2]) == 0 then
   local t = redis.call('TIME')
-  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])), 'NX')
+  redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
 end
 return queued
 """
